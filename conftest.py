@@ -1,0 +1,7 @@
+"""Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, kvserver)."""
+
+pytest_plugins = [
+    "strata_testsupport.cluster",
+    "strata_testsupport.s3",
+    "strata_testsupport.kvserver",
+]

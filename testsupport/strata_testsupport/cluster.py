@@ -1,0 +1,1 @@
+"""Session fixtures: cluster (filled in by its component)."""

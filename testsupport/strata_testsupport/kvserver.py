@@ -1,0 +1,1 @@
+"""Session fixtures: kvserver (filled in by its component)."""

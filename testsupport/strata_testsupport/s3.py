@@ -1,0 +1,1 @@
+"""Session fixtures: s3 (filled in by its component)."""
