@@ -1,0 +1,71 @@
+# Strata: `make demo` sets everything up and shows the operator at work; `make test` runs every test tier
+# that can run on this machine. Both install what they need by themselves.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help setup venv system controlplane demo test test-unit test-integration lint crds crds-check bench images e2e clean
+
+help:
+	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
+	@echo "make test    set up and run unit + integration tests"
+	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models"
+	@echo "make bench   run the benchmarks in bench/;  make e2e  kind + GPU end-to-end suite"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+system:
+	@bash hack/setup-system.sh
+
+controlplane:
+	@bash hack/build-controlplane.sh
+
+setup: venv system controlplane
+
+crds: venv
+	$(PY) -m strata_operator.cli crds --output-dir crds
+
+crds-check: venv
+	$(PY) -m strata_operator.cli crds --output-dir crds --check
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check operator/strata_operator
+	$(VENV)/bin/mypy
+
+test-unit: venv
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+test: setup crds-check lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) hack/demo.py
+
+bench: setup
+	$(PY) bench/loader_bench.py
+	$(PY) bench/kv_throughput.py
+	$(PY) bench/kv_hitratio.py
+
+images:
+	bash images/build.sh
+
+e2e: venv
+	$(PY) -m pytest e2e -v
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

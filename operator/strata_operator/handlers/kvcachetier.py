@@ -1,0 +1,1 @@
+"""kopf handlers for the kvcachetier resource (thin: parse spec, build children, apply, set status)."""

@@ -1,0 +1,105 @@
+"""Thin Kubernetes API helpers shared by the handlers: client, server-side apply, ownership labels."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+FIELD_MANAGER = "strata-operator"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY = "strata"
+
+_client_lock = threading.Lock()
+
+
+@functools.cache
+def _load_config() -> None:
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def dynamic_client() -> DynamicClient:
+    """One dynamic client per process (discovery is cached by the client itself)."""
+    with _client_lock:
+        return _dynamic_client()
+
+
+@functools.cache
+def _dynamic_client() -> DynamicClient:
+    _load_config()
+    return DynamicClient(kubernetes.client.ApiClient())
+
+
+def reset_clients() -> None:
+    """Forget cached configuration (tests switch clusters between sessions)."""
+    _load_config.cache_clear()
+    _dynamic_client.cache_clear()
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """A controller ownerReference so kube-controller-manager's garbage collector removes the child."""
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_labels(owner_name: str, component: str | None = None) -> dict[str, str]:
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, INSTANCE_LABEL: owner_name}
+    if component:
+        labels["app.kubernetes.io/component"] = component
+    return labels
+
+
+def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> Any:
+    """Server-side apply with Strata's field manager; returns the object as stored.
+
+    Forced, because the operator is the only intended owner of the fields it renders; fields other
+    managers set (e.g. the Job controller's selectors) are left alone by server-side apply.
+    """
+    client = dynamic_client()
+    resource = client.resources.get(api_version=body["apiVersion"], kind=body["kind"])
+    ns = namespace or body.get("metadata", {}).get("namespace")
+    return resource.server_side_apply(
+        body=dict(body),
+        name=body["metadata"]["name"],
+        namespace=ns if resource.namespaced else None,
+        field_manager=FIELD_MANAGER,
+        force_conflicts=True,
+    )
+
+
+def get(api_version: str, kind: str, name: str, namespace: str | None = None) -> Any | None:
+    """The object, or None when it does not exist."""
+    resource = dynamic_client().resources.get(api_version=api_version, kind=kind)
+    try:
+        return resource.get(name=name, namespace=namespace if resource.namespaced else None)
+    except NotFoundError:
+        return None
+
+
+def delete(api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
+    """Delete in the background; True when something was deleted."""
+    resource = dynamic_client().resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.delete(
+            name=name,
+            namespace=namespace if resource.namespaced else None,
+            body={"propagationPolicy": "Background"},
+        )
+    except NotFoundError:
+        return False
+    return True

@@ -1,0 +1,257 @@
+"""Start and stop a local control plane on free loopback ports; always tear everything down."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from strata_operator.localcluster.binaries import ControlPlaneBinaries, find_binaries
+from strata_operator.localcluster.pki import write_pki
+from strata_operator.localcluster.processes import ManagedProcess
+
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start; the message carries the tail of its log."""
+
+
+class LocalCluster:
+    """etcd + kube-apiserver (+ controller-manager, scheduler, kwok) as child processes.
+
+    Use as a context manager; `stop()` is idempotent and removes the work directory.
+    """
+
+    def __init__(
+        self,
+        *,
+        controller_manager: bool = True,
+        scheduler: bool = True,
+        kwok: bool = True,
+        binaries: ControlPlaneBinaries | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self.binaries = binaries or find_binaries()
+        self.want_controller_manager = (
+            controller_manager and self.binaries.kube_controller_manager is not None
+        )
+        self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
+        self.want_kwok = kwok and self.binaries.kwok is not None
+        self.startup_timeout = startup_timeout
+        self.workdir = Path(tempfile.mkdtemp(prefix="strata-cp-"))
+        self.processes: list[ManagedProcess] = []
+        self.api_port = free_port()
+        self.server = f"https://127.0.0.1:{self.api_port}"
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.pki: dict[str, Path] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.pki = write_pki(self.workdir)
+        self._write_kubeconfig()
+        self._start_etcd()
+        self._start_apiserver()
+        if self.want_controller_manager:
+            self._start_controller_manager()
+        if self.want_scheduler:
+            self._start_scheduler()
+        if self.want_kwok:
+            self._start_kwok()
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- components ------------------------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, self.workdir / f"{name}.log")
+        self.processes.append(process)
+        return process
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(etcd, lambda: _http_ok(f"{self.etcd_url}/health"))
+
+    def _start_apiserver(self) -> None:
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                f"--secure-port={self.api_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={self.pki['server_crt']}",
+                f"--tls-private-key-file={self.pki['server_key']}",
+                f"--client-ca-file={self.pki['ca_crt']}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self.pki['sa_pub']}",
+                f"--service-account-signing-key-file={self.pki['sa_key']}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(apiserver, lambda: self._api_ok("/readyz"))
+
+    def _component_flags(self) -> list[str]:
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={self.workdir / 'component-certs'}",
+        ]
+
+    def _start_controller_manager(self) -> None:
+        assert self.binaries.kube_controller_manager is not None
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                *self._component_flags(),
+                "--controllers=*",
+                f"--service-account-private-key-file={self.pki['sa_key']}",
+                f"--root-ca-file={self.pki['ca_crt']}",
+                "--use-service-account-credentials=false",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
+        # The garbage collector and the default service account are what tests depend on.
+        self._wait(self.processes[-1], lambda: self._default_service_account_exists())
+
+    def _start_scheduler(self) -> None:
+        assert self.binaries.kube_scheduler is not None
+        self._spawn("kube-scheduler", [str(self.binaries.kube_scheduler), *self._component_flags(), "--v=1"])
+
+    def _start_kwok(self) -> None:
+        assert self.binaries.kwok is not None
+        self._spawn(
+            "kwok",
+            [
+                str(self.binaries.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.240.0.1",
+                f"--server-address=127.0.0.1:{free_port()}",
+            ],
+        )
+
+    # -- readiness -------------------------------------------------------------------------------------------
+    def _wait(self, process: ManagedProcess, ready: Any) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise ControlPlaneError(f"{process.name} exited during start-up:\n{process.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}"
+        )
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki["ca_crt"]))
+        context.load_cert_chain(str(self.pki["admin_crt"]), str(self.pki["admin_key"]))
+        return context
+
+    def api_get(self, path: str) -> tuple[int, bytes]:
+        """A raw GET against the API server as the admin user (for readiness checks and diagnostics)."""
+        try:
+            with urllib.request.urlopen(f"{self.server}{path}", context=self._ssl_context(), timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except (urllib.error.URLError, OSError):
+            return 0, b""
+
+    def _api_ok(self, path: str) -> bool:
+        return self.api_get(path)[0] == 200
+
+    def _default_service_account_exists(self) -> bool:
+        return self._api_ok("/api/v1/namespaces/default/serviceaccounts/default")
+
+    # -- client configuration --------------------------------------------------------------------------------
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "strata-local",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.pki["ca_crt"])},
+                }
+            ],
+            "users": [
+                {
+                    "name": "strata-admin",
+                    "user": {
+                        "client-certificate": str(self.pki["admin_crt"]),
+                        "client-key": str(self.pki["admin_key"]),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "strata-local", "context": {"cluster": "strata-local", "user": "strata-admin"}}
+            ],
+            "current-context": "strata-local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)

@@ -1,0 +1,103 @@
+"""Certificates and keys for a throwaway control plane: one CA, a serving cert, a service-account key."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def write_pki(directory: Path) -> dict[str, Path]:
+    """Write the CA, a serving cert (127.0.0.1, localhost), an admin client cert and the service-account key."""
+    now = datetime.datetime.now(datetime.UTC)
+    validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("strata-local-ca"))
+        .issuer_name(_name("strata-local-ca"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    sans = [
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("kube-apiserver"))
+        .issuer_name(ca_cert.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    admin_key = ec.generate_private_key(ec.SECP256R1())
+    admin_cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, "strata-admin"),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(admin_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    sa_key = ec.generate_private_key(ec.SECP256R1())
+
+    files = {
+        "ca_crt": (directory / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM)),
+        "ca_key": (directory / "ca.key", _key_pem(ca_key)),
+        "server_crt": (directory / "server.crt", server_cert.public_bytes(serialization.Encoding.PEM)),
+        "server_key": (directory / "server.key", _key_pem(server_key)),
+        "admin_crt": (directory / "admin.crt", admin_cert.public_bytes(serialization.Encoding.PEM)),
+        "admin_key": (directory / "admin.key", _key_pem(admin_key)),
+        "sa_key": (directory / "sa.key", _key_pem(sa_key)),
+        "sa_pub": (
+            directory / "sa.pub",
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ),
+        ),
+    }
+    for path, content in files.values():
+        path.write_bytes(content)
+        path.chmod(0o600)
+    return {name: path for name, (path, _) in files.items()}

@@ -1,0 +1,44 @@
+"""Operator-wide kopf settings, set in one startup hook."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from strata_operator.api import GROUP
+
+FINALIZER = f"{GROUP}/finalizer"
+PROGRESS_ANNOTATION_PREFIX = GROUP
+LAST_HANDLED_ANNOTATION = f"{GROUP}/last-handled-configuration"
+WATCH_SERVER_TIMEOUT_SECONDS = 300
+WATCH_CLIENT_TIMEOUT_SECONDS = 330
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Apply Strata's settings; pure enough to unit-test against a fresh OperatorSettings."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PROGRESS_ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # Watches that never time out can go silent behind load balancers; re-list regularly instead.
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
+    settings.watching.connect_timeout = 30
+    settings.posting.enabled = True
+    settings.posting.level = logging.INFO
+    settings.execution.max_workers = 16
+    settings.networking.request_timeout = 60
+    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+
+
+@kopf.on.startup()
+def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    configure(settings)
+
+
+@kopf.on.probe(id="ready")
+def readiness_probe(**_: Any) -> bool:
+    return True

@@ -1,0 +1,88 @@
+"""Helpers for tests against the local control plane: waiting, namespaces, fake (kwok) nodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+T = TypeVar("T")
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.25, what: str = "") -> T:
+    """Poll until `predicate` returns something truthy; fail with `what` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except NotFoundError:
+            last = None
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what or predicate}: last value {last!r}"
+    )
+
+
+def resource(client: DynamicClient, api_version: str, kind: str) -> Any:
+    return client.resources.get(api_version=api_version, kind=kind)
+
+
+def get_or_none(client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None) -> Any:
+    try:
+        return resource(client, api_version, kind).get(name=name, namespace=namespace)
+    except NotFoundError:
+        return None
+
+
+def fake_node(
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    allocatable: Mapping[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node that kwok manages (status heartbeats, Ready) — a stand-in for a kubelet, which cannot run here."""
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8", **(allocatable or {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **(labels or {}),
+            },
+        },
+        "spec": {"taints": taints or []},
+        "status": {"allocatable": capacity, "capacity": capacity},
+    }
+
+
+def create_fake_node(client: DynamicClient, name: str, **kwargs: Any) -> Any:
+    return resource(client, "v1", "Node").create(body=fake_node(name, **kwargs))
+
+
+def delete_quietly(
+    client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None
+) -> None:
+    try:
+        resource(client, api_version, kind).delete(name=name, namespace=namespace)
+    except NotFoundError:
+        pass
+
+
+def new_dynamic_client(kubeconfig: str) -> DynamicClient:
+    api_client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+    return DynamicClient(api_client)
