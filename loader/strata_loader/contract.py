@@ -1,0 +1,312 @@
+"""The preloader Job contract: what the operator renders for `strata-loader fetch` and what it reads back.
+
+The operator imports these models; the loader's CLI parses the same arguments with
+`FetchRequest.parse_args`, so the two sides cannot drift. Credentials never travel in args: the operator
+injects them as env vars from Secret refs (names below), and boto3 / the Hugging Face client read them from
+the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MANIFEST_NAME = ".strata-manifest.json"
+"""Written last, atomically, into DEST: its presence (and only its presence) means the copy is complete."""
+
+PARTIAL_SUFFIX = ".strata-partial"
+"""A file being copied lives under this suffix until it is whole and verified, then is renamed into place."""
+
+COMMAND = ["strata-loader"]
+SUBCOMMAND = "fetch"
+
+# Environment the container reads. The operator sets these from Secret refs / the CR; none is required.
+ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+ENV_AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+ENV_AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+ENV_AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
+ENV_AWS_REGION = "AWS_REGION"
+ENV_AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
+ENV_HF_TOKEN = "HF_TOKEN"
+ENV_HF_HOME = "HF_HOME"
+ENV_HF_HUB_CACHE = "HF_HUB_CACHE"
+ENV_TERMINATION_MESSAGE_PATH = "STRATA_TERMINATION_MESSAGE_PATH"
+ENV_PVC_MOUNT_ROOT = "STRATA_PVC_MOUNT_ROOT"
+ENV_PROGRESS = "STRATA_PROGRESS"
+"""`bar`, `json` or `none`; default: a bar on a TTY, JSON lines otherwise."""
+
+CREDENTIAL_ENV_VARS = (
+    ENV_AWS_ENDPOINT_URL,
+    ENV_AWS_ACCESS_KEY_ID,
+    ENV_AWS_SECRET_ACCESS_KEY,
+    ENV_AWS_SESSION_TOKEN,
+    ENV_AWS_REGION,
+    ENV_AWS_DEFAULT_REGION,
+    ENV_HF_TOKEN,
+)
+
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096
+"""Kubernetes truncates a container's termination message beyond 4096 bytes."""
+
+DEFAULT_PVC_MOUNT_ROOT = "/strata/source"
+"""`pvc://claim/path` reads `<root>/<claim>/path`: the operator mounts the claim there, read-only."""
+
+DEFAULT_CONCURRENCY = 16
+DEFAULT_BLOCK_SIZE = 16 * 2**20
+DEFAULT_MEMORY_LIMIT = 1 * 2**30
+
+_UNITS = {
+    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_QUANTITY = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(value: int | str) -> int:
+    """Accept an int or a Kubernetes quantity (`16Mi`, `1Gi`, `500M`) so the CR says what users write."""
+    if isinstance(value, bool):
+        raise ValueError(f"byte size must be a number or a quantity like '16Mi', not {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _QUANTITY.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"byte size {value!r} is not a number or a quantity like '16Mi' or '1Gi'")
+        n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n <= 0:
+        raise ValueError(f"byte size must be positive, got {value!r}")
+    return n
+
+
+class VerifyMode(StrEnum):
+    """How hard `fetch` checks the copy: sizes always hold; checksums hash every file (and compare with the
+    source's own checksums where it has them: S3 ETag/SHA-256, Hugging Face blob names)."""
+
+    SIZES = "sizes"
+    CHECKSUMS = "checksums"
+    NONE = "none"
+
+
+class ShardOptions(BaseModel):
+    """Pre-shard for tensor parallelism after the copy: `model-rank-{rank}-part-{part}.safetensors` files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(ge=1, le=1024)
+    max_part_bytes: int = Field(default=5 * 2**30, description="size cap of one part file (vLLM uses 5 GiB)")
+    output_subdir: str = Field(default="sharded", description="relative to DEST")
+
+    @field_validator("max_part_bytes", mode="before")
+    @classmethod
+    def _parse_size(cls, v: int | str) -> int:
+        return parse_bytes(v)
+
+    @field_validator("output_subdir")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        if not v or v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"output_subdir {v!r} must be a relative path inside DEST without '..'")
+        return v
+
+
+SourceKind = Literal["s3", "hf", "pvc", "local"]
+
+
+class FetchRequest(BaseModel):
+    """One preloader run: copy SOURCE to DEST, then mark it complete with a manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="s3://bucket/prefix, hf://org/name, pvc://claim/path, or /abs/path")
+    dest: str = Field(description="absolute directory the model lands in")
+    revision: str | None = Field(default=None, description="HF revision/commit; for S3 a label only")
+    include: list[str] = Field(default_factory=list, description="globs on relative paths; empty = all")
+    exclude: list[str] = Field(default_factory=list)
+    concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=1024)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    memory_limit: int = DEFAULT_MEMORY_LIMIT
+    verify: VerifyMode = VerifyMode.SIZES
+    shard: ShardOptions | None = None
+
+    @field_validator("block_size", "memory_limit", mode="before")
+    @classmethod
+    def _parse_size(cls, v: int | str) -> int:
+        return parse_bytes(v)
+
+    @field_validator("source")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        kind = source_kind(v)
+        if kind == "s3" and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?$", v):
+            raise ValueError(f"source {v!r}: expected s3://bucket[/prefix] with a valid bucket name")
+        if kind == "hf" and not re.match(r"^hf://[\w.\-]+/[\w.\-]+/?$", v):
+            raise ValueError(f"source {v!r}: expected hf://org/name")
+        if kind == "pvc" and not re.match(r"^pvc://[a-z0-9][a-z0-9.\-]*(/.*)?$", v):
+            raise ValueError(f"source {v!r}: expected pvc://claim[/path]")
+        if kind == "local" and not v.startswith("/"):
+            raise ValueError(f"source {v!r}: use s3://, hf://, pvc:// or an absolute path")
+        return v
+
+    @field_validator("dest")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"dest {v!r} must be an absolute path")
+        return v
+
+    @property
+    def source_kind(self) -> SourceKind:
+        return source_kind(self.source)
+
+    def to_args(self) -> list[str]:
+        """The container `args` (after `command: ["strata-loader"]`); `parse_args` is the exact inverse."""
+        args = [SUBCOMMAND, self.source, self.dest]
+        if self.revision:
+            args += ["--revision", self.revision]
+        for g in self.include:
+            args += ["--include", g]
+        for g in self.exclude:
+            args += ["--exclude", g]
+        args += [
+            "--concurrency", str(self.concurrency),
+            "--block-size", str(self.block_size),
+            "--memory-limit", str(self.memory_limit),
+            "--verify", self.verify.value,
+        ]
+        if self.shard:
+            args += [
+                "--shard-tp", str(self.shard.tensor_parallel_size),
+                "--shard-max-part-bytes", str(self.shard.max_part_bytes),
+                "--shard-output-subdir", self.shard.output_subdir,
+            ]
+        return args
+
+    def to_env(self) -> dict[str, str]:
+        """Plain (non-secret) env vars the container needs; credentials come separately from Secret refs."""
+        return {"PYTHONUNBUFFERED": "1", ENV_PROGRESS: "json"}
+
+    @classmethod
+    def add_arguments(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("source", help="s3://bucket/prefix, hf://org/name, pvc://claim/path or a local path")
+        p.add_argument("dest", help="destination directory")
+        p.add_argument("--revision", default=None)
+        p.add_argument("--include", action="append", default=[], help="glob on relative paths (repeatable)")
+        p.add_argument("--exclude", action="append", default=[], help="glob on relative paths (repeatable)")
+        p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
+        p.add_argument("--block-size", default=str(DEFAULT_BLOCK_SIZE))
+        p.add_argument("--memory-limit", default=str(DEFAULT_MEMORY_LIMIT))
+        p.add_argument("--verify", choices=[m.value for m in VerifyMode], default=VerifyMode.SIZES.value)
+        p.add_argument("--shard-tp", type=int, default=None, help="pre-shard for this tensor-parallel size")
+        p.add_argument("--shard-max-part-bytes", default=str(5 * 2**30))
+        p.add_argument("--shard-output-subdir", default="sharded")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> FetchRequest:
+        shard = None
+        if ns.shard_tp is not None:
+            shard = ShardOptions(
+                tensor_parallel_size=ns.shard_tp,
+                max_part_bytes=ns.shard_max_part_bytes,
+                output_subdir=ns.shard_output_subdir,
+            )
+        return cls(
+            source=ns.source, dest=ns.dest, revision=ns.revision, include=ns.include, exclude=ns.exclude,
+            concurrency=ns.concurrency, block_size=ns.block_size, memory_limit=ns.memory_limit,
+            verify=VerifyMode(ns.verify), shard=shard,
+        )
+
+    @classmethod
+    def parse_args(cls, args: list[str]) -> FetchRequest:
+        """Inverse of `to_args` (accepts the list with or without the leading `fetch`)."""
+        if args and args[0] == SUBCOMMAND:
+            args = args[1:]
+        p = _RaisingParser(prog="strata-loader fetch", add_help=False)
+        cls.add_arguments(p)
+        return cls.from_namespace(p.parse_args(args))
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would sys.exit(2); callers want an exception
+        raise ValueError(f"invalid fetch arguments: {message}")
+
+
+def source_kind(uri: str) -> SourceKind:
+    for scheme in ("s3", "hf", "pvc"):
+        if uri.startswith(f"{scheme}://"):
+            return scheme
+    if "://" in uri:
+        raise ValueError(f"source {uri!r}: unsupported scheme; use s3://, hf://, pvc:// or an absolute path")
+    return "local"
+
+
+class FetchResult(BaseModel):
+    """What `fetch` writes as JSON to the termination message; the operator copies it into status.
+
+    Per-file checksums are included only while the message stays under Kubernetes' 4096-byte limit; the
+    manifest's own SHA-256 always is, and the full list is in the manifest file.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["Succeeded", "Failed"] = "Succeeded"
+    error: str | None = None
+    source: str = ""
+    revision: str | None = None
+    bytes: int = 0
+    files: int = 0
+    seconds: float = 0.0
+    bytes_resumed: int = 0
+    manifest_path: str | None = None
+    manifest_sha256: str | None = None
+    checksums: dict[str, str] = Field(default_factory=dict, description="relative path -> 'sha256:<hex>'")
+    checksums_omitted: int = Field(default=0, description="files whose checksum is only in the manifest")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "Succeeded"
+
+    def to_termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+        """Compact JSON of at most `limit` bytes: drops per-file checksums first, then shortens the error."""
+        result = self
+        text = result._compact()
+        if len(text.encode()) > limit and result.checksums:
+            result = result.model_copy(
+                update={"checksums": {}, "checksums_omitted": len(result.checksums) + self.checksums_omitted}
+            )
+            text = result._compact()
+        if len(text.encode()) > limit and result.error:
+            excess = len(text.encode()) - limit
+            keep = max(0, len(result.error.encode()) - excess - 16)
+            short = result.error.encode()[:keep].decode(errors="ignore") + " …"
+            text = result.model_copy(update={"error": short})._compact()
+        if len(text.encode()) > limit:
+            raise ValueError(f"termination message is {len(text.encode())} bytes, over the {limit} limit")
+        return text
+
+    def _compact(self) -> str:
+        return json.dumps(self.model_dump(mode="json", exclude_defaults=False), separators=(",", ":"))
+
+    @classmethod
+    def from_termination_message(cls, text: str) -> FetchResult:
+        """Parse what the kubelet stored; anything not our JSON (e.g. a crash) becomes a Failed result."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return cls.model_validate(data)
+        except ValueError as e:
+            snippet = text.strip()[-512:]
+            return cls(status="Failed", error=f"unreadable termination message ({e}): {snippet}")
+
+
+def manifest_digest(manifest_bytes: bytes) -> str:
+    return "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
