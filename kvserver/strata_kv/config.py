@@ -1,0 +1,254 @@
+"""The KV server's configuration: one pydantic model the operator renders and `strata-kv serve` parses.
+
+Kept import-light on purpose (pydantic + yaml only): the operator imports this module to render the
+ConfigMap, and must not pull in the server. Credentials never live here: S3 keys come from the
+environment (or the pod's service account) and the auth token from a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+
+CONFIG_FILE_NAME = "strata-kv.yaml"
+"""File name inside the ConfigMap / the `--config` default directory."""
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """Turn `1GiB`, `512Mi`, `1.5G`, `4096` or an int into bytes (Kubernetes quantities included)."""
+    if isinstance(value, bool):
+        raise ValueError(f"size must be a number of bytes or a string like '1GiB', not {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative; give a byte count >= 0")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"size must be a number of bytes or a string like '1GiB', not {value!r}")
+    match = _SIZE_RE.match(value)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"cannot read size {value!r}: use bytes or a unit such as KiB, MiB, GiB, Mi, Gi, MB, GB"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_size(n: int) -> str:
+    """Render bytes compactly for logs and YAML (`1GiB`), exact when a binary unit divides it."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size), PlainSerializer(format_size, return_type=str)]
+
+
+class EvictionPolicyName(StrEnum):
+    """L1 eviction policies. `prefix-lirs` is scan-resistant and evicts chain tails before heads."""
+
+    LRU = "lru"
+    PREFIX_LIRS = "prefix-lirs"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=False)
+
+
+class ListenConfig(_Model):
+    """Where RESP clients connect: TCP and/or a Unix socket (node-local pods share it via a hostPath)."""
+
+    port: int = Field(6379, ge=0, le=65535, description="TCP port for RESP; 0 picks a free port")
+    bind: str = Field("0.0.0.0", description="TCP bind address")
+    unix_socket: str | None = Field(None, description="Path of a Unix socket to also listen on")
+    unix_socket_mode: int = Field(0o660, description="Permission bits of the Unix socket")
+    tcp_enabled: bool = True
+
+
+class L1Config(_Model):
+    """DRAM tier: never holds more than `size` bytes of values."""
+
+    size: ByteSize = Field(1024**3, description="Capacity in bytes of chunk values held in DRAM")
+    eviction_policy: EvictionPolicyName = EvictionPolicyName.PREFIX_LIRS
+    hir_fraction: float = Field(
+        0.05, gt=0, lt=1, description="prefix-lirs: share of L1 kept for new (not yet proven hot) chunks"
+    )
+    exists_grace_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="A key that EXISTS reported present is not evicted for this long "
+        "(LMCache GETs after EXISTS "
+        "and hangs on a miss)",
+    )
+    infer_chains: bool = Field(
+        True, description="Treat consecutive SETs on one connection as a prefix chain (parent -> child)"
+    )
+
+
+class L2FsConfig(_Model):
+    """Shared-filesystem tier in vLLM's offloading FS layout, with the capacity limit vLLM lacks."""
+
+    root_dir: str
+    capacity: ByteSize = Field(0, description="Bytes the tier may use; 0 means the filesystem's free space")
+    high_watermark: float = Field(0.90, gt=0, le=1, description="Start evicting above this fill ratio")
+    low_watermark: float = Field(0.80, gt=0, le=1, description="Evict down to this fill ratio")
+    rank: int = Field(0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
+    fsync: bool = Field(False, description="fsync each block file before the rename (durability over speed)")
+
+    @model_validator(mode="after")
+    def _watermarks_ordered(self) -> L2FsConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"l2.fs.low_watermark ({self.low_watermark}) must be below "
+                f"high_watermark ({self.high_watermark})"
+            )
+        return self
+
+
+class L2S3Config(_Model):
+    """S3 tier. Credentials come from AWS_* env vars, a web identity or a credentials file, never here."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    max_pool_connections: int = Field(16, ge=1)
+
+
+class L2Config(_Model):
+    fs: L2FsConfig | None = None
+    s3: L2S3Config | None = None
+
+
+class NamespaceConfig(_Model):
+    """What makes chunks shareable: same model, same KV layout, same hash settings.
+
+    Instances with different values get different digests and so never read each other's chunks
+    (differing hash seeds otherwise give silent zero hits).
+    """
+
+    model: str = "default"
+    layout: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM's offload config.json content (block size, tp/pp sizes, dtype, KV groups...)",
+    )
+    hash_algorithm: str = "sha256_cbor"
+    hash_seed: str | None = Field(None, description="PYTHONHASHSEED shared by every engine (xxhash variants)")
+
+    def layout_json(self) -> str:
+        return json.dumps(self.layout, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def digest(self) -> str:
+        """First 12 hex of the sha256 of the sorted config JSON: the vLLM FS tier's directory suffix."""
+        material = dict(self.layout)
+        material.setdefault("model_name", self.model)
+        if self.hash_seed is not None:
+            material.setdefault("hash_seed", self.hash_seed)
+        material.setdefault("hash_algorithm", self.hash_algorithm)
+        blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    @property
+    def directory_name(self) -> str:
+        return f"{self.model.replace('/', '_')}_{self.digest}"
+
+
+class TenancyConfig(_Model):
+    """Tenant isolation by cache salt: LMCache appends `@<salt>` to keys, vLLM folds it into hashes."""
+
+    require_salt: bool = Field(False, description="Reject keys that carry no tenant salt suffix")
+    salt_separator: str = Field("@", min_length=1, max_length=1)
+
+
+class AuthConfig(_Model):
+    token_file: str | None = Field(None, description="File holding the shared token (a mounted Secret)")
+
+
+class LimitsConfig(_Model):
+    max_value_size: ByteSize = Field(512 * 1024**2, description="Largest value a SET may carry")
+    max_key_size: ByteSize = Field(4096)
+    max_clients: int = Field(1024, ge=1)
+    max_pipeline_depth: int = Field(
+        1024, ge=1, description="Requests parsed ahead of the replies written, per connection"
+    )
+    max_request_size: ByteSize = Field(
+        1024**3,
+        description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
+    )
+
+
+class MetricsConfig(_Model):
+    port: int = Field(9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables")
+    bind: str = "0.0.0.0"
+
+
+class WriteBehindConfig(_Model):
+    queue_items: int = Field(1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down")
+    queue_bytes: ByteSize = Field(512 * 1024**2, description="Bytes waiting for L2 before SETs are held back")
+    workers: int = Field(4, ge=1, le=64)
+    drain_timeout_seconds: float = Field(30.0, ge=0)
+
+
+class KVServerConfig(_Model):
+    """Complete configuration of one `strata-kv serve` process."""
+
+    listen: ListenConfig = Field(default_factory=lambda: ListenConfig())
+    l1: L1Config = Field(default_factory=lambda: L1Config())
+    l2: L2Config = Field(default_factory=lambda: L2Config())
+    chunk_tokens: int = Field(256, ge=1, description="Tokens per chunk; every engine must agree")
+    namespace: NamespaceConfig = Field(default_factory=lambda: NamespaceConfig())
+    tenancy: TenancyConfig = Field(default_factory=lambda: TenancyConfig())
+    auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
+    limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
+    metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
+    write_behind: WriteBehindConfig = Field(default_factory=lambda: WriteBehindConfig())
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_yaml(cls, text: str) -> KVServerConfig:
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"KV server config must be a YAML mapping, got {type(data).__name__}")
+        return cls.model_validate(data)
+
+    @classmethod
+    def from_yaml_file(cls, path: str | Path) -> KVServerConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read KV server config {path}: {e.strerror}") from e
+        return cls.from_yaml(text)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)

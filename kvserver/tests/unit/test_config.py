@@ -1,0 +1,58 @@
+"""The config model is the contract with the operator: sizes, defaults, YAML round trip, validation."""
+
+import pytest
+from pydantic import ValidationError
+from strata_kv.config import CONFIG_FILE_NAME, EvictionPolicyName, KVServerConfig, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1GiB", 1024**3), ("512Mi", 512 * 1024**2), ("1.5G", 1_500_000_000), ("4096", 4096), (" 2 KiB ", 2048)],
+)
+def test_sizes_accept_binary_decimal_and_kubernetes_units(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["1 gigabyte", "-5", "GiB", "", True])
+def test_unreadable_sizes_are_rejected_with_a_hint(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+def test_yaml_round_trip_keeps_every_field() -> None:
+    cfg = KVServerConfig.model_validate(
+        {
+            "l1": {"size": "2GiB", "eviction_policy": "lru"},
+            "l2": {"fs": {"root_dir": "/cache", "capacity": "10Gi"}, "s3": {"bucket": "kv", "prefix": "p/"}},
+            "namespace": {"model": "meta/llama", "layout": {"block_size": 16}},
+        }
+    )
+    again = KVServerConfig.from_yaml(cfg.to_yaml())
+    assert again == cfg
+    assert again.l1.size == 2 * 1024**3
+    assert again.l1.eviction_policy is EvictionPolicyName.LRU
+
+
+def test_defaults_are_scan_resistant_and_start_without_a_file() -> None:
+    cfg = KVServerConfig()
+    assert cfg.l1.eviction_policy is EvictionPolicyName.PREFIX_LIRS
+    assert CONFIG_FILE_NAME.endswith(".yaml")
+
+
+def test_watermarks_must_be_ordered() -> None:
+    with pytest.raises(ValidationError, match="low_watermark"):
+        KVServerConfig.model_validate(
+            {"l2": {"fs": {"root_dir": "/c", "high_watermark": 0.5, "low_watermark": 0.6}}}
+        )
+
+
+def test_unknown_fields_are_refused_so_typos_surface() -> None:
+    with pytest.raises(ValidationError):
+        KVServerConfig.model_validate({"l1": {"sise": "1GiB"}})
+
+
+def test_namespace_digest_changes_with_hash_seed() -> None:
+    a = KVServerConfig.model_validate({"namespace": {"model": "m/x", "hash_seed": "1"}}).namespace
+    b = KVServerConfig.model_validate({"namespace": {"model": "m/x", "hash_seed": "2"}}).namespace
+    assert a.digest != b.digest
+    assert a.directory_name.startswith("m_x_") and len(a.digest) == 12
