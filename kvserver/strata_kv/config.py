@@ -88,30 +88,34 @@ class _Model(BaseModel):
 class ListenConfig(_Model):
     """Where RESP clients connect: TCP and/or a Unix socket (node-local pods share it via a hostPath)."""
 
-    port: int = Field(6379, ge=0, le=65535, description="TCP port for RESP; 0 picks a free port")
-    bind: str = Field("0.0.0.0", description="TCP bind address")
-    unix_socket: str | None = Field(None, description="Path of a Unix socket to also listen on")
-    unix_socket_mode: int = Field(0o660, description="Permission bits of the Unix socket")
+    port: int = Field(default=6379, ge=0, le=65535, description="TCP port for RESP; 0 picks a free port")
+    bind: str = Field(default="0.0.0.0", description="TCP bind address")
+    unix_socket: str | None = Field(default=None, description="Path of a Unix socket to also listen on")
+    unix_socket_mode: int = Field(default=0o660, description="Permission bits of the Unix socket")
     tcp_enabled: bool = True
 
 
 class L1Config(_Model):
     """DRAM tier: never holds more than `size` bytes of values."""
 
-    size: ByteSize = Field(1024**3, description="Capacity in bytes of chunk values held in DRAM")
+    size: ByteSize = Field(default=1024**3, description="Capacity in bytes of chunk values held in DRAM")
     eviction_policy: EvictionPolicyName = EvictionPolicyName.PREFIX_LIRS
     hir_fraction: float = Field(
-        0.05, gt=0, lt=1, description="prefix-lirs: share of L1 kept for new (not yet proven hot) chunks"
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="prefix-lirs: share of L1 kept for new (not yet proven hot) chunks",
     )
     exists_grace_seconds: float = Field(
-        10.0,
+        default=10.0,
         ge=0,
         description="A key that EXISTS reported present is not evicted for this long "
         "(LMCache GETs after EXISTS "
         "and hangs on a miss)",
     )
     infer_chains: bool = Field(
-        True, description="Treat consecutive SETs on one connection as a prefix chain (parent -> child)"
+        default=True,
+        description="Treat consecutive SETs on one connection as a prefix chain (parent -> child)",
     )
 
 
@@ -119,11 +123,17 @@ class L2FsConfig(_Model):
     """Shared-filesystem tier in vLLM's offloading FS layout, with the capacity limit vLLM lacks."""
 
     root_dir: str
-    capacity: ByteSize = Field(0, description="Bytes the tier may use; 0 means the filesystem's free space")
-    high_watermark: float = Field(0.90, gt=0, le=1, description="Start evicting above this fill ratio")
-    low_watermark: float = Field(0.80, gt=0, le=1, description="Evict down to this fill ratio")
-    rank: int = Field(0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
-    fsync: bool = Field(False, description="fsync each block file before the rename (durability over speed)")
+    capacity: ByteSize = Field(
+        default=0, description="Bytes the tier may use; 0 means the filesystem's free space"
+    )
+    high_watermark: float = Field(
+        default=0.90, gt=0, le=1, description="Start evicting above this fill ratio"
+    )
+    low_watermark: float = Field(default=0.80, gt=0, le=1, description="Evict down to this fill ratio")
+    rank: int = Field(default=0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
+    fsync: bool = Field(
+        default=False, description="fsync each block file before the rename (durability over speed)"
+    )
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> L2FsConfig:
@@ -142,7 +152,7 @@ class L2S3Config(_Model):
     prefix: str = ""
     endpoint_url: str | None = None
     region: str | None = None
-    max_pool_connections: int = Field(16, ge=1)
+    max_pool_connections: int = Field(default=16, ge=1)
 
 
 class L2Config(_Model):
@@ -163,7 +173,9 @@ class NamespaceConfig(_Model):
         description="vLLM's offload config.json content (block size, tp/pp sizes, dtype, KV groups...)",
     )
     hash_algorithm: str = "sha256_cbor"
-    hash_seed: str | None = Field(None, description="PYTHONHASHSEED shared by every engine (xxhash variants)")
+    hash_seed: str | None = Field(
+        default=None, description="PYTHONHASHSEED shared by every engine (xxhash variants)"
+    )
 
     def layout_json(self) -> str:
         return json.dumps(self.layout, sort_keys=True, separators=(",", ":"))
@@ -187,37 +199,45 @@ class NamespaceConfig(_Model):
 class TenancyConfig(_Model):
     """Tenant isolation by cache salt: LMCache appends `@<salt>` to keys, vLLM folds it into hashes."""
 
-    require_salt: bool = Field(False, description="Reject keys that carry no tenant salt suffix")
-    salt_separator: str = Field("@", min_length=1, max_length=1)
+    require_salt: bool = Field(default=False, description="Reject keys that carry no tenant salt suffix")
+    salt_separator: str = Field(default="@", min_length=1, max_length=1)
 
 
 class AuthConfig(_Model):
-    token_file: str | None = Field(None, description="File holding the shared token (a mounted Secret)")
+    token_file: str | None = Field(
+        default=None, description="File holding the shared token (a mounted Secret)"
+    )
 
 
 class LimitsConfig(_Model):
-    max_value_size: ByteSize = Field(512 * 1024**2, description="Largest value a SET may carry")
-    max_key_size: ByteSize = Field(4096)
-    max_clients: int = Field(1024, ge=1)
+    max_value_size: ByteSize = Field(default=512 * 1024**2, description="Largest value a SET may carry")
+    max_key_size: ByteSize = Field(default=4096)
+    max_clients: int = Field(default=1024, ge=1)
     max_pipeline_depth: int = Field(
-        1024, ge=1, description="Requests parsed ahead of the replies written, per connection"
+        default=1024, ge=1, description="Requests parsed ahead of the replies written, per connection"
     )
     max_request_size: ByteSize = Field(
-        1024**3,
+        default=1024**3,
         description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
     )
 
 
 class MetricsConfig(_Model):
-    port: int = Field(9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables")
+    port: int = Field(
+        default=9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables"
+    )
     bind: str = "0.0.0.0"
 
 
 class WriteBehindConfig(_Model):
-    queue_items: int = Field(1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down")
-    queue_bytes: ByteSize = Field(512 * 1024**2, description="Bytes waiting for L2 before SETs are held back")
-    workers: int = Field(4, ge=1, le=64)
-    drain_timeout_seconds: float = Field(30.0, ge=0)
+    queue_items: int = Field(
+        default=1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down"
+    )
+    queue_bytes: ByteSize = Field(
+        default=512 * 1024**2, description="Bytes waiting for L2 before SETs are held back"
+    )
+    workers: int = Field(default=4, ge=1, le=64)
+    drain_timeout_seconds: float = Field(default=30.0, ge=0)
 
 
 class KVServerConfig(_Model):
@@ -226,7 +246,7 @@ class KVServerConfig(_Model):
     listen: ListenConfig = Field(default_factory=lambda: ListenConfig())
     l1: L1Config = Field(default_factory=lambda: L1Config())
     l2: L2Config = Field(default_factory=lambda: L2Config())
-    chunk_tokens: int = Field(256, ge=1, description="Tokens per chunk; every engine must agree")
+    chunk_tokens: int = Field(default=256, ge=1, description="Tokens per chunk; every engine must agree")
     namespace: NamespaceConfig = Field(default_factory=lambda: NamespaceConfig())
     tenancy: TenancyConfig = Field(default_factory=lambda: TenancyConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
