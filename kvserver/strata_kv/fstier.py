@@ -1,0 +1,246 @@
+"""L2 on a (shared) filesystem: vLLM's offloading layout, atomic writes, checksums, capacity watermarks.
+
+Blocking I/O: callers run these methods in worker threads. Many writers on many nodes are safe
+because every write goes to a unique temp file and is renamed into place (rename is atomic on POSIX
+filesystems and NFS), and a reader verifies the checksum of what it opened. The in-memory index
+only serves capacity accounting; lookups always go to the file, so chunks other servers wrote are
+seen at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+
+from .blockfile import HEADER_SIZE, CorruptBlock, KeyMismatch, decode_header, encode_header, locate
+from .config import L2FsConfig, NamespaceConfig
+
+log = logging.getLogger(__name__)
+
+TMP_SUFFIX = ".tmp"
+STALE_TMP_SECONDS = 600.0
+
+
+class L2WriteError(OSError):
+    """Writing a block failed (disk full, permissions...): the chunk stays a miss in L2."""
+
+
+class FsTier:
+    """One namespace's block files under `root_dir`, with an LRU-ordered index for eviction."""
+
+    def __init__(self, cfg: L2FsConfig, namespace: NamespaceConfig) -> None:
+        self.cfg = cfg
+        self.root = Path(cfg.root_dir)
+        self.namespace = namespace
+        self.namespace_dir = namespace.directory_name
+        self._index: OrderedDict[str, int] = OrderedDict()  # relpath -> file size, oldest first
+        self._lock = threading.Lock()
+        self._tmp_tag = f"{socket.gethostname()}-{os.getpid()}"
+        self.used = 0
+        self.corrupt_removed = 0
+        self.evictions = 0
+        self.write_errors = 0
+
+    # -- paths ------------------------------------------------------------------------------------
+    def relpath(self, key: bytes) -> str:
+        return locate(key, self.cfg.rank).relpath(self.namespace_dir)
+
+    def path(self, key: bytes) -> Path:
+        return self.root / self.relpath(key)
+
+    # -- start-up ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create the namespace directory and its config.json, then rebuild the index from disk."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = dict(self.namespace.layout)
+        config.setdefault("model_name", self.namespace.model)
+        rank_dir = self.root / f"{self.namespace_dir}_r{self.cfg.rank}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = rank_dir / "config.json"
+        if not cfg_path.exists():
+            self._atomic_write_bytes(cfg_path, json.dumps(config, sort_keys=True, indent=1).encode())
+        self.rebuild_index()
+
+    def rebuild_index(self) -> None:
+        """Scan every block file of this namespace (all ranks), oldest first; drop stale temp files."""
+        entries: list[tuple[float, str, int]] = []
+        now = time.time()
+        prefix = f"{self.namespace_dir}_r"
+        for top in self.root.iterdir() if self.root.exists() else ():
+            if not top.name.startswith(prefix) or not top.is_dir():
+                continue
+            for dirpath, _dirs, files in os.walk(top):
+                for name in files:
+                    full = os.path.join(dirpath, name)
+                    try:
+                        st = os.stat(full)
+                    except FileNotFoundError:
+                        continue
+                    if name.endswith(TMP_SUFFIX):
+                        if self._tmp_tag in name or now - st.st_mtime > STALE_TMP_SECONDS:
+                            self._unlink(full)
+                        continue
+                    if name.endswith(".bin"):
+                        rel = os.path.relpath(full, self.root)
+                        entries.append((max(st.st_atime, st.st_mtime), rel, st.st_size))
+        entries.sort()
+        with self._lock:
+            self._index = OrderedDict((rel, size) for _t, rel, size in entries)
+            self.used = sum(size for _t, _rel, size in entries)
+        log.info("L2 fs index rebuilt: %d block files, %d bytes under %s", len(entries), self.used, self.root)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        """The value, or None on a miss. A corrupt file is removed and reported as a miss."""
+        rel = self.relpath(key)
+        full = self.root / rel
+        try:
+            with open(full, "rb") as f:
+                head = f.read(HEADER_SIZE + len(key))
+                header = decode_header(head)
+                if header.key != key:
+                    raise KeyMismatch("block file holds a different key")
+                value = f.read(header.value_len)
+                if len(value) != header.value_len or f.read(1):
+                    raise CorruptBlock(f"block file length does not match its header ({full})")
+            if zlib.crc32(value, zlib.crc32(key)) != header.crc:
+                raise CorruptBlock(f"block checksum mismatch ({full})")
+        except (FileNotFoundError, NotADirectoryError, KeyMismatch):
+            return None
+        except CorruptBlock as e:
+            log.warning("removing corrupt L2 block %s: %s", full, e)
+            self.corrupt_removed += 1
+            self._remove(rel)
+            return None
+        self._touch(rel, len(head) + len(value))
+        return value
+
+    def contains(self, key: bytes) -> bool:
+        return os.path.exists(self.root / self.relpath(key))
+
+    # -- writes -----------------------------------------------------------------------------------
+    def put(self, key: bytes, value: bytes) -> None:
+        """Write atomically; on a full disk, evict to the low watermark and retry once."""
+        rel = self.relpath(key)
+        header = encode_header(key, value)
+        self.make_room(len(header) + len(value))
+        try:
+            self._write(rel, header, value)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self.write_errors += 1
+                raise L2WriteError(e.errno, f"L2 write of {rel} failed: {e.strerror}") from e
+            self.evict_to(self._capacity() * self.cfg.low_watermark)
+            try:
+                self._write(rel, header, value)
+            except OSError as e2:
+                self.write_errors += 1
+                raise L2WriteError(
+                    e2.errno,
+                    f"L2 filesystem {self.root} is full ({e2.strerror}); raise its size or lower l2.fs"
+                    ".capacity / high_watermark",
+                ) from e2
+        with self._lock:
+            old = self._index.pop(rel, 0)
+            self._index[rel] = len(header) + len(value)
+            self.used += len(header) + len(value) - old
+
+    def _write(self, rel: str, header: bytes, value: bytes) -> None:
+        final = self.root / rel
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.{self._tmp_tag}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(value)
+                if self.cfg.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.rename(tmp, final)
+        except BaseException:
+            self._unlink(str(tmp))
+            raise
+
+    def _atomic_write_bytes(self, path: Path, data: bytes) -> None:
+        tmp = path.parent / f".{path.name}.{self._tmp_tag}{TMP_SUFFIX}"
+        tmp.write_bytes(data)
+        os.rename(tmp, path)
+
+    def delete(self, key: bytes) -> bool:
+        return self._remove(self.relpath(key))
+
+    # -- capacity ---------------------------------------------------------------------------------
+    def _capacity(self) -> int:
+        if self.cfg.capacity:
+            return int(self.cfg.capacity)
+        st = os.statvfs(self.root)
+        return st.f_blocks * st.f_frsize
+
+    def _fill(self) -> int:
+        """Bytes counted against capacity: our index, or the filesystem's own usage when unbounded."""
+        if self.cfg.capacity:
+            return self.used
+        st = os.statvfs(self.root)
+        return (st.f_blocks - st.f_bavail) * st.f_frsize
+
+    def make_room(self, incoming: int) -> None:
+        capacity = self._capacity()
+        if self._fill() + incoming > capacity * self.cfg.high_watermark:
+            self.evict_to(capacity * self.cfg.low_watermark - incoming)
+
+    def evict_to(self, target: float) -> int:
+        """Remove least recently used block files until usage is at or below `target` bytes."""
+        removed = 0
+        while self._fill() > target:
+            with self._lock:
+                if not self._index:
+                    break
+                rel, size = self._index.popitem(last=False)
+                self.used -= size
+            self._unlink(str(self.root / rel))
+            removed += 1
+            self.evictions += 1
+        return removed
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "used_bytes": self._fill(),
+            "capacity_bytes": self._capacity(),
+            "files": len(self._index),
+            "evictions": self.evictions,
+            "corrupt_removed": self.corrupt_removed,
+            "write_errors": self.write_errors,
+        }
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _touch(self, rel: str, size: int) -> None:
+        with self._lock:
+            if rel in self._index:
+                self._index.move_to_end(rel)
+            else:  # written by another server: account for it from now on
+                self._index[rel] = size
+                self.used += size
+
+    def _remove(self, rel: str) -> bool:
+        with self._lock:
+            size = self._index.pop(rel, None)
+            if size is not None:
+                self.used -= size
+        return self._unlink(str(self.root / rel))
+
+    @staticmethod
+    def _unlink(path: str) -> bool:
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False

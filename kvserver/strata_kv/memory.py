@@ -1,0 +1,108 @@
+"""L1: chunk values in DRAM, bounded in bytes, evicting through a pluggable policy.
+
+Keys that EXISTS recently reported are pinned for a grace period: LMCache asks EXISTS, then GETs,
+and a GET that misses hangs its worker forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .policy import EvictionPolicy
+
+
+class MemoryTier:
+    """Byte-bounded dict of chunk values. Never holds more than `capacity` bytes."""
+
+    def __init__(
+        self,
+        capacity: int,
+        policy: EvictionPolicy,
+        grace_seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.capacity = capacity
+        self.policy = policy
+        self.grace_seconds = grace_seconds
+        self._clock = clock
+        self._values: dict[bytes, bytes] = {}
+        self._pins: dict[bytes, float] = {}
+        self.used = 0
+        self.evictions = 0
+        self.evicted_bytes = 0
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._values.get(key)
+        if value is not None:
+            self.policy.touch(key)
+        return value
+
+    def peek(self, key: bytes) -> bytes | None:
+        """Read without counting an access (prefix probes must not reorder the cache)."""
+        return self._values.get(key)
+
+    def pin(self, key: bytes) -> None:
+        """Protect a resident key from eviction for the grace period."""
+        if self.grace_seconds > 0 and key in self._values:
+            self._pins[key] = self._clock() + self.grace_seconds
+
+    def _pinned(self, key: bytes) -> bool:
+        until = self._pins.get(key)
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._pins[key]
+            return False
+        return True
+
+    def put(self, key: bytes, value: bytes, parent: bytes | None = None) -> list[bytes]:
+        """Store `value`, evicting as needed; returns evicted keys. Raises MemoryError if it cannot fit."""
+        size = len(value)
+        if size > self.capacity:
+            raise MemoryError(f"value of {size} bytes is larger than L1 ({self.capacity} bytes)")
+        old = self._values.get(key)
+        if old is not None:
+            self._drop(key)
+        evicted: list[bytes] = []
+        while self.used + size > self.capacity:
+            victim = self.policy.choose_victim(self._pinned)
+            if victim is None:
+                raise MemoryError(
+                    f"L1 is full of pinned chunks ({self.used} of {self.capacity} bytes); "
+                    "lower l1.exists_grace_seconds or raise l1.size"
+                )
+            self._forget_value(victim)
+            self.evictions += 1
+            evicted.append(victim)
+        self._values[key] = value
+        self.used += size
+        self.policy.admit(key, size, parent)
+        return evicted
+
+    def _forget_value(self, key: bytes) -> None:
+        value = self._values.pop(key)
+        self.used -= len(value)
+        self.evicted_bytes += len(value)
+        self._pins.pop(key, None)
+
+    def _drop(self, key: bytes) -> None:
+        value = self._values.pop(key)
+        self.used -= len(value)
+        self._pins.pop(key, None)
+        self.policy.remove(key)
+
+    def delete(self, key: bytes) -> bool:
+        if key not in self._values:
+            return False
+        self._drop(key)
+        return True
+
+    def link(self, parent: bytes, child: bytes) -> None:
+        self.policy.link(parent, child)

@@ -1,0 +1,250 @@
+"""L1 eviction policies over byte-sized entries.
+
+`LRUPolicy` is the baseline that falls off the cliff on loops slightly larger than the cache.
+`PrefixLIRSPolicy` (the default) is LIRS adapted to byte sizes, made prefix-aware: a chunk is only
+useful when every chunk before it in its chain is resident, so among cold candidates it evicts the
+tail of a chain before its head.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .config import EvictionPolicyName
+
+Key = Any  # bytes in the server, small ints in simulations
+Skip = Callable[[Key], bool]
+
+
+class EvictionPolicy(Protocol):
+    """What the L1 tier needs from a policy: bookkeeping calls and a victim choice."""
+
+    def admit(self, key: Key, size: int, parent: Key | None = None) -> None: ...
+    def touch(self, key: Key) -> None: ...
+    def remove(self, key: Key) -> None: ...
+    def link(self, parent: Key, child: Key) -> None: ...
+    def choose_victim(self, skip: Skip) -> Key | None: ...
+
+
+class _Chains:
+    """Parent/child links between resident chunks, so victims can be moved to chain tails."""
+
+    def __init__(self) -> None:
+        self.parent: dict[Key, Key] = {}
+        self.children: dict[Key, set[Key]] = {}
+
+    def link(self, parent: Key, child: Key) -> None:
+        if parent == child or self.parent.get(child) == parent:
+            return
+        self.unlink(child)
+        self.parent[child] = parent
+        self.children.setdefault(parent, set()).add(child)
+
+    def unlink(self, key: Key) -> None:
+        old = self.parent.pop(key, None)
+        if old is not None:
+            kids = self.children.get(old)
+            if kids is not None:
+                kids.discard(key)
+                if not kids:
+                    del self.children[old]
+
+    def forget(self, key: Key) -> None:
+        """Drop a key that left the cache; its children keep no parent (their prefix is broken anyway)."""
+        self.unlink(key)
+        for kid in self.children.pop(key, ()):
+            self.parent.pop(kid, None)
+
+    def tail_of(self, key: Key, eligible: Callable[[Key], bool], max_steps: int = 4096) -> Key:
+        """Deepest eligible descendant of `key` (itself if none): the chunk whose loss costs least."""
+        current = key
+        for _ in range(max_steps):
+            nxt = next((k for k in self.children.get(current, ()) if eligible(k)), None)
+            if nxt is None:
+                return current
+            current = nxt
+        return current
+
+
+class LRUPolicy:
+    """Least recently used; with `prefix_aware` it evicts the tail of the LRU entry's chain first."""
+
+    def __init__(self, prefix_aware: bool = False) -> None:
+        self._order: OrderedDict[Key, int] = OrderedDict()
+        self._chains = _Chains()
+        self._prefix_aware = prefix_aware
+
+    def admit(self, key: Key, size: int, parent: Key | None = None) -> None:
+        self._order[key] = size
+        self._order.move_to_end(key)
+        if parent is not None:
+            self._chains.link(parent, key)
+
+    def touch(self, key: Key) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def link(self, parent: Key, child: Key) -> None:
+        if parent in self._order and child in self._order:
+            self._chains.link(parent, child)
+
+    def remove(self, key: Key) -> None:
+        self._order.pop(key, None)
+        self._chains.forget(key)
+
+    def choose_victim(self, skip: Skip) -> Key | None:
+        for key in self._order:
+            if skip(key):
+                continue
+            victim = key
+            if self._prefix_aware:
+                victim = self._chains.tail_of(key, lambda k: k in self._order and not skip(k))
+            self.remove(victim)
+            return victim
+        return None
+
+
+class PrefixLIRSPolicy:
+    """LIRS (Jiang & Zhang 2002) with byte sizes and prefix-aware victim choice.
+
+    Entries seen twice within a short reuse distance are LIR and protected; everything else lives in
+    a small resident-HIR queue `q` that absorbs scans and loops. Non-resident "ghost" entries in the
+    recency stack `s` remember recent misses, so a loop's re-reference promotes a chunk to LIR.
+    """
+
+    def __init__(self, capacity: int, hir_fraction: float = 0.05, ghost_factor: float = 2.0) -> None:
+        self._capacity = max(1, capacity)
+        self._lir_limit = int(self._capacity * (1.0 - hir_fraction))
+        self._s: OrderedDict[Key, None] = OrderedDict()  # recency stack, last = most recent
+        self._q: OrderedDict[Key, None] = OrderedDict()  # resident HIR, last = most recent
+        self._size: dict[Key, int] = {}  # resident entries
+        self._lir: set[Key] = set()
+        self._lir_bytes = 0
+        self._ghosts = 0
+        self._ghost_factor = ghost_factor
+        self._chains = _Chains()
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Keep the stack's bottom an LIR entry: older HIR entries can no longer be promoted."""
+        while self._s:
+            bottom = next(iter(self._s))
+            if bottom in self._lir:
+                return
+            del self._s[bottom]
+            if bottom not in self._size:
+                self._ghosts -= 1
+
+    def _demote_excess_lir(self) -> None:
+        while self._lir_bytes > self._lir_limit and self._s:
+            bottom = next(iter(self._s))
+            if bottom not in self._lir:
+                self._prune()
+                continue
+            del self._s[bottom]
+            self._lir.discard(bottom)
+            self._lir_bytes -= self._size[bottom]
+            self._q[bottom] = None
+            self._prune()
+
+    def _make_lir(self, key: Key) -> None:
+        self._q.pop(key, None)
+        self._lir.add(key)
+        self._lir_bytes += self._size[key]
+        self._demote_excess_lir()
+
+    def _bound_ghosts(self) -> None:
+        limit = int(self._ghost_factor * max(16, len(self._size)))
+        if self._ghosts <= limit:
+            return
+        for key in list(self._s):
+            if self._ghosts <= limit:
+                break
+            if key not in self._size:
+                del self._s[key]
+                self._ghosts -= 1
+        self._prune()
+
+    # -- policy interface -------------------------------------------------------------------------
+    def admit(self, key: Key, size: int, parent: Key | None = None) -> None:
+        if key in self._size:
+            self.remove(key)
+        self._size[key] = size
+        was_ghost = key in self._s
+        if was_ghost:
+            self._ghosts -= 1
+        self._s[key] = None
+        self._s.move_to_end(key)
+        if parent is not None and parent in self._size:
+            self._chains.link(parent, key)
+        if was_ghost or self._lir_bytes + size <= self._lir_limit:
+            self._make_lir(key)
+        else:
+            self._q[key] = None
+        self._bound_ghosts()
+
+    def touch(self, key: Key) -> None:
+        if key not in self._size:
+            return
+        if key in self._lir:
+            self._s.move_to_end(key)
+            self._prune()
+        elif key in self._s:
+            self._s.move_to_end(key)
+            self._make_lir(key)
+        else:
+            self._s[key] = None
+            self._q.move_to_end(key)
+
+    def link(self, parent: Key, child: Key) -> None:
+        if parent in self._size and child in self._size:
+            self._chains.link(parent, child)
+
+    def remove(self, key: Key) -> None:
+        size = self._size.pop(key, None)
+        if size is None:
+            return
+        if key in self._lir:
+            self._lir.discard(key)
+            self._lir_bytes -= size
+        self._q.pop(key, None)
+        self._s.pop(key, None)
+        self._chains.forget(key)
+        self._prune()
+
+    def _evict(self, key: Key) -> None:
+        """Evict a resident HIR entry; it stays in the stack as a ghost if it was there."""
+        del self._size[key]
+        self._q.pop(key, None)
+        self._chains.forget(key)
+        if key in self._s:
+            self._ghosts += 1
+
+    def choose_victim(self, skip: Skip) -> Key | None:
+        for _ in range(2):
+            for key in self._q:
+                if skip(key):
+                    continue
+                victim = self._chains.tail_of(key, lambda k: k in self._q and not skip(k))
+                self._evict(victim)
+                return victim
+            # No cold entry left: demote the coldest unpinned LIR entry and try again.
+            lir_bottom = next((k for k in self._s if k in self._lir and not skip(k)), None)
+            if lir_bottom is None:
+                return None
+            del self._s[lir_bottom]
+            self._lir.discard(lir_bottom)
+            self._lir_bytes -= self._size[lir_bottom]
+            self._q[lir_bottom] = None
+            self._prune()
+        return None
+
+
+def make_policy(name: EvictionPolicyName | str, capacity: int, hir_fraction: float = 0.05) -> EvictionPolicy:
+    """Build the policy named in the config."""
+    name = EvictionPolicyName(name)
+    if name is EvictionPolicyName.LRU:
+        return LRUPolicy()
+    return PrefixLIRSPolicy(capacity, hir_fraction=hir_fraction)

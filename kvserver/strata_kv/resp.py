@@ -1,0 +1,242 @@
+"""RESP2 codec: an incremental request parser and reply encoders. No I/O.
+
+Replies are byte-exact with Redis (LMCache compares reply headers as raw bytes). Large values are
+returned as separate parts so the server can hand them to the transport without joining.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+CRLF = b"\r\n"
+OK = b"+OK\r\n"
+PONG = b"+PONG\r\n"
+NULL_BULK = b"$-1\r\n"
+NULL_ARRAY = b"*-1\r\n"
+EMPTY_ARRAY = b"*0\r\n"
+ZERO = b":0\r\n"
+ONE = b":1\r\n"
+
+_MAX_HEADER_LINE = 64 * 1024  # a '*<n>' or '$<n>' line longer than this is garbage
+_MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
+_READ_CHUNK = 256 * 1024
+_MAX_GROW = 64 * 1024 * 1024  # grow towards a huge announced value in steps, not all at once
+_SHRINK_ABOVE = 8 * 1024 * 1024  # give back a buffer grown for a huge value once it is consumed
+
+
+class ProtocolError(Exception):
+    """The byte stream is not RESP: reply with the error, then close the connection (out of step)."""
+
+
+class RequestTooLarge(ProtocolError):
+    """A bulk string or the whole request exceeds a configured limit."""
+
+
+class RequestParser:
+    """Take bytes in, complete commands (lists of byte strings) out.
+
+    Handles RESP multibulk requests (what every client library sends) and inline commands
+    (`PING\\r\\n`, as typed into telnet). Keeps partial state between reads, so a multi-MiB value
+    split across many reads is never re-scanned. `get_buffer`/`buffer_updated` let an
+    `asyncio.BufferedProtocol` receive straight into the parser's buffer (one copy less per value).
+    """
+
+    def __init__(
+        self, max_bulk: int = 512 * 1024**2, max_args: int = 1024 * 1024, max_request: int = 1024**3
+    ) -> None:
+        self.max_bulk = max_bulk
+        self.max_args = max_args
+        self.max_request = max_request
+        self._buf = bytearray(_READ_CHUNK)
+        self._pos = 0  # first unconsumed byte
+        self._end = 0  # end of received bytes
+        self._args: list[bytes] | None = None
+        self._need = 0
+        self._bulk = -1
+        self._request_bytes = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet consumed by a complete command."""
+        return self._end - self._pos
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
+        if self._pos == self._end:
+            self._pos = self._end = 0
+            if len(self._buf) > _SHRINK_ABOVE:
+                self._buf = bytearray(_READ_CHUNK)
+        need = _READ_CHUNK
+        if self._bulk >= 0:
+            need = max(need, min(self._pos + self._bulk + 2 - self._end, _MAX_GROW))
+        if len(self._buf) - self._end < need:
+            if self._pos:
+                live = self._end - self._pos
+                self._buf[:live] = self._buf[self._pos : self._end]
+                self._pos, self._end = 0, live
+            short = need - (len(self._buf) - self._end)
+            if short > 0:
+                self._buf.extend(bytes(short))
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+
+    def feed(self, data: bytes) -> None:
+        """Copy `data` in (for callers that are not buffered protocols, and for tests)."""
+        view = memoryview(data)
+        while view:
+            with self.get_buffer(len(view)) as free:
+                n = min(len(free), len(view))
+                free[:n] = view[:n]
+            self.buffer_updated(n)
+            view = view[n:]
+
+    def _line(self) -> int | None:
+        nl = self._buf.find(CRLF, self._pos, self._end)
+        if nl < 0:
+            if self._end - self._pos > _MAX_HEADER_LINE:
+                raise ProtocolError("Protocol error: too big count string")
+            return None
+        return nl
+
+    def _count(self, nl: int, what: str, limit: int) -> int:
+        raw = bytes(self._buf[self._pos + 1 : nl])
+        try:
+            n = int(raw)
+        except ValueError:
+            n = None
+        if n is None or not raw.lstrip(b"-").isdigit() or len(raw) > 20:
+            raise ProtocolError(f"Protocol error: invalid {what} length")
+        if n > limit:
+            if what == "bulk":
+                raise RequestTooLarge(
+                    f"value of {n} bytes exceeds limits.max_value_size ({limit} bytes); "
+                    "store smaller chunks or raise the limit"
+                )
+            raise RequestTooLarge(f"Protocol error: invalid {what} length")
+        return n
+
+    def get_command(self) -> list[bytes] | None:
+        """The next complete command, or None until more bytes arrive. Raises ProtocolError."""
+        buf = self._buf
+        while self._args is None:
+            if self._pos >= self._end:
+                return None
+            if buf[self._pos] != 0x2A:  # '*'
+                inline = self._inline()
+                if inline is None or inline:
+                    return inline
+                continue  # empty line: ignored, like Redis
+            nl = self._line()
+            if nl is None:
+                return None
+            n = self._count(nl, "multibulk", self.max_args)
+            self._pos = nl + 2
+            if n <= 0:
+                continue
+            self._args, self._need, self._bulk, self._request_bytes = [], n, -1, 0
+        args = self._args
+        while len(args) < self._need:
+            if self._bulk < 0:
+                if self._pos >= self._end:
+                    return None
+                if buf[self._pos] != 0x24:  # '$'
+                    raise ProtocolError(f"Protocol error: expected '$', got '{chr(buf[self._pos])}'")
+                nl = self._line()
+                if nl is None:
+                    return None
+                n = self._count(nl, "bulk", self.max_bulk)
+                if n < 0:
+                    raise ProtocolError("Protocol error: invalid bulk length")
+                self._request_bytes += n
+                if self._request_bytes > self.max_request:
+                    raise RequestTooLarge(
+                        f"request of more than {self.max_request} bytes exceeds limits.max_request_size"
+                    )
+                self._pos = nl + 2
+                self._bulk = n
+            end = self._pos + self._bulk
+            if self._end < end + 2:
+                return None
+            if buf[end : end + 2] != CRLF:
+                raise ProtocolError("Protocol error: bulk string not terminated by CRLF")
+            with memoryview(buf) as view:
+                args.append(bytes(view[self._pos : end]))
+            self._pos = end + 2
+            self._bulk = -1
+        self._args = None
+        return args
+
+    def _inline(self) -> list[bytes] | None:
+        nl = self._buf.find(b"\n", self._pos, self._end)
+        if nl < 0:
+            if self._end - self._pos > _MAX_INLINE:
+                raise ProtocolError("Protocol error: too big inline request")
+            return None
+        line = bytes(self._buf[self._pos : nl]).rstrip(b"\r")
+        self._pos = nl + 1
+        if b'"' in line or b"'" in line:
+            raise ProtocolError("Protocol error: quoted inline arguments are not supported; use RESP arrays")
+        return line.split()
+
+
+# -- reply encoders ---------------------------------------------------------------------------------
+def simple(text: str) -> bytes:
+    if "\r" in text or "\n" in text:
+        raise ValueError("simple strings cannot contain CR or LF")
+    return b"+" + text.encode() + CRLF
+
+
+def error(message: str) -> bytes:
+    """`-ERR ...` (or another code when the message starts with an upper-case word like WRONGPASS)."""
+    message = message.replace("\r", " ").replace("\n", " ")
+    head = message.split(" ", 1)[0]
+    if not (head.isupper() and head.isalpha()):
+        message = "ERR " + message
+    return b"-" + message.encode() + CRLF
+
+
+def integer(n: int) -> bytes:
+    return b":%d\r\n" % n
+
+
+def bulk(value: bytes | None) -> list[bytes]:
+    """Bulk string parts; large values stay a separate part (no copy)."""
+    if value is None:
+        return [NULL_BULK]
+    if len(value) <= 16 * 1024:
+        return [b"$%d\r\n%b\r\n" % (len(value), value)]
+    return [b"$%d\r\n" % len(value), value, CRLF]
+
+
+Reply = bytes | int | str | None | list["Reply"]
+
+
+def encode(reply: Reply) -> list[bytes]:
+    """Encode nested replies: bytes/str -> bulk, int -> integer, None -> null bulk, list -> array."""
+    if isinstance(reply, bool):
+        return [ONE if reply else ZERO]
+    if isinstance(reply, int):
+        return [integer(reply)]
+    if isinstance(reply, str):
+        return bulk(reply.encode())
+    if reply is None or isinstance(reply, bytes):
+        return bulk(reply)
+    parts: list[bytes] = [b"*%d\r\n" % len(reply)]
+    for item in reply:
+        parts.extend(encode(item))
+    return parts
+
+
+def array(items: Iterable[Reply]) -> list[bytes]:
+    return encode(list(items))
+
+
+def command(*args: bytes | str | int) -> bytes:
+    """Encode a request (used by the client): an array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(b), b))
+    return b"".join(out)

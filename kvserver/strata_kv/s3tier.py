@@ -1,0 +1,90 @@
+"""S3 tier through boto3: the same block files as the filesystem tier, one object per chunk.
+
+Credentials come only from boto3's usual chain (AWS_* environment, web identity, shared files).
+Blocking calls: run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .blockfile import CorruptBlock, KeyMismatch, decode_block, encode_header, locate
+from .config import L2S3Config, NamespaceConfig
+
+log = logging.getLogger(__name__)
+
+
+class S3Tier:
+    def __init__(self, cfg: L2S3Config, namespace: NamespaceConfig, rank: int = 0) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.cfg = cfg
+        self.namespace_dir = namespace.directory_name
+        self.rank = rank
+        self._client: Any = boto3.client(
+            "s3",
+            endpoint_url=cfg.endpoint_url,
+            region_name=cfg.region,
+            config=Config(max_pool_connections=cfg.max_pool_connections, retries={"max_attempts": 3}),
+        )
+        self.corrupt_removed = 0
+        self.write_errors = 0
+
+    def object_key(self, key: bytes) -> str:
+        rel = locate(key, self.rank).relpath(self.namespace_dir)
+        prefix = self.cfg.prefix.strip("/")
+        return f"{prefix}/{rel}" if prefix else rel
+
+    def check(self) -> None:
+        """Fail fast with a readable error when the bucket is unreachable (used by readiness)."""
+        self._client.head_bucket(Bucket=self.cfg.bucket)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        body = encode_header(key, value) + value
+        try:
+            self._client.put_object(Bucket=self.cfg.bucket, Key=self.object_key(key), Body=body)
+        except Exception:
+            self.write_errors += 1
+            raise
+
+    def get(self, key: bytes) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        name = self.object_key(key)
+        try:
+            resp = self._client.get_object(Bucket=self.cfg.bucket, Key=name)
+            blob = resp["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        try:
+            _key, value = decode_block(blob, expected_key=key)
+        except KeyMismatch:
+            return None
+        except CorruptBlock as e:
+            log.warning("removing corrupt S3 block s3://%s/%s: %s", self.cfg.bucket, name, e)
+            self.corrupt_removed += 1
+            self.delete(key)
+            return None
+        return value
+
+    def contains(self, key: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.cfg.bucket, Key=self.object_key(key))
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+
+    def delete(self, key: bytes) -> bool:
+        self._client.delete_object(Bucket=self.cfg.bucket, Key=self.object_key(key))
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"corrupt_removed": self.corrupt_removed, "write_errors": self.write_errors}

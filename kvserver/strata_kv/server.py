@@ -1,0 +1,224 @@
+"""The asyncio RESP server: TCP and Unix socket listeners, one Protocol per connection.
+
+Each connection parses as bytes arrive and runs commands in order in its own task. Backpressure is
+two-sided: reading pauses when `max_pipeline_depth` commands wait for replies, and command
+processing pauses while the transport's write buffer is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import stat
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import resp
+from .commands import ServerState, Session, dispatch
+from .config import KVServerConfig
+from .metrics import Metrics
+from .store import TieredStore
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+class RespConnection(asyncio.BufferedProtocol):
+    def __init__(self, server: KVServer) -> None:
+        self.server = server
+        limits = server.cfg.limits
+        self.parser = resp.RequestParser(
+            max_bulk=limits.max_value_size,
+            max_args=max(1024, limits.max_pipeline_depth * 2),
+            max_request=limits.max_request_size,
+        )
+        self.queue: deque[list[bytes] | resp.ProtocolError] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.work = asyncio.Event()
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+        self.reading_paused = False
+        self.broken = False
+        self.task: asyncio.Task[None] | None = None
+
+    # -- asyncio callbacks ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections.add(self)
+        state = self.server.state
+        state.total_connections += 1
+        if len(state.sessions) >= self.server.cfg.limits.max_clients:
+            state.rejected_connections += 1
+            transport.write(resp.error("max number of clients reached"))
+            transport.close()
+            return
+        peer = transport.get_extra_info("peername")
+        addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
+        self.session = Session(next(_ids), addr, authenticated=state.token is None)
+        state.sessions[self.session.id] = self.session
+        self.task = asyncio.get_running_loop().create_task(self._process())
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.parser.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.broken or self.session is None:
+            return
+        self.parser.buffer_updated(nbytes)
+        self._parse()
+
+    def _parse(self) -> None:
+        depth = self.server.cfg.limits.max_pipeline_depth
+        try:
+            while len(self.queue) < depth:
+                cmd = self.parser.get_command()
+                if cmd is None:
+                    break
+                self.queue.append(cmd)
+        except resp.ProtocolError as e:
+            self.queue.append(e)
+            self.broken = True
+        if len(self.queue) >= depth and not self.reading_paused and self.transport:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        if self.queue:
+            self.work.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.session is not None:
+            self.server.state.sessions.pop(self.session.id, None)
+        if self.task is not None:
+            self.task.cancel()
+        self.can_write.set()
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+
+    # -- command loop -----------------------------------------------------------------------------
+    async def _process(self) -> None:
+        assert self.transport is not None and self.session is not None
+        transport, session, state = self.transport, self.session, self.server.state
+        metrics = self.server.metrics
+        while True:
+            await self.work.wait()
+            self.work.clear()
+            while self.queue:
+                item = self.queue.popleft()
+                if isinstance(item, resp.ProtocolError):
+                    transport.write(resp.error(str(item)))
+                    transport.close()
+                    return
+                started = time.perf_counter()
+                try:
+                    reply = await dispatch(state, session, item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.exception("command %r failed", item[0][:32])
+                    reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
+                if isinstance(reply, bytes):
+                    transport.write(reply)
+                else:
+                    for part in reply:  # separate writes: a large value goes to the socket uncopied
+                        transport.write(part)
+                metrics.observe(item[0], time.perf_counter() - started)
+                if session.close_after_reply:
+                    transport.close()
+                    return
+                if not self.can_write.is_set():
+                    await self.can_write.wait()
+                    if transport.is_closing():
+                        return
+                if self.reading_paused and len(self.queue) < self.server.cfg.limits.max_pipeline_depth // 2:
+                    self.reading_paused = False
+                    transport.resume_reading()
+                    self._parse()
+
+
+class KVServer:
+    """Owns the store, the listeners and the metrics endpoint; `run` serves until SIGTERM/SIGINT."""
+
+    def __init__(self, cfg: KVServerConfig) -> None:
+        self.cfg = cfg
+        self.store = TieredStore(cfg)
+        self.state = ServerState(store=self.store, token=_read_token(cfg.auth.token_file))
+        self.metrics = Metrics(self.state)
+        self._servers: list[asyncio.Server] = []
+        self.connections: set[RespConnection] = set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="strata-kv-io"))
+        if self.cfg.metrics.port >= 0:
+            await self.metrics.start(self.cfg.metrics.bind, self.cfg.metrics.port)
+        await self.store.start()
+        listen = self.cfg.listen
+        if listen.tcp_enabled:
+            srv = await loop.create_server(
+                lambda: RespConnection(self), listen.bind, listen.port, reuse_address=True, backlog=1024
+            )
+            self._servers.append(srv)
+            self.state.tcp_port = srv.sockets[0].getsockname()[1]
+        if listen.unix_socket:
+            path = Path(listen.unix_socket)
+            if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
+                path.unlink()  # left over from a killed server
+            srv = await loop.create_unix_server(lambda: RespConnection(self), str(path), backlog=1024)
+            os.chmod(path, listen.unix_socket_mode)
+            self._servers.append(srv)
+            self.state.unix_socket = str(path)
+        log.info(
+            "strata-kv ready tcp=%s:%d unix=%s metrics=%d",
+            listen.bind,
+            self.state.tcp_port,
+            self.state.unix_socket or "-",
+            self.metrics.port,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, let connections finish, drain write-behind to L2, then close."""
+        for srv in self._servers:
+            srv.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        drained = await self.store.close()
+        await self.metrics.stop()
+        if self.state.unix_socket:
+            Path(self.state.unix_socket).unlink(missing_ok=True)
+        log.info("strata-kv stopped (write-behind %s)", "drained" if drained else "NOT fully drained")
+
+    async def run(self) -> None:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("strata-kv shutting down")
+        await self.stop()
+
+
+def _read_token(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise SystemExit(
+            f"cannot read auth token file {path}: {e.strerror}; mount the Secret or drop auth"
+        ) from e
+    if not token:
+        raise SystemExit(f"auth token file {path} is empty; put the token in it or drop auth.token_file")
+    return token

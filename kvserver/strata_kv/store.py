@@ -1,0 +1,209 @@
+"""The tiered store: L1 DRAM in front of L2 (filesystem and/or S3), write-behind, promotion on hit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+from .config import KVServerConfig
+from .fstier import FsTier
+from .memory import MemoryTier
+from .policy import make_policy
+from .s3tier import S3Tier
+from .writebehind import Sink, WriteBehind
+
+log = logging.getLogger(__name__)
+
+
+class StoreFull(Exception):
+    """L1 cannot take the value and there is no L2 to put it in."""
+
+
+class TieredStore:
+    def __init__(self, cfg: KVServerConfig) -> None:
+        self.cfg = cfg
+        l1 = cfg.l1
+        self.l1 = MemoryTier(
+            l1.size,
+            make_policy(l1.eviction_policy, l1.size, l1.hir_fraction),
+            grace_seconds=l1.exists_grace_seconds,
+        )
+        self.fs = FsTier(cfg.l2.fs, cfg.namespace) if cfg.l2.fs else None
+        self.s3 = S3Tier(cfg.l2.s3, cfg.namespace, cfg.l2.fs.rank if cfg.l2.fs else 0) if cfg.l2.s3 else None
+        sinks: list[tuple[str, Sink]] = []
+        if self.fs:
+            sinks.append(("fs", self.fs.put))
+        if self.s3:
+            sinks.append(("s3", self.s3.put))
+        wb = cfg.write_behind
+        self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
+        self.counters: Counter[str] = Counter()
+        self.ready = False
+
+    @property
+    def has_l2(self) -> bool:
+        return self.write_behind is not None
+
+    async def start(self) -> None:
+        if self.fs:
+            await asyncio.to_thread(self.fs.prepare)
+        if self.s3:
+            await asyncio.to_thread(self.s3.check)
+        if self.write_behind:
+            self.write_behind.start()
+        self.ready = True
+
+    async def close(self) -> bool:
+        """Drain the write-behind queue (bounded by the configured timeout); True if fully drained."""
+        self.ready = False
+        if not self.write_behind:
+            return True
+        drained = await self.write_behind.close(self.cfg.write_behind.drain_timeout_seconds)
+        if not drained:
+            log.warning("shutdown: %d chunks were not written to L2 in time", self.write_behind.depth)
+        return drained
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def get(self, key: bytes) -> bytes | None:
+        value = self.l1.get(key)
+        if value is not None:
+            self.counters["hits_l1"] += 1
+            return value
+        if self.write_behind and (value := self.write_behind.pending.get(key)) is not None:
+            self.counters["hits_l1"] += 1
+            return value
+        tier, value = await self._get_l2(key)
+        if value is None:
+            self.counters["misses"] += 1
+            return None
+        self.counters[f"hits_{tier}"] += 1
+        self._promote(key, value)
+        return value
+
+    async def _get_l2(self, key: bytes) -> tuple[str, bytes | None]:
+        if self.fs:
+            try:
+                value = await asyncio.to_thread(self.fs.get, key)
+            except OSError as e:
+                self.counters["errors_fs"] += 1
+                log.warning("L2 fs read failed: %s", e)
+                value = None
+            if value is not None:
+                return "fs", value
+        if self.s3:
+            try:
+                value = await asyncio.to_thread(self.s3.get, key)
+            except Exception as e:
+                self.counters["errors_s3"] += 1
+                log.warning("L2 s3 read failed: %s", e)
+                value = None
+            if value is not None:
+                return "s3", value
+        return "", None
+
+    def _promote(self, key: bytes, value: bytes) -> None:
+        try:
+            self.l1.put(key, value)
+            self.counters["promotions"] += 1
+        except MemoryError:
+            pass  # too large or L1 pinned full: serve it without caching
+
+    async def exists(self, key: bytes) -> bool:
+        """Present in any tier. An L1 hit is pinned for the grace period (LMCache GETs right after)."""
+        if key in self.l1:
+            self.l1.pin(key)
+            return True
+        if self.write_behind and key in self.write_behind.pending:
+            return True
+        return (await self.locate(key)) != ""
+
+    async def locate(self, key: bytes) -> str:
+        """Which tier holds `key`: 'l1', 'fs', 's3' or '' for none."""
+        if key in self.l1 or (self.write_behind and key in self.write_behind.pending):
+            return "l1"
+        if self.fs is not None and await asyncio.to_thread(self.fs.contains, key):
+            return "fs"
+        if self.s3:
+            try:
+                if await asyncio.to_thread(self.s3.contains, key):
+                    return "s3"
+            except Exception as e:
+                self.counters["errors_s3"] += 1
+                log.warning("L2 s3 lookup failed: %s", e)
+        return ""
+
+    async def prefix(self, keys: list[bytes]) -> list[str]:
+        """Tiers of the leading resident chunks of a chain; stops at the first miss.
+
+        Teaches L1 the chain (parent -> child links), and pins the L1 part for the grace period.
+        """
+        tiers: list[str] = []
+        prev: bytes | None = None
+        for key in keys:
+            tier = await self.locate(key)
+            if not tier:
+                break
+            if tier == "l1":
+                self.l1.pin(key)
+                if prev is not None:
+                    self.l1.link(prev, key)
+            tiers.append(tier)
+            prev = key
+        return tiers
+
+    # -- writes -----------------------------------------------------------------------------------
+    async def set(self, key: bytes, value: bytes, parent: bytes | None = None) -> None:
+        self.counters["sets"] += 1
+        self.counters["bytes_in"] += len(value)
+        try:
+            self.l1.put(key, value, parent)
+        except MemoryError as e:
+            if not self.write_behind:
+                raise StoreFull(str(e)) from e
+            self.l1.delete(key)  # an older value must not shadow the new one
+        if self.write_behind:
+            await self.write_behind.submit(key, value)
+
+    async def delete(self, key: bytes) -> bool:
+        found = self.l1.delete(key)
+        if self.write_behind and key in self.write_behind.pending:
+            self.write_behind.discard(key)
+            found = True
+        if self.fs:
+            found = await asyncio.to_thread(self.fs.delete, key) or found
+        if self.s3:
+            try:
+                if await asyncio.to_thread(self.s3.contains, key):
+                    await asyncio.to_thread(self.s3.delete, key)
+                    found = True
+            except Exception as e:
+                log.warning("L2 s3 delete failed: %s", e)
+        return found
+
+    def link(self, parent: bytes, child: bytes) -> None:
+        self.l1.link(parent, child)
+
+    # -- introspection ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "l1_used_bytes": self.l1.used,
+            "l1_capacity_bytes": self.l1.capacity,
+            "l1_keys": len(self.l1),
+            "l1_evictions": self.l1.evictions,
+            "l1_policy": self.cfg.l1.eviction_policy.value,
+        }
+        for name in ("hits_l1", "hits_fs", "hits_s3", "misses", "sets", "bytes_in", "promotions"):
+            out[name] = self.counters[name]
+        if self.write_behind:
+            out["write_behind_depth"] = self.write_behind.depth
+            out["write_behind_bytes"] = self.write_behind.queued_bytes
+            out["write_behind_written"] = self.write_behind.written
+            out["write_behind_backpressure_waits"] = self.write_behind.backpressure_waits
+            for tier, n in self.write_behind.errors.items():
+                out[f"{tier}_write_errors"] = n
+            out["write_behind_last_error"] = self.write_behind.last_error
+        if self.fs:
+            out.update({f"fs_{k}": v for k, v in self.fs.stats().items() if k != "write_errors"})
+        return out

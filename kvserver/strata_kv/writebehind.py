@@ -1,0 +1,132 @@
+"""Write-behind from L1 to the L2 tiers through a bounded queue.
+
+SET returns as soon as the chunk is in L1; worker tasks copy it to L2 in threads. The queue is
+bounded by items and bytes: when it is full, `submit` waits, so a slow disk slows writers down
+instead of growing memory without limit. Chunks still queued stay readable through `pending`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[bytes, bytes], None]
+
+
+class WriteBehind:
+    def __init__(self, sinks: list[tuple[str, Sink]], max_items: int, max_bytes: int, workers: int) -> None:
+        self._sinks = sinks
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._workers_n = workers
+        self.pending: dict[bytes, bytes] = {}
+        self._order: deque[bytes] = deque()
+        self._bytes = 0
+        self._in_flight = 0
+        self._cond = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.written = 0
+        self.errors: dict[str, int] = {name: 0 for name, _ in sinks}
+        self.last_error: str = ""
+        self.backpressure_waits = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self._order) + self._in_flight
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"write-behind-{i}") for i in range(self._workers_n)
+        ]
+
+    def _full(self, size: int) -> bool:
+        if not self._order:
+            return False  # always admit one item, however large, or a big value could never pass
+        return len(self._order) >= self._max_items or self._bytes + size > self._max_bytes
+
+    async def submit(self, key: bytes, value: bytes) -> None:
+        async with self._cond:
+            old = self.pending.get(key)
+            if old is not None:  # newer value replaces the queued one; keep its place in line
+                self.pending[key] = value
+                self._bytes += len(value) - len(old)
+                return
+            if self._full(len(value)):
+                self.backpressure_waits += 1
+                await self._cond.wait_for(lambda: not self._full(len(value)))
+            self.pending[key] = value
+            self._order.append(key)
+            self._bytes += len(value)
+            self._cond.notify_all()
+
+    def discard(self, key: bytes) -> None:
+        """A DEL before the write happened: drop the queued write."""
+        value = self.pending.pop(key, None)
+        if value is not None:
+            self._bytes -= len(value)
+            with contextlib.suppress(ValueError):  # ValueError: being written right now
+                self._order.remove(key)
+
+    async def _worker(self) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(lambda: bool(self._order) or self._closing)
+                if not self._order:
+                    return
+                key = self._order.popleft()
+                value = self.pending.get(key)
+                self._in_flight += 1
+            try:
+                if value is not None:
+                    await self._write(key, value)
+            finally:
+                async with self._cond:
+                    self._in_flight -= 1
+                    if value is not None and self.pending.get(key) is value:
+                        del self.pending[key]
+                        self._bytes -= len(value)
+                    self._cond.notify_all()
+
+    async def _write(self, key: bytes, value: bytes) -> None:
+        for name, sink in self._sinks:
+            try:
+                await asyncio.to_thread(sink, key, value)
+            except Exception as e:
+                self.errors[name] += 1
+                self.last_error = f"{name}: {e}"
+                log.warning("write-behind to %s failed for a %d-byte chunk: %s", name, len(value), e)
+            else:
+                self.written += 1
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until everything queued is written; True if it finished within `timeout`."""
+
+        async def _wait() -> None:
+            async with self._cond:
+                await self._cond.wait_for(lambda: not self._order and self._in_flight == 0)
+
+        try:
+            await asyncio.wait_for(_wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self, timeout: float) -> bool:
+        drained = await self.drain(timeout)
+        async with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for task in self._tasks:
+            task.cancel() if not drained else None
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return drained
