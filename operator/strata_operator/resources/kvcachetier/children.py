@@ -1,0 +1,41 @@
+"""Every child of a KVCacheTier, in the order they are applied (what the DaemonSet mounts comes first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.config import build_config_map, config_hash
+from strata_operator.resources.kvcachetier.connection import build_connection_config_map
+from strata_operator.resources.kvcachetier.daemonset import build_daemonset
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.service import build_service
+from strata_operator.resources.kvcachetier.storage import build_pvc
+
+
+@dataclass(frozen=True)
+class Children:
+    config_map: dict[str, Any]
+    connection: dict[str, Any]
+    service: dict[str, Any]
+    daemonset: dict[str, Any]
+    pvc: dict[str, Any] | None
+    config_hash: str
+
+    def in_apply_order(self) -> list[dict[str, Any]]:
+        ordered = [self.pvc] if self.pvc else []
+        return [*ordered, self.config_map, self.connection, self.service, self.daemonset]
+
+
+def build_children(spec: KVCacheTierSpec, tier: TierRef) -> Children:
+    config_map = build_config_map(spec, tier)
+    digest = config_hash(config_map)
+    return Children(
+        config_map=config_map,
+        connection=build_connection_config_map(spec, tier),
+        service=build_service(spec, tier),
+        daemonset=build_daemonset(spec, tier, digest),
+        pvc=build_pvc(spec, tier),
+        config_hash=digest,
+    )

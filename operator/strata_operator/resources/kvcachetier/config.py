@@ -1,0 +1,94 @@
+"""The servers' config ConfigMap, rendered from the model the server parses (`strata_kv.config`)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from strata_kv.config import (
+    CONFIG_FILE_NAME,
+    AuthConfig,
+    EvictionPolicyName,
+    KVServerConfig,
+    L1Config,
+    L2Config,
+    L2FsConfig,
+    L2S3Config,
+    ListenConfig,
+    MetricsConfig,
+    NamespaceConfig,
+    TenancyConfig,
+)
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec, L2Spec
+from strata_operator.resources.kvcachetier.names import (
+    AUTH_DIR,
+    AUTH_FILE,
+    L2_FS_ROOT,
+    TierRef,
+    content_hash,
+    quantity_bytes,
+)
+
+
+def hash_seed(spec: KVCacheTierSpec, tier: TierRef) -> str:
+    """The PYTHONHASHSEED every engine and server shares: the spec's, or one stable per resource.
+
+    Deriving it from namespace/name (not the uid) keeps it stable when a GitOps tool recreates the resource.
+    """
+    if spec.hash.seed is not None:
+        return spec.hash.seed
+    digest = hashlib.sha256(f"{tier.namespace}/{tier.name}".encode()).digest()
+    return str(int.from_bytes(digest[:4], "big"))
+
+
+def _l2_config(l2: L2Spec | None) -> L2Config:
+    if l2 is None:
+        return L2Config()
+    fs = None
+    if l2.fs is not None:
+        fs = L2FsConfig(
+            root_dir=L2_FS_ROOT,
+            capacity=quantity_bytes(l2.fs.capacity),
+            high_watermark=l2.fs.high_watermark_percent / 100,
+            low_watermark=l2.fs.low_watermark_percent / 100,
+        )
+    s3 = None
+    if l2.s3 is not None:
+        s3 = L2S3Config(
+            bucket=l2.s3.bucket, prefix=l2.s3.prefix, endpoint_url=l2.s3.endpoint, region=l2.s3.region
+        )
+    return L2Config(fs=fs, s3=s3)
+
+
+def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
+    """The complete server configuration; credentials stay out (they come from mounted Secrets)."""
+    return KVServerConfig(
+        listen=ListenConfig(port=spec.port, bind="0.0.0.0"),
+        l1=L1Config(
+            size=quantity_bytes(spec.l1.size),
+            eviction_policy=EvictionPolicyName(spec.l1.eviction_policy.value),
+        ),
+        l2=_l2_config(spec.l2),
+        chunk_tokens=spec.chunk_tokens,
+        namespace=NamespaceConfig(hash_algorithm=spec.hash.algorithm.value, hash_seed=hash_seed(spec, tier)),
+        tenancy=TenancyConfig(require_salt=spec.tenancy.require_salt),
+        auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if spec.auth else None),
+        metrics=MetricsConfig(port=spec.metrics_port, bind="0.0.0.0"),
+        log_level=spec.log_level.value,
+    )
+
+
+def build_config_map(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+    """The ConfigMap mounted at /etc/strata-kv; its content hash rolls the DaemonSet's pods."""
+    data = {CONFIG_FILE_NAME: build_server_config(spec, tier).to_yaml()}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": tier.metadata(tier.config_map),
+        "data": data,
+    }
+
+
+def config_hash(config_map: dict[str, Any]) -> str:
+    return content_hash(config_map["data"])

@@ -1,0 +1,200 @@
+"""The kvserver DaemonSet: one unprivileged server per selected node, rolled when its config changes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from strata_kv.config import CONFIG_FILE_NAME
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec, UpdateStrategyType
+from strata_operator.resources.kvcachetier.config import hash_seed
+from strata_operator.resources.kvcachetier.names import (
+    AUTH_DIR,
+    AUTH_FILE,
+    CONFIG_DIR,
+    CONFIG_HASH_ANNOTATION,
+    L2_FS_ROOT,
+    METRICS_PORT_NAME,
+    RESP_PORT_NAME,
+    TierRef,
+    mebibytes,
+    quantity_bytes,
+)
+
+RUN_AS = 65532
+"""The conventional nonroot uid/gid of distroless images; the runtime image runs as it."""
+CPU_REQUEST = "250m"
+MEMORY_LIMIT_FACTOR = 1.25
+"""The limit above the request: room for allocator slack so a full L1 is not OOM-killed."""
+TERMINATION_GRACE_SECONDS = 45
+"""Longer than the server's default 30 s write-behind drain."""
+
+
+def derived_memory_request(spec: KVCacheTierSpec) -> int:
+    """L1 plus headroom for the process and the write-behind queue, in bytes."""
+    return quantity_bytes(spec.l1.size) + quantity_bytes(spec.memory_headroom)
+
+
+def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
+    """The container's resources: the spec's override wins key by key; memory is derived where unset."""
+    resources: dict[str, Any] = copy.deepcopy(spec.resources or {})
+    requests = resources.setdefault("requests", {})
+    limits = resources.setdefault("limits", {})
+    if "memory" not in requests:
+        requests["memory"] = limits.get("memory") or mebibytes(derived_memory_request(spec))
+    if "memory" not in limits:
+        limits["memory"] = mebibytes(int(quantity_bytes(requests["memory"]) * MEMORY_LIMIT_FACTOR))
+    requests.setdefault("cpu", CPU_REQUEST)
+    return resources
+
+
+def memory_request_bytes(spec: KVCacheTierSpec) -> int:
+    """What the scheduler must find free on a node for one server (used to validate against nodes)."""
+    return quantity_bytes(build_resources(spec)["requests"]["memory"])
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": METRICS_PORT_NAME},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and their mounts: config (read-only), scratch /tmp, the auth token, the L2 filesystem."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": tier.config_map}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if spec.auth is not None:
+        ref = spec.auth.secret_ref
+        items = [{"key": ref.key or AUTH_FILE, "path": AUTH_FILE}]
+        volumes.append(
+            {"name": "auth", "secret": {"secretName": ref.name, "items": items, "defaultMode": 0o440}}
+        )
+        mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
+    fs = spec.l2.fs if spec.l2 else None
+    if fs is not None:
+        if fs.host_path is not None:
+            volumes.append(
+                {"name": "l2", "hostPath": {"path": fs.host_path.path, "type": "DirectoryOrCreate"}}
+            )
+        elif fs.pvc is not None:
+            claim = fs.pvc.claim_name or tier.created_pvc
+            volumes.append({"name": "l2", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "l2", "mountPath": L2_FS_ROOT})
+    return volumes, mounts
+
+
+def _env(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    env: list[dict[str, Any]] = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "PYTHONHASHSEED", "value": hash_seed(spec, tier)},
+    ]
+    env_from: list[dict[str, Any]] = []
+    s3 = spec.l2.s3 if spec.l2 else None
+    if s3 is not None and s3.secret_ref is not None:
+        env_from.append({"secretRef": {"name": s3.secret_ref.name}})
+    return env, env_from
+
+
+def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    env, env_from = _env(spec, tier)
+    container: dict[str, Any] = {
+        "name": "kvserver",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy.value,
+        "command": ["strata-kv"],
+        "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE_NAME}"],
+        "ports": [
+            {"name": RESP_PORT_NAME, "containerPort": spec.port, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
+        ],
+        "env": env,
+        "resources": build_resources(spec),
+        "readinessProbe": _probe("/readyz", 5, 3),
+        "livenessProbe": _probe("/healthz", 10, 6),
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+    if env_from:
+        container["envFrom"] = env_from
+    return container
+
+
+def _pod_spec(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec, tier)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(spec, tier, mounts)],
+        "volumes": volumes,
+    }
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = copy.deepcopy(spec.tolerations)
+    if spec.affinity:
+        pod["affinity"] = copy.deepcopy(spec.affinity)
+    if spec.priority_class_name:
+        pod["priorityClassName"] = spec.priority_class_name
+    return pod
+
+
+def _update_strategy(spec: KVCacheTierSpec) -> dict[str, Any]:
+    strategy: dict[str, Any] = {"type": spec.update_strategy.type.value}
+    if spec.update_strategy.type is UpdateStrategyType.ROLLING_UPDATE:
+        max_unavailable = spec.update_strategy.max_unavailable
+        strategy["rollingUpdate"] = {"maxUnavailable": 1 if max_unavailable is None else max_unavailable}
+    return strategy
+
+
+def build_daemonset(spec: KVCacheTierSpec, tier: TierRef, config_hash: str) -> dict[str, Any]:
+    """The DaemonSet; `config_hash` goes on the pod template so a config change rolls every pod."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": tier.metadata(tier.daemonset),
+        "spec": {
+            "selector": {"matchLabels": tier.selector_labels()},
+            "updateStrategy": _update_strategy(spec),
+            "revisionHistoryLimit": 5,
+            "template": {
+                "metadata": {
+                    "labels": tier.selector_labels(),
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: config_hash,
+                        "kubectl.kubernetes.io/default-container": "kvserver",
+                    },
+                },
+                "spec": _pod_spec(spec, tier),
+            },
+        },
+    }

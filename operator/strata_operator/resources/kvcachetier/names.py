@@ -1,0 +1,103 @@
+"""Names, labels and quantities shared by the KVCacheTier builders (one place, so they never disagree)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from strata_operator.api import API_VERSION
+from strata_operator.kube import child_labels
+
+COMPONENT = "kvserver"
+APP_NAME = "strata-kv"
+NAME_LABEL = "app.kubernetes.io/name"
+CONFIG_HASH_ANNOTATION = "strata.dev/config-hash"
+CONFIG_DIR = "/etc/strata-kv"
+AUTH_DIR = "/var/run/secrets/strata-kv"
+AUTH_FILE = "token"
+L2_FS_ROOT = "/var/lib/strata-kv/l2"
+RESP_PORT_NAME = "resp"
+METRICS_PORT_NAME = "metrics"
+KIND = "KVCacheTier"
+
+
+@dataclass(frozen=True)
+class TierRef:
+    """Who owns the children: enough of the custom resource to name, label and own them."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> TierRef:
+        meta = body["metadata"]
+        return cls(meta["name"], meta["namespace"], meta.get("uid", ""), meta.get("generation"))
+
+    @property
+    def daemonset(self) -> str:
+        return self.name
+
+    @property
+    def service(self) -> str:
+        return self.name
+
+    @property
+    def config_map(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def connection_config_map(self) -> str:
+        return f"{self.name}-connection"
+
+    @property
+    def created_pvc(self) -> str:
+        return f"{self.name}-l2"
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def selector_labels(self) -> dict[str, str]:
+        """The DaemonSet selector: immutable, so it never grows beyond these."""
+        return {NAME_LABEL: APP_NAME, **child_labels(self.name, COMPONENT)}
+
+    def metadata(self, name: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": self.selector_labels(),
+            "ownerReferences": [self.owner_reference()],
+            **extra,
+        }
+
+
+def quantity_bytes(value: str | int) -> int:
+    """Bytes of a Kubernetes quantity; rounds fractional bytes up (a request must not shrink)."""
+    parsed = parse_quantity(value)
+    whole = int(parsed)
+    return whole if whole == parsed else whole + 1
+
+
+def mebibytes(n: int) -> str:
+    """A quantity rounded up to whole Mi, in Gi when exact: stable text, readable in `kubectl describe`."""
+    mib = -(-n // 1024**2)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def content_hash(data: Any) -> str:
+    """A short, stable digest of JSON-able data (used for the pod template's config-hash annotation)."""
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

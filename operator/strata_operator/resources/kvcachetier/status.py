@@ -1,0 +1,180 @@
+"""Status from what the cluster reports: DaemonSet counters, pods per node, the claim, the validation result.
+
+Pure and cheap on purpose: with hundreds of GPU nodes it runs on every DaemonSet status change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.conditions import set_condition
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
+from strata_operator.resources.kvcachetier.validation import Problem
+
+AVAILABLE = "Available"
+ALL_INSTANCES_READY = "AllInstancesReady"
+CONFIG_VALID = "ConfigValid"
+L2_REACHABLE = "L2Reachable"
+READY = "Ready"
+"""kstatus' condition: `kubectl wait --for=condition=Ready` and GitOps tools read it."""
+
+
+@dataclass
+class Observed:
+    """The cluster's view for one status computation."""
+
+    daemonset: Mapping[str, Any] | None
+    pods: Sequence[Mapping[str, Any]] = ()
+    problems: Sequence[Problem] = ()
+    claim: Mapping[str, Any] | None = None
+    config_hash: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Counts:
+    desired: int
+    ready: int
+    updated: int
+    settled: bool
+    """The DaemonSet controller has seen the latest template (its counters are about it)."""
+
+    @classmethod
+    def of(cls, daemonset: Mapping[str, Any] | None) -> Counts:
+        if daemonset is None:
+            return cls(0, 0, 0, False)
+        status = daemonset.get("status") or {}
+        generation = daemonset.get("metadata", {}).get("generation", 0)
+        return cls(
+            desired=int(status.get("desiredNumberScheduled") or 0),
+            ready=int(status.get("numberReady") or 0),
+            updated=int(status.get("updatedNumberScheduled") or 0),
+            settled=int(status.get("observedGeneration") or 0) >= generation,
+        )
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def endpoints(pods: Sequence[Mapping[str, Any]], port: int) -> list[dict[str, Any]]:
+    """One entry per node that runs a (non-terminating) server, sorted by node name."""
+    result = []
+    for pod in pods:
+        node = pod.get("spec", {}).get("nodeName")
+        if not node or pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        entry: dict[str, Any] = {"node": node, "pod": pod["metadata"]["name"], "ready": _pod_ready(pod)}
+        ip = pod.get("status", {}).get("podIP")
+        if ip:
+            entry["address"] = f"{ip}:{port}"
+        result.append(entry)
+    return sorted(result, key=lambda e: (e["node"], e["pod"]))
+
+
+def _instances(counts: Counts, problems: Sequence[Problem]) -> tuple[bool, str, str]:
+    if counts.desired == 0:
+        if problems:
+            return False, "ConfigInvalid", "no servers run: the configuration is not valid"
+        return False, "NoMatchingNodes", "no node matches nodeSelector/tolerations"
+    if not counts.settled or counts.updated < counts.desired:
+        return False, "RollingOut", f"{counts.updated}/{counts.desired} servers run the current configuration"
+    if counts.ready < counts.desired:
+        return False, "InstancesNotReady", f"{counts.ready}/{counts.desired} servers are ready"
+    return True, "AllReady", f"all {counts.desired} servers are ready"
+
+
+def _available(counts: Counts, instances_reason: str) -> tuple[bool, str, str]:
+    if counts.ready > 0:
+        return True, "InstancesServing", f"{counts.ready}/{counts.desired} nodes serve the KV tier"
+    if instances_reason in ("NoMatchingNodes", "ConfigInvalid"):
+        return False, instances_reason, "no server is running"
+    return False, "NoReadyInstances", "no server is ready yet"
+
+
+def _l2(spec: KVCacheTierSpec, tier: TierRef, observed: Observed, counts: Counts) -> tuple[str, str, str]:
+    if spec.l2 is None:
+        return "True", "NotConfigured", "L1 only: no L2 tier configured"
+    claim_name = l2_claim_name(spec, tier)
+    if claim_name is not None:
+        phase = (observed.claim or {}).get("status", {}).get("phase")
+        if observed.claim is None:
+            return "False", "PVCNotFound", f"PersistentVolumeClaim {claim_name!r} does not exist"
+        if phase != "Bound":
+            return "False", "PVCNotBound", f"PersistentVolumeClaim {claim_name!r} is {phase or 'Pending'}"
+    if counts.ready > 0:
+        return "True", "ServersReady", f"{l2_kinds(spec)} L2 in use by {counts.ready} ready servers"
+    return "Unknown", "NoReadyServer", "no server is ready to reach the L2 tier yet"
+
+
+def _config_valid(problems: Sequence[Problem], warnings: list[str]) -> tuple[bool, str, str]:
+    if problems:
+        return False, problems[0].reason, "; ".join(p.message for p in problems)
+    return True, "Valid", "; ".join(warnings) or "configuration accepted"
+
+
+def compute_status(
+    spec: KVCacheTierSpec,
+    tier: TierRef,
+    observed: Observed,
+    previous: Mapping[str, Any],
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The whole status object; conditions keep their lastTransitionTime unless their status flips."""
+    counts = Counts.of(observed.daemonset)
+    valid = _config_valid(observed.problems, observed.warnings)
+    all_ready = _instances(counts, observed.problems)
+    available = _available(counts, all_ready[1])
+    l2 = _l2(spec, tier, observed, counts)
+    ready = (
+        (True, all_ready[1], all_ready[2])
+        if valid[0] and all_ready[0]
+        else (False, *_not_ready(valid, all_ready))
+    )
+    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    for type_, (status, reason, message) in (
+        (CONFIG_VALID, valid),
+        (AVAILABLE, available),
+        (ALL_INSTANCES_READY, all_ready),
+        (L2_REACHABLE, l2),
+        (READY, ready),
+    ):
+        conditions = set_condition(
+            conditions, type_, status, reason, message, generation=tier.generation, now=now
+        )
+    status_obj: dict[str, Any] = {
+        "observedGeneration": tier.generation,
+        "desiredInstances": counts.desired,
+        "readyInstances": counts.ready,
+        "updatedInstances": counts.updated,
+        "l2": l2_kinds(spec),
+        "connectionConfigMap": tier.connection_config_map,
+        "service": tier.service,
+        "endpoints": endpoints(observed.pods, spec.port),
+        "conditions": conditions,
+    }
+    if observed.config_hash:
+        status_obj["configHash"] = observed.config_hash
+    return status_obj
+
+
+def _not_ready(valid: tuple[bool, str, str], all_ready: tuple[bool, str, str]) -> tuple[str, str]:
+    return (valid[1], valid[2]) if not valid[0] else (all_ready[1], all_ready[2])
+
+
+def status_changed(previous: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a write is needed: only what `compute_status` owns is compared (kopf keeps its own keys)."""
+    return any(previous.get(key) != value for key, value in new.items())
+
+
+def condition_transitions(
+    previous: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Conditions whose status or reason changed: each becomes one Kubernetes Event."""
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous}
+    return [c for c in new if before.get(c["type"]) != (c["status"], c["reason"])]

@@ -1,0 +1,155 @@
+"""Checks the API server cannot make: does the config fit the selected nodes, do its Secrets and claim exist?
+
+Pure: the handler fetches nodes, Secrets and the claim; these functions only judge them, so every
+bad-input case is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.daemonset import memory_request_bytes
+from strata_operator.resources.kvcachetier.names import AUTH_FILE, mebibytes, quantity_bytes
+
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+DAEMONSET_TOLERATED_PREFIX = "node.kubernetes.io/"
+"""The DaemonSet controller adds tolerations for these node-condition taints by itself."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the spec cannot run as written: `reason` is a condition reason, `message` says what to do."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class ClusterFacts:
+    """What the handler read from the API server for one reconcile."""
+
+    nodes: list[Mapping[str, Any]] = field(default_factory=list)
+    secrets: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """Secret name -> its `data` keys (values unused), None when the Secret does not exist."""
+    existing_claim: Mapping[str, Any] | None = None
+    claim_checked: bool = False
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' toleration matching for one taint."""
+    for toleration in tolerations:
+        effect = toleration.get("effect")
+        if effect and effect != taint.get("effect"):
+            continue
+        operator = toleration.get("operator", "Equal")
+        key = toleration.get("key")
+        if operator == "Exists" and not key:
+            return True
+        if key != taint.get("key"):
+            continue
+        if operator == "Exists" or toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def node_selected(spec: KVCacheTierSpec, node: Mapping[str, Any]) -> bool:
+    """Would the DaemonSet place a server here? nodeSelector and taints; affinity is left to the scheduler."""
+    labels = node.get("metadata", {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in spec.node_selector.items()):
+        return False
+    for taint in node.get("spec", {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if taint.get("key", "").startswith(DAEMONSET_TOLERATED_PREFIX):
+            continue
+        if not tolerates(spec.tolerations, taint):
+            return False
+    return True
+
+
+def _allocatable_memory(node: Mapping[str, Any]) -> int:
+    memory = (node.get("status", {}).get("allocatable") or {}).get("memory")
+    return quantity_bytes(memory) if memory else 0
+
+
+def check_node_memory(spec: KVCacheTierSpec, nodes: list[Mapping[str, Any]]) -> Problem | None:
+    """L1 plus headroom must fit on at least one selected node, or no server can ever be scheduled."""
+    if not nodes:
+        return None
+    need = memory_request_bytes(spec)
+    largest = max(_allocatable_memory(n) for n in nodes)
+    if need <= largest:
+        return None
+    return Problem(
+        "L1ExceedsNodeMemory",
+        f"each server requests {mebibytes(need)} of memory (l1.size {spec.l1.size} + headroom), more than "
+        f"any of the {len(nodes)} selected nodes can allocate (largest: {mebibytes(largest)}); "
+        "lower l1.size or select bigger nodes",
+    )
+
+
+def nodes_too_small(spec: KVCacheTierSpec, nodes: list[Mapping[str, Any]]) -> list[str]:
+    """Selected nodes where a server cannot fit (a warning when others can)."""
+    need = memory_request_bytes(spec)
+    return sorted(n["metadata"]["name"] for n in nodes if _allocatable_memory(n) < need)
+
+
+def _check_secret(
+    facts: ClusterFacts, name: str, keys: Iterable[str], field_path: str, reason: str
+) -> Problem | None:
+    data = facts.secrets.get(name)
+    if data is None:
+        return Problem("SecretNotFound", f"Secret {name!r} ({field_path}) does not exist in this namespace")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        return Problem(reason, f"Secret {name!r} ({field_path}) has no key(s) {', '.join(missing)}")
+    return None
+
+
+def check_secrets(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
+    problems = []
+    if spec.auth is not None:
+        ref = spec.auth.secret_ref
+        problem = _check_secret(
+            facts, ref.name, [ref.key or AUTH_FILE], "spec.auth.secretRef", "SecretKeyMissing"
+        )
+        if problem:
+            problems.append(problem)
+    s3 = spec.l2.s3 if spec.l2 else None
+    if s3 is not None and s3.secret_ref is not None:
+        keys = [s3.secret_ref.key] if s3.secret_ref.key else list(S3_KEYS)
+        problem = _check_secret(
+            facts, s3.secret_ref.name, keys, "spec.l2.s3.secretRef", "S3CredentialsIncomplete"
+        )
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def check_existing_claim(spec: KVCacheTierSpec, facts: ClusterFacts) -> Problem | None:
+    """An existing L2 claim must be ReadWriteMany: every node's server mounts it at once."""
+    fs = spec.l2.fs if spec.l2 else None
+    if fs is None or fs.pvc is None or fs.pvc.claim_name is None or not facts.claim_checked:
+        return None
+    name = fs.pvc.claim_name
+    if facts.existing_claim is None:
+        return Problem(
+            "PVCNotFound", f"PersistentVolumeClaim {name!r} (spec.l2.fs.pvc.claimName) does not exist"
+        )
+    modes = facts.existing_claim.get("spec", {}).get("accessModes") or []
+    if "ReadWriteMany" not in modes:
+        return Problem(
+            "PVCNotReadWriteMany",
+            f"PersistentVolumeClaim {name!r} has access modes {modes}; the servers on every node mount it, "
+            "so it must be ReadWriteMany (use a shared filesystem class, or l2.fs.hostPath for node NVMe)",
+        )
+    return None
+
+
+def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
+    """Every problem, in a stable order (the first one names the ConfigValid reason)."""
+    problems = [p for p in (check_node_memory(spec, facts.nodes), check_existing_claim(spec, facts)) if p]
+    return problems + check_secrets(spec, facts)

@@ -1,0 +1,84 @@
+"""The KVCacheTier API: defaults, enums, CEL rules and printer columns as the generated CRD carries them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from strata_kv.config import EvictionPolicyName
+from strata_operator.api.crdgen import build_crd
+from strata_operator.api.kvcachetier import CRD, EvictionPolicy, KVCacheTierSpec
+
+
+def _schema() -> dict[str, Any]:
+    return build_crd(CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _rules(node: dict[str, Any]) -> list[str]:
+    return [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+
+
+def test_empty_spec_gets_every_default() -> None:
+    spec = KVCacheTierSpec.model_validate({})
+    assert spec.l1.size == "4Gi"
+    assert spec.l1.eviction_policy is EvictionPolicy.PREFIX_LIRS
+    assert spec.chunk_tokens == 256
+    assert spec.port == 6379 and spec.metrics_port == 9121
+    assert spec.hash.algorithm == "sha256_cbor"
+
+
+def test_nested_objects_default_to_empty_so_the_api_server_fills_their_fields() -> None:
+    spec = _schema()["properties"]["spec"]["properties"]
+    for name in ("l1", "hash", "tenancy", "updateStrategy"):
+        assert spec[name]["default"] == {}, name
+    assert spec["l1"]["properties"]["size"]["default"] == "4Gi"
+
+
+def test_eviction_policies_are_ones_the_server_knows() -> None:
+    assert {p.value for p in EvictionPolicy} <= {p.value for p in EvictionPolicyName}
+
+
+def test_cel_rules_guard_the_l2_choices() -> None:
+    l2 = _schema()["properties"]["spec"]["properties"]["l2"]
+    assert "has(self.fs) || has(self.s3)" in _rules(l2)
+    fs = l2["properties"]["fs"]
+    assert "has(self.pvc) != has(self.hostPath)" in _rules(fs)
+    assert "self.lowWatermarkPercent < self.highWatermarkPercent" in _rules(fs)
+    assert "has(self.claimName) != has(self.create)" in _rules(fs["properties"]["pvc"])
+    assert "!has(self.endpoint) || has(self.secretRef)" in _rules(l2["properties"]["s3"])
+
+
+def test_embedded_kubernetes_objects_keep_unknown_fields() -> None:
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert spec["affinity"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["resources"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["tolerations"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["updateStrategy"]["properties"]["maxUnavailable"]["x-kubernetes-int-or-string"] is True
+
+
+def test_printer_columns_show_instances_l1_and_l2() -> None:
+    columns = build_crd(CRD)["spec"]["versions"][0]["additionalPrinterColumns"]
+    names = [c["name"] for c in columns]
+    assert names[:4] == ["Ready", "Desired", "L1", "L2"]
+    assert names[-1] == "Age"
+
+
+def test_status_is_a_subresource() -> None:
+    assert build_crd(CRD)["spec"]["versions"][0]["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"l1": {"size": "lots"}},
+        {"l1": {"evictionPolicy": "random"}},
+        {"hash": {"algorithm": "md5"}},
+        {"hash": {"seed": "abc"}},
+        {"chunkTokens": 0},
+        {"unknownField": 1},
+    ],
+)
+def test_bad_specs_are_refused_by_the_model(spec: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        KVCacheTierSpec.model_validate(spec)

@@ -1,0 +1,203 @@
+"""Bad input the API server cannot catch, and the status computed from what the cluster reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.status import (
+    Observed,
+    compute_status,
+    condition_transitions,
+    endpoints,
+    status_changed,
+)
+from strata_operator.resources.kvcachetier.validation import (
+    ClusterFacts,
+    Problem,
+    node_selected,
+    nodes_too_small,
+    validate,
+)
+
+TIER = TierRef("kv", "serving", "uid", 2)
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def spec_of(**fields: Any) -> KVCacheTierSpec:
+    return KVCacheTierSpec.model_validate(fields)
+
+
+def node(
+    name: str, memory: str = "64Gi", taints: list[dict[str, str]] | None = None, **labels: str
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints or []},
+        "status": {"allocatable": {"memory": memory}},
+    }
+
+
+def reasons(problems: list[Problem]) -> list[str]:
+    return [p.reason for p in problems]
+
+
+def test_tainted_gpu_nodes_need_a_toleration() -> None:
+    gpu = node("gpu-0", taints=[GPU_TAINT], gpu="true")
+    assert not node_selected(spec_of(nodeSelector={"gpu": "true"}), gpu)
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert node_selected(spec_of(nodeSelector={"gpu": "true"}, tolerations=tolerate), gpu)
+    assert not node_selected(spec_of(nodeSelector={"gpu": "false"}, tolerations=tolerate), gpu)
+    by_value = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]
+    assert not node_selected(spec_of(tolerations=by_value), gpu)
+    assert node_selected(spec_of(tolerations=[{"operator": "Exists"}]), gpu)
+
+
+def test_node_condition_taints_are_tolerated_by_daemonsets_anyway() -> None:
+    taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    assert node_selected(spec_of(), node("n", taints=[taint]))
+
+
+def test_l1_larger_than_every_node_is_invalid_with_a_clear_reason() -> None:
+    facts = ClusterFacts(nodes=[node("a", "16Gi"), node("b", "32Gi")])
+    problems = validate(spec_of(l1={"size": "40Gi"}), facts)
+    assert reasons(problems) == ["L1ExceedsNodeMemory"]
+    assert "41Gi" in problems[0].message and "32Gi" in problems[0].message
+    assert validate(spec_of(l1={"size": "20Gi"}), facts) == []
+    assert nodes_too_small(spec_of(l1={"size": "20Gi"}), facts.nodes) == ["a"]
+
+
+def test_no_selected_node_is_not_a_config_error() -> None:
+    assert validate(spec_of(l1={"size": "1Ti"}), ClusterFacts()) == []
+
+
+def test_missing_secrets_and_keys() -> None:
+    spec = spec_of(
+        auth={"secretRef": {"name": "token"}},
+        l2={"s3": {"bucket": "kvc", "endpoint": "http://s3", "secretRef": {"name": "s3"}}},
+    )
+    assert reasons(validate(spec, ClusterFacts(secrets={"token": None, "s3": None}))) == [
+        "SecretNotFound",
+        "SecretNotFound",
+    ]
+    facts = ClusterFacts(secrets={"token": {"password": "x"}, "s3": {"AWS_ACCESS_KEY_ID": "x"}})
+    problems = validate(spec, facts)
+    assert reasons(problems) == ["SecretKeyMissing", "S3CredentialsIncomplete"]
+    assert "AWS_SECRET_ACCESS_KEY" in problems[1].message
+    ok = ClusterFacts(
+        secrets={"token": {"token": "x"}, "s3": {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}}
+    )
+    assert validate(spec, ok) == []
+
+
+def test_existing_claim_must_exist_and_be_read_write_many() -> None:
+    spec = spec_of(l2={"fs": {"pvc": {"claimName": "data"}}})
+    assert reasons(validate(spec, ClusterFacts(claim_checked=True))) == ["PVCNotFound"]
+    rwo = {"spec": {"accessModes": ["ReadWriteOnce"]}}
+    problems = validate(spec, ClusterFacts(existing_claim=rwo, claim_checked=True))
+    assert reasons(problems) == ["PVCNotReadWriteMany"]
+    assert "ReadWriteMany" in problems[0].message
+    rwx = {"spec": {"accessModes": ["ReadWriteMany"]}}
+    assert validate(spec, ClusterFacts(existing_claim=rwx, claim_checked=True)) == []
+
+
+def daemonset(desired: int, ready: int, updated: int | None = None, settled: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 4},
+        "status": {
+            "desiredNumberScheduled": desired,
+            "numberReady": ready,
+            "updatedNumberScheduled": desired if updated is None else updated,
+            "observedGeneration": 4 if settled else 3,
+        },
+    }
+
+
+def pod(name: str, node_name: str, ready: bool, ip: str | None = "10.0.0.1") -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": {"name": name}, "spec": {"nodeName": node_name}, "status": status}
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_all_ready() -> None:
+    pods = [pod("kv-b", "n2", True, "10.0.0.2"), pod("kv-a", "n1", True)]
+    status = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), pods, config_hash="abc"), {}, now=T0)
+    assert (status["desiredInstances"], status["readyInstances"]) == (2, 2)
+    assert status["configHash"] == "abc" and status["l2"] == "none"
+    assert [e["node"] for e in status["endpoints"]] == ["n1", "n2"]
+    assert status["endpoints"][0]["address"] == "10.0.0.1:6379"
+    conditions = conditions_of(status)
+    assert conditions["Available"] == ("True", "InstancesServing")
+    assert conditions["AllInstancesReady"] == ("True", "AllReady")
+    assert conditions["ConfigValid"] == ("True", "Valid")
+    assert conditions["L2Reachable"] == ("True", "NotConfigured")
+    assert conditions["Ready"] == ("True", "AllReady")
+    assert all(c["observedGeneration"] == 2 for c in status["conditions"])
+
+
+def test_partial_readiness_and_rollout() -> None:
+    conditions = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 1)), {}, now=T0))
+    assert conditions["Available"] == ("True", "InstancesServing")
+    assert conditions["AllInstancesReady"] == ("False", "InstancesNotReady")
+    rolling = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, updated=1)), {}, now=T0))
+    assert rolling["AllInstancesReady"] == ("False", "RollingOut")
+    unsettled = conditions_of(
+        compute_status(spec_of(), TIER, Observed(daemonset(3, 3, settled=False)), {}, now=T0)
+    )
+    assert unsettled["AllInstancesReady"] == ("False", "RollingOut")
+
+
+def test_no_matching_nodes_and_invalid_config() -> None:
+    empty = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(0, 0)), {}, now=T0))
+    assert empty["Available"] == ("False", "NoMatchingNodes")
+    problem = Problem("SecretNotFound", "Secret 'x' does not exist")
+    invalid = compute_status(spec_of(), TIER, Observed(None, problems=[problem]), {}, now=T0)
+    conditions = conditions_of(invalid)
+    assert conditions["ConfigValid"] == ("False", "SecretNotFound")
+    assert conditions["Ready"] == ("False", "SecretNotFound")
+    assert conditions["Available"] == ("False", "ConfigInvalid")
+
+
+def test_l2_claim_must_be_bound() -> None:
+    spec = spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti"}}}})
+    pending = {"status": {"phase": "Pending"}}
+    status = compute_status(spec, TIER, Observed(daemonset(1, 1), claim=pending), {}, now=T0)
+    assert conditions_of(status)["L2Reachable"] == ("False", "PVCNotBound")
+    bound = {"status": {"phase": "Bound"}}
+    status = compute_status(spec, TIER, Observed(daemonset(1, 1), claim=bound), {}, now=T0)
+    assert conditions_of(status)["L2Reachable"] == ("True", "ServersReady")
+    assert status["l2"] == "fs"
+
+
+def test_recomputing_an_unchanged_status_needs_no_write() -> None:
+    observed = Observed(daemonset(2, 2), [pod("kv-a", "n1", True)])
+    first = compute_status(spec_of(), TIER, observed, {}, now=T0)
+    second = compute_status(spec_of(), TIER, observed, first, now=T1)
+    assert not status_changed(first, second)
+    assert condition_transitions(first["conditions"], second["conditions"]) == []
+
+
+def test_transition_time_moves_only_when_a_condition_flips() -> None:
+    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 1)), {}, now=T0)
+    second = compute_status(spec_of(), TIER, Observed(daemonset(2, 2)), first, now=T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+    assert times["Available"] == T0
+    assert times["AllInstancesReady"] == T1
+    flipped = [c["type"] for c in condition_transitions(first["conditions"], second["conditions"])]
+    assert flipped == ["AllInstancesReady", "Ready"]
+
+
+def test_terminating_and_unscheduled_pods_are_not_endpoints() -> None:
+    terminating = pod("kv-old", "n1", True)
+    terminating["metadata"]["deletionTimestamp"] = T0
+    unscheduled = {"metadata": {"name": "kv-new"}, "spec": {}, "status": {}}
+    assert endpoints([terminating, unscheduled, pod("kv-a", "n2", False, ip=None)], 6379) == [
+        {"node": "n2", "pod": "kv-a", "ready": False}
+    ]

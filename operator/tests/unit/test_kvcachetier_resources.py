@@ -1,0 +1,253 @@
+"""KVCacheTier builders: each child object asserted on as returned, without a cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import pytest
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from strata_kv.config import CONFIG_FILE_NAME, KVServerConfig
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.children import build_children
+from strata_operator.resources.kvcachetier.config import build_config_map, hash_seed
+from strata_operator.resources.kvcachetier.connection import build_connection_config_map
+from strata_operator.resources.kvcachetier.daemonset import build_resources, memory_request_bytes
+from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef
+
+TIER = TierRef("kv", "serving", "0000-uid", 3)
+GiB = 1024**3
+
+
+def spec_of(**fields: Any) -> KVCacheTierSpec:
+    return KVCacheTierSpec.model_validate(fields)
+
+
+def pod_spec(spec: KVCacheTierSpec) -> dict[str, Any]:
+    return dict(build_children(spec, TIER).daemonset["spec"]["template"]["spec"])
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    children = build_children(spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti"}}}}), TIER)
+    for child in children.in_apply_order():
+        meta = child["metadata"]
+        assert meta["namespace"] == "serving"
+        assert meta["ownerReferences"][0]["uid"] == "0000-uid"
+        assert meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "strata"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "kv"
+    kinds = [c["kind"] for c in children.in_apply_order()]
+    assert kinds == ["PersistentVolumeClaim", "ConfigMap", "ConfigMap", "Service", "DaemonSet"]
+
+
+def test_pod_runs_under_restricted_pod_security() -> None:
+    pod = pod_spec(spec_of())
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostIPC") and not pod.get("hostNetwork") and not pod.get("hostPID")
+    container = pod["containers"][0]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["privileged"] is False
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_probes_hit_the_health_endpoints() -> None:
+    container = pod_spec(spec_of())["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"resp": 6379, "metrics": 9121}
+
+
+def test_memory_request_is_l1_plus_headroom() -> None:
+    spec = spec_of(l1={"size": "8Gi"}, memoryHeadroom="1Gi")
+    resources = build_resources(spec)
+    assert resources["requests"]["memory"] == "9Gi"
+    assert resources["limits"]["memory"] == "11520Mi"
+    assert memory_request_bytes(spec) == 9 * GiB
+
+
+def test_resources_override_wins_and_derived_memory_fills_the_gap() -> None:
+    spec = spec_of(resources={"requests": {"cpu": "2"}, "limits": {"memory": "20Gi"}})
+    resources = build_resources(spec)
+    assert resources["requests"] == {"cpu": "2", "memory": "20Gi"}
+    assert resources["limits"] == {"memory": "20Gi"}
+    assert spec.resources == {"requests": {"cpu": "2"}, "limits": {"memory": "20Gi"}}  # not mutated
+
+
+def test_node_selection_and_priority_reach_the_pod() -> None:
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    pod = pod_spec(
+        spec_of(
+            nodeSelector={"gpu": "h100"}, tolerations=tolerations, affinity=affinity, priorityClassName="hi"
+        )
+    )
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == tolerations
+    assert pod["affinity"] == affinity
+    assert pod["priorityClassName"] == "hi"
+
+
+def test_config_change_changes_the_pod_template_hash() -> None:
+    before = build_children(spec_of(l1={"size": "4Gi"}), TIER).daemonset
+    after = build_children(spec_of(l1={"size": "6Gi"}), TIER).daemonset
+    same = build_children(spec_of(l1={"size": "4Gi"}), TIER).daemonset
+    annotation = lambda ds: ds["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # noqa: E731
+    assert annotation(before) != annotation(after)
+    assert annotation(before) == annotation(same)
+
+
+def test_config_map_parses_back_with_the_servers_own_model() -> None:
+    spec = spec_of(
+        l1={"size": "2Gi", "evictionPolicy": "lru"},
+        l2={
+            "fs": {"pvc": {"claimName": "shared"}, "capacity": "500Gi", "highWatermarkPercent": 95},
+            "s3": {"bucket": "kv-cache", "endpoint": "http://minio:9000", "secretRef": {"name": "s3"}},
+        },
+        chunkTokens=512,
+        hash={"algorithm": "xxhash", "seed": "42"},
+        tenancy={"requireSalt": True},
+        auth={"secretRef": {"name": "kv-token"}},
+        port=7000,
+    )
+    text = build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME]
+    config = KVServerConfig.from_yaml(text)
+    assert config.l1.size == 2 * GiB and config.l1.eviction_policy == "lru"
+    assert config.l2.fs is not None and config.l2.fs.capacity == 500 * GiB
+    assert config.l2.fs.high_watermark == 0.95 and config.l2.fs.low_watermark == 0.80
+    assert config.l2.fs.root_dir == "/var/lib/strata-kv/l2"
+    assert config.l2.s3 is not None and config.l2.s3.endpoint_url == "http://minio:9000"
+    assert config.chunk_tokens == 512
+    assert (config.namespace.hash_algorithm, config.namespace.hash_seed) == ("xxhash", "42")
+    assert config.tenancy.require_salt is True
+    assert config.auth.token_file == "/var/run/secrets/strata-kv/token"
+    assert config.listen.port == 7000 and config.metrics.port == 9121
+    assert "AWS_SECRET_ACCESS_KEY" not in text
+
+
+def test_hash_seed_defaults_to_a_stable_value_per_resource() -> None:
+    seed = hash_seed(spec_of(), TIER)
+    assert seed == hash_seed(spec_of(), TierRef("kv", "serving", "other-uid"))
+    assert seed != hash_seed(spec_of(), TierRef("kv2", "serving", "0000-uid"))
+    assert 0 <= int(seed) <= 4294967295
+    assert hash_seed(spec_of(hash={"seed": "7"}), TIER) == "7"
+
+
+@pytest.mark.parametrize(
+    ("l2", "volume"),
+    [
+        ({"fs": {"pvc": {"claimName": "nfs"}}}, {"persistentVolumeClaim": {"claimName": "nfs"}}),
+        ({"fs": {"pvc": {"create": {"size": "1Ti"}}}}, {"persistentVolumeClaim": {"claimName": "kv-l2"}}),
+        (
+            {"fs": {"hostPath": {"path": "/mnt/nvme"}}},
+            {"hostPath": {"path": "/mnt/nvme", "type": "DirectoryOrCreate"}},
+        ),
+    ],
+)
+def test_l2_filesystem_is_mounted(l2: dict[str, Any], volume: dict[str, Any]) -> None:
+    pod = pod_spec(spec_of(l2=l2))
+    l2_volume = next(v for v in pod["volumes"] if v["name"] == "l2")
+    assert {k: v for k, v in l2_volume.items() if k != "name"} == volume
+    assert {"name": "l2", "mountPath": "/var/lib/strata-kv/l2"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_created_claim_is_read_write_many() -> None:
+    children = build_children(
+        spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti", "storageClassName": "nfs"}}}}), TIER
+    )
+    assert children.pvc is not None
+    assert children.pvc["metadata"]["name"] == "kv-l2"
+    assert children.pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert children.pvc["spec"]["storageClassName"] == "nfs"
+    assert build_children(spec_of(l2={"fs": {"pvc": {"claimName": "x"}}}), TIER).pvc is None
+
+
+def test_s3_credentials_come_from_the_secret_as_environment() -> None:
+    spec = spec_of(l2={"s3": {"bucket": "kv-cache", "secretRef": {"name": "s3-creds"}}})
+    container = pod_spec(spec)["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+
+
+def test_auth_token_is_mounted_from_its_secret_key() -> None:
+    pod = pod_spec(spec_of(auth={"secretRef": {"name": "kv-token", "key": "password"}}))
+    auth = next(v for v in pod["volumes"] if v["name"] == "auth")
+    assert auth["secret"]["secretName"] == "kv-token"
+    assert auth["secret"]["items"] == [{"key": "password", "path": "token"}]
+
+
+def test_service_keeps_traffic_on_the_node() -> None:
+    service = build_children(spec_of(), TIER).service
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert (
+        service["spec"]["selector"]
+        == build_children(spec_of(), TIER).daemonset["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_update_strategy() -> None:
+    assert build_children(spec_of(), TIER).daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    on_delete = spec_of(updateStrategy={"type": "OnDelete"})
+    assert build_children(on_delete, TIER).daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    percent = spec_of(updateStrategy={"maxUnavailable": "25%"})
+    assert build_children(percent, TIER).daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {
+        "maxUnavailable": "25%"
+    }
+
+
+def test_builders_emit_no_shared_objects() -> None:
+    """Shared dicts would come out of yaml.safe_dump as anchors (&id001), which kubectl users trip over."""
+    for child in build_children(spec_of(), TIER).in_apply_order():
+        assert "&id" not in yaml.safe_dump(child)
+
+
+class VllmKVTransferConfig(BaseModel):
+    """The fields of vLLM's `KVTransferConfig` (vllm/config/kv_transfer.py), nothing else accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+    kv_connector: str | None = None
+    engine_id: str | None = None
+    kv_buffer_device: str | None = "cuda"
+    kv_buffer_size: float = 1e9
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = None
+    kv_rank: int | None = None
+    kv_parallel_size: int = 1
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+    kv_connector_module_path: str | None = None
+
+
+LMCACHE_FIELDS = {"chunk_size", "remote_url", "remote_serde"}
+
+
+def test_connection_config_map_is_what_vllm_accepts() -> None:
+    spec = spec_of(
+        chunkTokens=512, hash={"algorithm": "xxhash", "seed": "123"}, tenancy={"cacheSalt": "team-a"}
+    )
+    data = build_connection_config_map(spec, TIER)["data"]
+    raw = json.loads(data["KV_TRANSFER_CONFIG"])
+    config = VllmKVTransferConfig.model_validate(raw)
+    assert set(raw) == {"kv_connector", "kv_role", "kv_connector_extra_config"}
+    assert config.kv_connector == "LMCacheConnectorV1"
+    assert config.kv_role == "kv_both"
+    extra = config.kv_connector_extra_config
+    assert {k.removeprefix("lmcache.") for k in extra} == LMCACHE_FIELDS
+    assert all(k.startswith("lmcache.") for k in extra)
+    assert extra["lmcache.remote_url"] == "redis://kv.serving.svc:6379"
+    assert extra["lmcache.chunk_size"] == 512
+    assert data["PYTHONHASHSEED"] == "123"
+    assert data["STRATA_KV_HASH_ALGORITHM"] == "xxhash"
+    assert data["STRATA_KV_CACHE_SALT"] == "team-a"
+    assert data["LMCACHE_REMOTE_URL"] == extra["lmcache.remote_url"]
+
+
+def test_connection_keys_are_environment_variable_names() -> None:
+    """The ConfigMap is consumed with envFrom: every key must be a valid variable name."""
+    data = build_connection_config_map(spec_of(auth={"secretRef": {"name": "t"}}), TIER)["data"]
+    assert all(key.replace("_", "a").isalnum() and not key[0].isdigit() for key in data)
+    assert all(isinstance(v, str) for v in data.values())
