@@ -1,1 +1,95 @@
-"""kopf handlers for the kvcachetier resource (thin: parse spec, build children, apply, set status)."""
+"""kopf entry points for KVCacheTier: thin triggers; all of them run the same level-based reconcile.
+
+- the resource itself: create, update (spec or labels), resume after an operator restart;
+- its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back at once, and a
+  DaemonSet status change (pods becoming ready) refreshes the status;
+- a timer: the safety net for anything a missed watch event would leave behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from strata_operator.api import GROUP, VERSION
+from strata_operator.handlers import kvcachetier_reconcile as reconciler
+from strata_operator.kube import MANAGED_BY, MANAGED_BY_LABEL
+from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
+
+PLURAL = "kvcachetiers"
+DRIFT_INTERVAL_SECONDS = 60.0
+CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY, NAME_LABEL: APP_NAME}
+_CHILD_KINDS = (
+    ("apps", "v1", "daemonsets"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("", "v1", "persistentvolumeclaims"),
+)
+
+
+def _reconcile(body: Mapping[str, Any], *, full: bool = True) -> None:
+    try:
+        reconciler.reconcile(body, full=full)
+    except kopf.PermanentError:
+        raise
+    except Exception as error:  # kopf retries with backoff; the message says what failed.
+        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=5) from error
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def tier_changed(body: kopf.Body, **_: Any) -> None:
+    _reconcile(body)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
+def tier_drift(body: kopf.Body, **_: Any) -> None:
+    _reconcile(body)
+
+
+def owning_tier(body: Mapping[str, Any]) -> str | None:
+    """The KVCacheTier that controls this child, if any."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if (
+            ref.get("kind") == KIND
+            and ref.get("apiVersion", "").startswith(f"{GROUP}/")
+            and ref.get("controller")
+        ):
+            return str(ref["name"])
+    return None
+
+
+def needs_full_reconcile(event_type: str | None, body: Mapping[str, Any]) -> bool:
+    """Only a DaemonSet status update (same generation as we applied) can skip re-applying the children."""
+    if event_type != "MODIFIED" or body.get("kind") != "DaemonSet":
+        return True
+    meta = body.get("metadata", {})
+    owner = owning_tier(body)
+    applied = reconciler.applied_daemonset_generation.get((meta.get("namespace", ""), owner or ""))
+    return applied is None or int(meta.get("generation", 0)) != applied
+
+
+def _child_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    if event.get("type") is None:  # the initial listing: `resume` on the owner covers it
+        return
+    owner = owning_tier(body)
+    if owner is None:
+        return
+    full = needs_full_reconcile(event.get("type"), body)
+    try:
+        reconciler.reconcile(
+            {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}, full=full
+        )
+    except Exception:  # events are not retried: the timer converges later
+        logger.exception("reconcile of KVCacheTier %s after a %s event failed", owner, body.get("kind"))
+
+
+def _register_child_watches() -> None:
+    for group, version, plural in _CHILD_KINDS:
+        kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"kvcachetier-{plural}")(_child_event)
+
+
+_register_child_watches()

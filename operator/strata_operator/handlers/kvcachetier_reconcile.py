@@ -1,0 +1,188 @@
+"""One KVCacheTier reconcile: read the cluster, validate, apply the children, write status if it changed.
+
+Level-based: every trigger (the resource itself, a child's event, the drift timer) runs the same code
+and converges on the same state. Reconciles of one resource are serialized by a per-resource lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.conditions import set_condition
+from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.resources.kvcachetier.children import Children, build_children
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.status import (
+    CONFIG_VALID,
+    Observed,
+    compute_status,
+    condition_transitions,
+    status_changed,
+)
+from strata_operator.resources.kvcachetier.storage import l2_claim_name
+from strata_operator.resources.kvcachetier.validation import (
+    ClusterFacts,
+    node_selected,
+    nodes_too_small,
+    validate,
+)
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+applied_daemonset_generation: dict[tuple[str, str], int] = {}
+"""The DaemonSet generation our last apply produced: a higher one means someone else edited its spec."""
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did (returned for tests and the benchmark)."""
+
+    applied: bool
+    status_written: bool
+    status: dict[str, Any]
+
+
+def _lock(tier: TierRef) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((tier.namespace, tier.name), threading.Lock())
+
+
+def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
+    """Selected nodes, referenced Secrets' keys and the existing L2 claim, as validation needs them."""
+    nodes = io.list_objects("v1", "Node", label_selector=io.label_selector(spec.node_selector))
+    facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
+    refs = []
+    if spec.auth is not None:
+        refs.append(spec.auth.secret_ref.name)
+    if spec.l2 and spec.l2.s3 and spec.l2.s3.secret_ref:
+        refs.append(spec.l2.s3.secret_ref.name)
+    for name in refs:
+        secret = io.read("v1", "Secret", name, tier.namespace)
+        facts.secrets[name] = None if secret is None else {**(secret.get("data") or {})}
+    fs = spec.l2.fs if spec.l2 else None
+    if fs is not None and fs.pvc is not None and fs.pvc.claim_name is not None:
+        facts.existing_claim = io.read("v1", "PersistentVolumeClaim", fs.pvc.claim_name, tier.namespace)
+        facts.claim_checked = True
+    return facts
+
+
+def apply_children(children: Children, tier: TierRef) -> dict[str, Any]:
+    """Apply in dependency order; returns the DaemonSet as stored."""
+    stored: dict[str, Any] = {}
+    for child in children.in_apply_order():
+        stored = io.apply(child)
+    applied_daemonset_generation[(tier.namespace, tier.name)] = int(stored["metadata"].get("generation", 0))
+    return stored
+
+
+def observe(spec: KVCacheTierSpec, tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The DaemonSet and its pods, as they are now."""
+    daemonset = io.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
+    pods = io.list_objects(
+        "v1", "Pod", namespace=tier.namespace, label_selector=io.label_selector(tier.selector_labels())
+    )
+    return daemonset, pods
+
+
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the resource; outside a kopf handler (tests, benchmarks) there is no poster."""
+    try:
+        kopf.event(cast(Any, dict(body)), type=type_, reason=reason, message=message[:1024])
+    except LookupError:
+        logging.getLogger(__name__).info("%s %s: %s", type_, reason, message)
+
+
+def reconcile(
+    body: Mapping[str, Any], *, full: bool = True, events: EventSink = post_event, now: str | None = None
+) -> Outcome | None:
+    """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status)."""
+    meta = body["metadata"]
+    current = io.read_tier(meta["name"], meta["namespace"])
+    if current is None or current["metadata"].get("deletionTimestamp"):
+        return None
+    tier = TierRef.from_body(current)
+    with _lock(tier):
+        return _reconcile_locked(current, tier, full=full, events=events, now=now)
+
+
+def _reconcile_locked(
+    current: dict[str, Any], tier: TierRef, *, full: bool, events: EventSink, now: str | None
+) -> Outcome:
+    previous = current.get("status") or {}
+    try:
+        spec = KVCacheTierSpec.model_validate(current.get("spec") or {})
+    except ValidationError as error:
+        return _reject_spec(current, tier, previous, error, now)
+    facts = gather_facts(spec, tier)
+    problems = validate(spec, facts)
+    warnings = []
+    if not problems and (small := nodes_too_small(spec, facts.nodes)):
+        warnings.append(f"servers do not fit on {len(small)} selected node(s): {', '.join(small[:5])}")
+    children = build_children(spec, tier)
+    applied = full and not problems
+    if applied:
+        apply_children(children, tier)
+    daemonset, pods = observe(spec, tier)
+    claim_name = l2_claim_name(spec, tier)
+    claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
+    observed = Observed(
+        daemonset=daemonset,
+        pods=pods,
+        problems=problems,
+        claim=claim,
+        config_hash=children.config_hash if applied or not problems else None,
+        warnings=warnings,
+    )
+    status = compute_status(spec, tier, observed, previous, now=now)
+    written = _write_if_changed(current, tier, previous, status, events)
+    return Outcome(applied=applied, status_written=written, status=status)
+
+
+def _write_if_changed(
+    current: Mapping[str, Any],
+    tier: TierRef,
+    previous: Mapping[str, Any],
+    status: dict[str, Any],
+    events: EventSink,
+) -> bool:
+    if not status_changed(previous, status):
+        return False
+    io.write_tier_status(tier.name, tier.namespace, status)
+    for condition in condition_transitions(previous.get("conditions") or [], status["conditions"]):
+        healthy = condition["status"] == "True" or condition["type"] == "AllInstancesReady"
+        events(current, "Normal" if healthy else "Warning", condition["reason"], condition["message"])
+    return True
+
+
+def _reject_spec(
+    current: Mapping[str, Any],
+    tier: TierRef,
+    previous: Mapping[str, Any],
+    error: ValidationError,
+    now: str | None,
+) -> Outcome:
+    """A spec the operator's model refuses (the CRD let it through): say so, change nothing else."""
+    message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+    conditions = set_condition(
+        previous.get("conditions") or [],
+        CONFIG_VALID,
+        False,
+        "SpecInvalid",
+        message,
+        generation=tier.generation,
+        now=now,
+    )
+    status = {"observedGeneration": tier.generation, "conditions": conditions}
+    written = _write_if_changed(current, tier, previous, status, post_event)
+    return Outcome(applied=False, status_written=written, status=status)
