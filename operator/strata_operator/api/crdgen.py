@@ -8,6 +8,7 @@ optionals are simply omitted. CEL rules, int-or-string and embedded objects come
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif key == "default" and value is None:
             continue
         else:
-            out[key] = value
+            # Copied: pydantic shares one enum list between fields, which YAML would emit as an anchor.
+            out[key] = copy.deepcopy(value)
     if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
         out["type"] = "object"
     if "properties" in out:
