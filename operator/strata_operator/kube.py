@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,8 @@ def _load_config() -> None:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        # The client reads $KUBECONFIG once at import time; read it now so a changed value is honoured.
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 def dynamic_client() -> DynamicClient:

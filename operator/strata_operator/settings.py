@@ -31,12 +31,20 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.INFO
     settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
-    settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
 
 
 @kopf.on.startup()
 def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure(settings)
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod, the service account; elsewhere $KUBECONFIG as it is when the operator starts."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+kopf.on.login()(login)
 
 
 @kopf.on.probe(id="ready")

@@ -80,7 +80,6 @@ def strata_crds(k8s: DynamicClient) -> list[dict[str, Any]]:
 def operator(strata_crds: list[dict[str, Any]], control_plane: Any) -> Iterator[Any]:
     """Strata's operator running in-process (kopf's KopfRunner) against the local control plane."""
     from kopf.testing import KopfRunner
-
     from strata_operator.cli import HANDLERS_MODULE
 
     args = ["run", "-m", HANDLERS_MODULE, "--standalone", "--all-namespaces", "--verbose"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -77,10 +78,8 @@ def create_fake_node(client: DynamicClient, name: str, **kwargs: Any) -> Any:
 def delete_quietly(
     client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None
 ) -> None:
-    try:
+    with contextlib.suppress(NotFoundError):
         resource(client, api_version, kind).delete(name=name, namespace=namespace)
-    except NotFoundError:
-        pass
 
 
 def new_dynamic_client(kubeconfig: str) -> DynamicClient:

@@ -29,6 +29,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries the tail of its log."""
 
@@ -139,6 +147,8 @@ class LocalCluster:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
+                # A loopback advertise address cannot back the `kubernetes` Service endpoints.
+                "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
             ],
