@@ -1,0 +1,212 @@
+"""Preloader, pre-pull and clean-up Jobs: the pods that move a model's bytes, with restricted pod security.
+
+The preloader's arguments come from `strata_loader.contract.FetchRequest` (the loader parses the same
+model), so what the operator renders and what `strata-loader fetch` reads cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from strata_loader import contract
+
+from strata_operator.api.modelcache import ModelCacheSpec
+from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL, short_hash
+from strata_operator.resources.modelcache.owner import Owner
+
+CONTAINER = "fetch"
+RUN_AS_USER = 65532
+RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
+RUNTIME_IMAGE_REPOSITORY = "ghcr.io/strata-dev/strata-runtime"
+MODEL_MOUNT = "/strata/model"
+NODE_ROOT_MOUNT = "/strata/node"
+NODE_ANNOTATION = "strata.dev/node"
+HF_HOME = "/tmp/hf"
+
+
+def runtime_image(spec: ModelCacheSpec) -> str:
+    """The spec's image, else the operator's configured default, else the release matching this operator."""
+    if spec.preload.image:
+        return spec.preload.image
+    if configured := os.environ.get(RUNTIME_IMAGE_ENV):
+        return configured
+    try:
+        version = metadata.version("strata")
+    except metadata.PackageNotFoundError:
+        version = "latest"
+    return f"{RUNTIME_IMAGE_REPOSITORY}:{version}"
+
+
+def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
+    """The preloader's one run, as the loader's own contract model (validated on construction)."""
+    preload = spec.preload
+    shard = None
+    if preload.shard:
+        shard = contract.ShardOptions(
+            tensor_parallel_size=preload.shard.tensor_parallel_size,
+            max_part_bytes=preload.shard.max_part_bytes,
+        )
+    return contract.FetchRequest(
+        source=spec.source.uri,
+        dest=dest,
+        revision=spec.source.revision,
+        include=list(spec.source.include),
+        exclude=list(spec.source.exclude),
+        concurrency=preload.concurrency,
+        block_size=preload.block_size,
+        memory_limit=preload.memory_limit,
+        verify=contract.VerifyMode(preload.verify.value),
+        shard=shard,
+    )
+
+
+def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: str) -> str:
+    """Changes whenever what the Job would do changes: a new hash means a new Job (and a new preload)."""
+    s3 = spec.source.s3.to_k8s() if spec.source.s3 else {}
+    return short_hash(request.to_args(), s3, runtime_image(spec), *extra)
+
+
+@dataclass
+class PodMounts:
+    """Volumes and mounts a Job's pod needs besides the scratch space."""
+
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, name: str, source: dict[str, Any], path: str, *, read_only: bool = False) -> None:
+        self.volumes.append({"name": name, **source})
+        mount: dict[str, Any] = {"name": name, "mountPath": path}
+        if read_only:
+            mount["readOnly"] = True
+        self.mounts.append(mount)
+
+
+def source_mounts(spec: ModelCacheSpec) -> PodMounts:
+    """A pvc:// source is read from its claim, mounted read-only where the loader expects it."""
+    mounts = PodMounts()
+    uri = spec.source.uri
+    if uri.startswith("pvc://"):
+        claim = uri.removeprefix("pvc://").split("/", 1)[0]
+        mounts.add(
+            "source",
+            {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+            f"{contract.DEFAULT_PVC_MOUNT_ROOT}/{claim}",
+            read_only=True,
+        )
+    return mounts
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """What the `restricted` Pod Security Standard asks of every container."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def loader_env(spec: ModelCacheSpec, request: contract.FetchRequest | None) -> list[dict[str, Any]]:
+    env = dict(request.to_env()) if request else {}
+    env[contract.ENV_HF_HOME] = HF_HOME
+    if spec.source.s3 and spec.source.s3.endpoint:
+        env[contract.ENV_AWS_ENDPOINT_URL] = spec.source.s3.endpoint
+    if spec.source.s3 and spec.source.s3.region:
+        env[contract.ENV_AWS_REGION] = spec.source.s3.region
+    return [{"name": k, "value": v} for k, v in sorted(env.items())]
+
+
+def node_affinity(node: str) -> dict[str, Any]:
+    """Pin to one node by name (matchFields, as the DaemonSet controller does), through the scheduler."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """Everything that differs between the Strata Jobs; the rest of the pod is the same hardened template."""
+
+    name: str
+    role: str
+    command: list[str]
+    args: list[str]
+    mounts: PodMounts
+    preload_hash: str
+    node: str | None = None
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+
+def build_job(owner: Owner, spec: ModelCacheSpec, shape: JobShape, request: Any = None) -> dict[str, Any]:
+    """A Job running one container from the runtime image, restricted pod security, result in the
+    termination message (with the log tail as fallback when the process dies before writing it)."""
+    labels = {**owner.labels(shape.role), PRELOAD_HASH_LABEL: shape.preload_hash}
+    annotations = {NODE_ANNOTATION: shape.node} if shape.node else {}
+    preload = spec.preload
+    credentials = spec.source.credentials
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": runtime_image(spec),
+        "imagePullPolicy": preload.image_pull_policy.value,
+        "command": shape.command,
+        "args": shape.args,
+        "env": loader_env(spec, request),
+        "resources": preload.resources.to_k8s(),
+        "securityContext": container_security_context(),
+        "terminationMessagePath": contract.DEFAULT_TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [*shape.mounts.mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if credentials and credentials.secret_ref:
+        container["envFrom"] = [{"secretRef": {"name": credentials.secret_ref.name}}]
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": [*shape.mounts.volumes, {"name": "tmp", "emptyDir": {}}],
+    }
+    if credentials and credentials.service_account_name:
+        pod["serviceAccountName"] = credentials.service_account_name
+    else:
+        pod["automountServiceAccountToken"] = False
+    if shape.node:
+        pod["affinity"] = node_affinity(shape.node)
+    if shape.tolerations:
+        pod["tolerations"] = list(shape.tolerations)
+    job_spec: dict[str, Any] = {
+        "backoffLimit": preload.backoff_limit,
+        "ttlSecondsAfterFinished": preload.ttl_seconds_after_finished,
+        "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod},
+    }
+    if preload.active_deadline_seconds:
+        job_spec["activeDeadlineSeconds"] = preload.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": shape.name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": job_spec,
+    }
+
+
+def job_node(job: dict[str, Any]) -> str | None:
+    return (job.get("metadata", {}).get("annotations") or {}).get(NODE_ANNOTATION)

@@ -1,0 +1,69 @@
+"""Names and labels of a ModelCache's children: deterministic, within Kubernetes' length limits.
+
+A Job's name is also a label value (`batch.kubernetes.io/job-name`), so it must fit in 63 characters; a node
+label's name part must too. Long names are shortened and made unique again with a hash of the full name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from strata_operator.api import GROUP
+
+MAX_NAME = 63
+CACHE_LABEL = f"{GROUP}/modelcache"
+"""On every child: the owning ModelCache's name (the owner's namespace is the child's namespace)."""
+NODE_LABEL = f"{GROUP}/node"
+PRELOAD_HASH_LABEL = f"{GROUP}/preload-hash"
+ROLE_LABEL = f"{GROUP}/role"
+NODE_LABEL_READY = "Ready"
+
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def short_hash(*parts: Any, length: int = 10) -> str:
+    """A stable hex digest of JSON-serialisable parts (sorted keys, so dict order never matters)."""
+    data = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(data.encode()).hexdigest()[:length]
+
+
+def bounded_name(*parts: str, limit: int = MAX_NAME) -> str:
+    """Join parts with '-'; if too long, keep a prefix and append a hash of the whole so names stay unique."""
+    full = "-".join(p for p in parts if p)
+    if len(full) <= limit:
+        return full
+    digest = short_hash(full, length=8)
+    prefix = full[: limit - len(digest) - 1].rstrip("-.")
+    return f"{prefix}-{digest}"
+
+
+def claim_name(cache_name: str) -> str:
+    """The claim the operator creates for SharedPVC when `claimName` is not given."""
+    return bounded_name(cache_name, "model", limit=253)
+
+
+def preload_job_name(cache_name: str, preload_hash: str) -> str:
+    return bounded_name(cache_name, "preload", preload_hash)
+
+
+def node_job_name(cache_name: str, role: str, node_hash: str) -> str:
+    """`role` is preload, prepull or cleanup; `node_hash` already covers the node and the request."""
+    return bounded_name(cache_name, role, node_hash)
+
+
+def node_label_key(namespace: str, cache_name: str) -> str:
+    """`strata.dev/model.<namespace>.<name>`: node labels are cluster-wide, so the key names the namespace.
+
+    The part after the slash is limited to 63 characters; longer keys keep a prefix and a hash.
+    """
+    name_part = bounded_name(f"model.{namespace}.{cache_name}")
+    if not _LABEL_NAME.match(name_part):
+        raise ValueError(f"node label name {name_part!r} is not a valid label name")
+    return f"{GROUP}/{name_part}"
+
+
+def selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -1,0 +1,197 @@
+"""Status as a pure function of what was observed: conditions, phase, and the minimal patch to get there.
+
+Phase and conditions follow what kstatus reads (`observedGeneration` plus a `Ready` condition), so
+`kubectl wait --for=condition=Ready`, Flux and Argo CD know when a cache is usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_loader.contract import FetchResult
+
+from strata_operator.conditions import get_condition, set_condition
+
+READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
+    "Pending",
+    "Preloading",
+    "Ready",
+    "Degraded",
+    "Failed",
+)
+JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Bad input that blocks progress until a person fixes it: a condition reason and what to do."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What one reconcile concluded, before it is rendered into conditions."""
+
+    phase: str
+    ready: tuple[bool, str, str]
+    progressing: tuple[bool, str, str]
+    degraded: tuple[bool, str, str] = (False, "AsExpected", "")
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def job_phase(job: Mapping[str, Any] | None) -> str:
+    """Missing, Running (also pending), Succeeded or Failed, from the Job's terminal conditions."""
+    if job is None:
+        return JOB_MISSING
+    for condition in job.get("status", {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return JOB_SUCCEEDED
+        if condition.get("type") in ("Failed", "FailureTarget"):
+            return JOB_FAILED
+    return JOB_RUNNING
+
+
+def job_failure_message(job: Mapping[str, Any]) -> str:
+    for condition in job.get("status", {}).get("conditions") or []:
+        if condition.get("type") in ("Failed", "FailureTarget") and condition.get("status") == "True":
+            return f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".strip(": ")
+    return "the Job failed"
+
+
+def termination_message(pods: Sequence[Mapping[str, Any]], container: str, *, succeeded: bool) -> str | None:
+    """The message of the newest pod that ended the way the Job did (Succeeded or Failed)."""
+    wanted = "Succeeded" if succeeded else "Failed"
+    ended = [p for p in pods if p.get("status", {}).get("phase") == wanted]
+    ended.sort(key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
+    for pod in reversed(ended):
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if status.get("name") == container and terminated.get("message"):
+                return str(terminated["message"])
+    return None
+
+
+def verify_result(result: FetchResult, source: str, revision: str | None) -> str | None:
+    """Why a result cannot be trusted, or None: it must have succeeded, for our source, with files in it."""
+    if not result.succeeded:
+        return result.error or "the preloader reported a failure without an error message"
+    if result.source and result.source != source:
+        return f"the preloader copied {result.source!r}, not {source!r}"
+    if revision and result.revision and result.revision != revision:
+        return f"the preloader copied revision {result.revision!r}, not {revision!r}"
+    if result.files <= 0:
+        return f"the preloader copied no files from {source}: check source.uri and source.include"
+    return None
+
+
+def human_bytes(count: int | None) -> str | None:
+    if count is None:
+        return None
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return None  # unreachable
+
+
+def result_fields(result: FetchResult) -> dict[str, Any]:
+    return {
+        "totalBytes": result.bytes,
+        "totalFiles": result.files,
+        "size": human_bytes(result.bytes),
+        "seconds": round(result.seconds, 3),
+        "resolvedRevision": result.revision,
+        "manifestSha256": result.manifest_sha256,
+    }
+
+
+def render_status(
+    previous: Mapping[str, Any], outcome: Outcome, generation: int | None, now: str | None = None
+) -> dict[str, Any]:
+    """The whole desired status; lastTransitionTime only moves when a condition's status flips."""
+    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    for type_, (flag, reason, message) in (
+        (READY, outcome.ready),
+        (PROGRESSING, outcome.progressing),
+        (DEGRADED, outcome.degraded),
+    ):
+        conditions = set_condition(conditions, type_, flag, reason, message, generation=generation, now=now)
+    status: dict[str, Any] = {k: v for k, v in outcome.fields.items() if v is not None}
+    status.update(phase=outcome.phase, observedGeneration=generation, conditions=conditions)
+    return status
+
+
+def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A JSON merge patch from previous to desired (None for keys to drop), or None when nothing changed."""
+    patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
+    patch.update({k: None for k in previous if k not in desired})
+    return patch or None
+
+
+def transition_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) for each condition or node that changed state: progress as Events."""
+    events: list[tuple[str, str, str]] = []
+    for type_ in (READY, DEGRADED):
+        before = get_condition(previous.get("conditions") or [], type_) or {}
+        after = get_condition(desired.get("conditions") or [], type_) or {}
+        if after.get("status") != "True" or (before.get("status"), before.get("reason")) == (
+            "True",
+            after.get("reason"),
+        ):
+            continue
+        kind = "Normal" if type_ == READY else "Warning"
+        events.append((kind, str(after.get("reason")), str(after.get("message"))))
+    old_nodes = {n["name"]: n.get("phase") for n in previous.get("nodes") or []}
+    for node in desired.get("nodes") or []:
+        if old_nodes.get(node["name"]) != node["phase"] and node["phase"] in (PHASE_READY, PHASE_FAILED):
+            kind = "Normal" if node["phase"] == PHASE_READY else "Warning"
+            reason = "NodeReady" if node["phase"] == PHASE_READY else "NodePreloadFailed"
+            events.append((kind, reason, f"node {node['name']}: {node.get('message') or node['phase']}"))
+    return events
+
+
+def blocked_outcome(problem: Problem, fields: dict[str, Any]) -> Outcome:
+    """Bad input: say what is wrong and wait for a person (the next spec change or resync retries)."""
+    return Outcome(
+        phase=PHASE_FAILED,
+        ready=(False, problem.reason, problem.message),
+        progressing=(False, problem.reason, "waiting for the problem to be fixed"),
+        degraded=(True, problem.reason, problem.message),
+        fields=fields,
+    )
+
+
+def ready_outcome(fields: dict[str, Any], message: str) -> Outcome:
+    return Outcome(
+        phase=PHASE_READY,
+        ready=(True, "Preloaded", message),
+        progressing=(False, "Preloaded", "nothing left to do"),
+        fields=fields,
+    )
+
+
+def preloading_outcome(fields: dict[str, Any], message: str) -> Outcome:
+    return Outcome(
+        phase=PHASE_PRELOADING,
+        ready=(False, "Preloading", message),
+        progressing=(True, "Preloading", message),
+        fields=fields,
+    )
+
+
+def failed_outcome(fields: dict[str, Any], reason: str, message: str) -> Outcome:
+    return Outcome(
+        phase=PHASE_FAILED,
+        ready=(False, reason, message),
+        progressing=(False, reason, "stopped: see the Degraded condition"),
+        degraded=(True, reason, message),
+        fields=fields,
+    )

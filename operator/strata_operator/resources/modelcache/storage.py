@@ -1,0 +1,178 @@
+"""Where a ModelCache's bytes live (claim, node path, image) and the Jobs that fill or empty them."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from strata_operator.api.modelcache import (
+    DeletionPolicy,
+    ImageVolumeStorage,
+    ModelCacheSpec,
+    NodeLocalStorage,
+    SharedPVCStorage,
+)
+from strata_operator.resources.modelcache import names
+from strata_operator.resources.modelcache.jobs import (
+    MODEL_MOUNT,
+    NODE_ROOT_MOUNT,
+    JobShape,
+    PodMounts,
+    build_job,
+    fetch_request,
+    request_hash,
+    source_mounts,
+)
+from strata_operator.resources.modelcache.owner import Owner
+
+ROLE_PRELOAD = "preload"
+ROLE_PREPULL = "prepull"
+ROLE_CLEANUP = "cleanup"
+
+
+def shared_pvc(spec: ModelCacheSpec) -> SharedPVCStorage:
+    if spec.storage.shared_pvc is None:  # the CRD's CEL rules make this unreachable for stored objects
+        raise ValueError("storage.mode SharedPVC needs storage.sharedPVC")
+    return spec.storage.shared_pvc
+
+
+def node_local(spec: ModelCacheSpec) -> NodeLocalStorage:
+    return spec.storage.node_local or NodeLocalStorage()
+
+
+def image_volume(spec: ModelCacheSpec) -> ImageVolumeStorage:
+    return spec.storage.image_volume or ImageVolumeStorage()
+
+
+def claim_name(owner: Owner, spec: ModelCacheSpec) -> str:
+    return shared_pvc(spec).claim_name or names.claim_name(owner.name)
+
+
+def claim_is_adopted(spec: ModelCacheSpec) -> bool:
+    """A claim named in the spec belongs to the user: filled, never created, resized or deleted."""
+    return shared_pvc(spec).claim_name is not None
+
+
+def build_claim(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
+    """The RWX claim the operator creates; owned by the cache only when the deletion policy is Delete."""
+    storage = shared_pvc(spec)
+    if storage.size is None:
+        raise ValueError("storage.sharedPVC.size is needed to create a claim")
+    metadata: dict[str, Any] = {
+        "name": claim_name(owner, spec),
+        "namespace": owner.namespace,
+        "labels": owner.labels("model"),
+    }
+    if spec.deletion_policy == DeletionPolicy.DELETE:
+        metadata["ownerReferences"] = [owner.reference()]
+    claim_spec: dict[str, Any] = {
+        "accessModes": [storage.access_mode],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": storage.size}},
+    }
+    if storage.storage_class_name is not None:
+        claim_spec["storageClassName"] = storage.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
+
+
+def shared_pvc_preload(owner: Owner, spec: ModelCacheSpec, claim_uid: str) -> tuple[str, dict[str, Any]]:
+    """(hash, Job) filling the claim. The claim's uid is part of the hash: a re-created claim is empty."""
+    request = fetch_request(spec, MODEL_MOUNT)
+    claim = claim_name(owner, spec)
+    preload_hash = request_hash(spec, request, claim, claim_uid)
+    mounts = source_mounts(spec)
+    mounts.add("model", {"persistentVolumeClaim": {"claimName": claim}}, MODEL_MOUNT)
+    shape = JobShape(
+        name=names.preload_job_name(owner.name, preload_hash),
+        role=ROLE_PRELOAD,
+        command=list(request_command()),
+        args=request.to_args(),
+        mounts=mounts,
+        preload_hash=preload_hash,
+    )
+    return preload_hash, build_job(owner, spec, shape, request)
+
+
+def request_command() -> list[str]:
+    from strata_loader import contract
+
+    return list(contract.COMMAND)
+
+
+def node_copy_path(owner: Owner, spec: ModelCacheSpec) -> str:
+    """The copy's directory on the node: one per namespace and name, under the configured root."""
+    return posixpath.join(node_local(spec).path, owner.namespace, owner.name)
+
+
+def _node_root_mounts(spec: ModelCacheSpec, base: PodMounts | None = None) -> PodMounts:
+    mounts = base or PodMounts()
+    # The root must exist (type Directory): kubelet would create a missing one owned by root, unwritable here.
+    mounts.add(
+        "node-root", {"hostPath": {"path": node_local(spec).path, "type": "Directory"}}, NODE_ROOT_MOUNT
+    )
+    return mounts
+
+
+def node_preload(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+    """(hash, Job) copying the model onto one node. The node's uid is in the hash: a new node is empty."""
+    dest = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
+    request = fetch_request(spec, dest)
+    node_hash = request_hash(spec, request, node, node_uid)
+    shape = JobShape(
+        name=names.node_job_name(owner.name, ROLE_PRELOAD, node_hash),
+        role=ROLE_PRELOAD,
+        command=request_command(),
+        args=request.to_args(),
+        mounts=_node_root_mounts(spec, source_mounts(spec)),
+        preload_hash=node_hash,
+        node=node,
+        tolerations=tuple(node_local(spec).tolerations),
+    )
+    return node_hash, build_job(owner, spec, shape, request)
+
+
+def node_cleanup(owner: Owner, spec: ModelCacheSpec, node: str) -> dict[str, Any]:
+    """A Job removing the node's copy after the cache is deleted (a shell `rm`: the runtime image has one)."""
+    target = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
+    node_hash = names.short_hash("cleanup", owner.uid, node)
+    shape = JobShape(
+        name=names.node_job_name(owner.name, ROLE_CLEANUP, node_hash),
+        role=ROLE_CLEANUP,
+        command=["/bin/sh", "-c"],
+        args=[f"rm -rf -- '{target}'"],
+        mounts=_node_root_mounts(spec),
+        preload_hash=node_hash,
+        node=node,
+        tolerations=tuple(node_local(spec).tolerations),
+    )
+    job = build_job(owner, spec, shape)
+    # Owned by the cache, the Job would be garbage-collected with it; it must outlive the cache a little.
+    del job["metadata"]["ownerReferences"]
+    job["spec"]["ttlSecondsAfterFinished"] = 600
+    return job
+
+
+def image_reference(spec: ModelCacheSpec) -> str:
+    return spec.source.uri.removeprefix("oci://")
+
+
+def image_volume_source(spec: ModelCacheSpec) -> dict[str, Any]:
+    return {"image": {"reference": image_reference(spec), "pullPolicy": image_volume(spec).pull_policy.value}}
+
+
+def node_prepull(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+    """(hash, Job) whose pod mounts the image volume on one node: the kubelet pulls it to start the pod."""
+    node_hash = names.short_hash("prepull", image_volume_source(spec), node, node_uid)
+    mounts = PodMounts()
+    mounts.add("model", image_volume_source(spec), MODEL_MOUNT, read_only=True)
+    shape = JobShape(
+        name=names.node_job_name(owner.name, ROLE_PREPULL, node_hash),
+        role=ROLE_PREPULL,
+        command=["/bin/sh", "-c"],
+        args=[f"test -d '{MODEL_MOUNT}'"],
+        mounts=mounts,
+        preload_hash=node_hash,
+        node=node,
+        tolerations=tuple(image_volume(spec).tolerations),
+    )
+    return node_hash, build_job(owner, spec, shape)

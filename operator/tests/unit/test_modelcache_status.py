@@ -1,0 +1,114 @@
+"""Status as a pure function: Job states, termination messages, verification, conditions and minimal patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata_loader.contract import FetchResult
+
+from strata_operator.handlers.modelcache_pernode import nodes_outcome
+from strata_operator.resources.modelcache import status as st
+
+RESULT = FetchResult(source="s3://models/llama", revision="main", bytes=3 * 2**30, files=4, seconds=12.5)
+
+
+def job(*conditions: tuple[str, str]) -> dict[str, Any]:
+    return {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions]}}
+
+
+def pod(phase: str, message: str | None, created: str) -> dict[str, Any]:
+    terminated = {"exitCode": 0 if phase == "Succeeded" else 1, **({"message": message} if message else {})}
+    return {
+        "metadata": {"creationTimestamp": created},
+        "status": {"phase": phase, "containerStatuses": [{"name": "fetch", "state": {"terminated": terminated}}]},
+    }
+
+
+def test_job_phase_reads_terminal_conditions() -> None:
+    assert st.job_phase(None) == st.JOB_MISSING
+    assert st.job_phase(job()) == st.JOB_RUNNING
+    assert st.job_phase(job(("Complete", "True"))) == st.JOB_SUCCEEDED
+    assert st.job_phase(job(("SuccessCriteriaMet", "True"))) == st.JOB_SUCCEEDED
+    assert st.job_phase(job(("Failed", "True"))) == st.JOB_FAILED
+    assert st.job_phase(job(("Failed", "False"))) == st.JOB_RUNNING
+
+
+def test_termination_message_comes_from_the_newest_pod_that_ended_like_the_job() -> None:
+    pods = [
+        pod("Failed", "first try", "2026-01-01T00:00:00Z"),
+        pod("Succeeded", "old", "2026-01-01T00:00:01Z"),
+        pod("Succeeded", "new", "2026-01-01T00:00:02Z"),
+    ]
+    assert st.termination_message(pods, "fetch", succeeded=True) == "new"
+    assert st.termination_message(pods, "fetch", succeeded=False) == "first try"
+    assert st.termination_message([pod("Succeeded", None, "x")], "fetch", succeeded=True) is None
+
+
+def test_a_result_is_verified_against_the_spec() -> None:
+    assert st.verify_result(RESULT, "s3://models/llama", "main") is None
+    assert "not 's3://other/x'" in (st.verify_result(RESULT, "s3://other/x", None) or "")
+    assert "revision" in (st.verify_result(RESULT, "s3://models/llama", "v2") or "")
+    empty = RESULT.model_copy(update={"files": 0})
+    assert "no files" in (st.verify_result(empty, "s3://models/llama", None) or "")
+    failed = FetchResult(status="Failed", error="AccessDenied on s3://models/llama")
+    assert st.verify_result(failed, "s3://models/llama", None) == "AccessDenied on s3://models/llama"
+
+
+def test_an_unreadable_termination_message_is_a_failed_result() -> None:
+    result = FetchResult.from_termination_message("Traceback: boom")
+    assert st.verify_result(result, "s3://models/llama", None) is not None
+
+
+def test_result_fields_are_human_friendly() -> None:
+    fields = st.result_fields(RESULT)
+    assert fields["size"] == "3.0GiB" and fields["totalFiles"] == 4 and fields["resolvedRevision"] == "main"
+    assert st.human_bytes(512) == "512B"
+
+
+def test_render_status_keeps_transition_times_while_nothing_flips() -> None:
+    outcome = st.preloading_outcome({"job": "j"}, "copying")
+    first = st.render_status({}, outcome, 3, now="2026-01-01T00:00:00Z")
+    second = st.render_status(first, outcome, 3, now="2026-01-01T00:05:00Z")
+    assert first == second
+    assert {c["type"]: c["status"] for c in first["conditions"]} == {
+        "Ready": "False",
+        "Progressing": "True",
+        "Degraded": "False",
+    }
+    assert all(c["observedGeneration"] == 3 for c in first["conditions"])
+    assert first["phase"] == "Preloading" and first["observedGeneration"] == 3
+
+
+def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> None:
+    previous = {"phase": "Ready", "job": "old", "size": "1GiB"}
+    assert st.status_patch(previous, dict(previous)) is None
+    assert st.status_patch(previous, {"phase": "Ready", "job": "new"}) == {"job": "new", "size": None}
+
+
+def test_events_only_on_transitions() -> None:
+    ready = st.render_status({}, st.ready_outcome({}, "done"), 1, now="t0")
+    preloading = st.render_status({}, st.preloading_outcome({}, "copying"), 1, now="t0")
+    assert [e[1] for e in st.transition_events(preloading, ready)] == ["Preloaded"]
+    assert st.transition_events(ready, ready) == []
+    failed = st.render_status({}, st.failed_outcome({}, "PreloadFailed", "AccessDenied"), 1, now="t0")
+    assert st.transition_events(preloading, failed) == [("Warning", "PreloadFailed", "AccessDenied")]
+
+
+def test_node_events_when_a_node_settles() -> None:
+    before = {"nodes": [{"name": "a", "phase": "Preloading"}]}
+    after = {"nodes": [{"name": "a", "phase": "Ready", "message": "verified copy: 4 files"}]}
+    assert st.transition_events(before, after) == [("Normal", "NodeReady", "node a: verified copy: 4 files")]
+
+
+def test_nodes_outcome() -> None:
+    def states(*phases: str) -> list[dict[str, Any]]:
+        return [{"name": f"n{i}", "phase": p, "message": "m"} for i, p in enumerate(phases)]
+
+    all_ready = nodes_outcome(states("Ready", "Ready"), ready_reason="AllNodesReady", ready_message="", fields={})
+    assert all_ready.phase == "Ready" and all_ready.ready[0] and not all_ready.progressing[0]
+    partial = nodes_outcome(states("Ready", "Preloading"), ready_reason="R", ready_message="", fields={})
+    assert partial.phase == "Preloading" and partial.progressing[0] and not partial.ready[0]
+    some_failed = nodes_outcome(states("Ready", "Failed"), ready_reason="R", ready_message="", fields={})
+    assert some_failed.phase == "Degraded" and some_failed.degraded[:2] == (True, "NodePreloadFailed")
+    all_failed = nodes_outcome(states("Failed"), ready_reason="R", ready_message="", fields={})
+    assert all_failed.phase == "Failed"
