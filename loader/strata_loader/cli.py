@@ -1,0 +1,161 @@
+"""`strata-loader`: fetch (the preloader Jobs run it), verify, shard, bench.
+
+Failures end with one line on stderr and a non-zero exit, never a traceback: Job logs and termination messages
+are read by people and by the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .contract import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    ENV_TERMINATION_MESSAGE_PATH,
+    MANIFEST_NAME,
+    FetchRequest,
+    FetchResult,
+    parse_bytes,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"strata-loader {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # the one place that turns any failure into one clear line
+        print(f"strata-loader {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+        text = f"{e.filename}: {text}"
+    return " ".join(text.split())
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata-loader", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fetch", help="copy a model to a directory; the manifest marks it complete")
+    FetchRequest.add_arguments(f)
+    f.add_argument("--progress", choices=["bar", "json", "none"], default=None,
+                   help="default: a bar on a terminal, JSON lines otherwise")
+    f.set_defaults(handler=_fetch)
+
+    v = sub.add_parser("verify", help="validate safetensors headers and data bounds (files or directories)")
+    v.add_argument("paths", nargs="+")
+    v.set_defaults(handler=_verify)
+
+    s = sub.add_parser("shard", help="pre-shard a model for tensor-parallel ranks")
+    s.add_argument("src", help="directory with *.safetensors")
+    s.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    s.add_argument("--out", default=None, help="output directory (default: SRC/sharded)")
+    s.add_argument("--max-part-bytes", default="5Gi")
+    s.set_defaults(handler=_shard)
+
+    b = sub.add_parser("bench", help="load files with the streamer and with safetensors; print throughput")
+    b.add_argument("paths", nargs="+")
+    b.add_argument("--concurrency", type=int, default=None)
+    b.set_defaults(handler=_bench)
+    return p
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from .fetch import fetch
+
+    req: FetchRequest | None = None
+    try:
+        req = FetchRequest.from_namespace(args)
+        result = fetch(req, progress_mode=args.progress)
+    except Exception as e:
+        failed = FetchResult(status="Failed", error=_one_line(e), source=getattr(req, "source", args.source))
+        write_termination_message(failed)
+        raise
+    write_termination_message(result)
+    print(json.dumps({"event": "done", **json.loads(result.to_termination_message())}), flush=True)
+    return 0
+
+
+def write_termination_message(result: FetchResult) -> None:
+    """To STRATA_TERMINATION_MESSAGE_PATH, or /dev/termination-log when it exists (i.e. inside a pod)."""
+    path = os.environ.get(ENV_TERMINATION_MESSAGE_PATH)
+    if path is None:
+        if not os.path.exists(DEFAULT_TERMINATION_MESSAGE_PATH):
+            return
+        path = DEFAULT_TERMINATION_MESSAGE_PATH
+    with open(path, "w") as f:
+        f.write(result.to_termination_message())
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .format import SafetensorsError
+    from .manifest import read_manifest
+    from .sources import LocalReader, read_header
+
+    checked = 0
+    for raw in args.paths:
+        p = Path(raw)
+        targets = [p]
+        if p.is_dir():
+            m = read_manifest(p)
+            if m is None:
+                raise SafetensorsError(f"{p}: no readable {MANIFEST_NAME}; the copy is incomplete")
+            for mf in m.files:
+                size = (p / mf.path).stat().st_size
+                if size != mf.size:
+                    raise SafetensorsError(f"{p / mf.path}: {size} bytes, manifest says {mf.size}")
+            targets = sorted(p.rglob("*.safetensors"))
+        for t in targets:
+            with LocalReader(t) as r:
+                read_header(r)
+            checked += 1
+    print(f"ok: {checked} safetensors file(s) valid")
+    return 0
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from .shard import shard_directory
+
+    src = Path(args.src)
+    out = Path(args.out) if args.out else src / "sharded"
+    files = shard_directory(src, out, args.tp, parse_bytes(args.max_part_bytes))
+    print(json.dumps({"event": "sharded", "tp": args.tp, "files": [str(f) for f in files]}))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import time
+
+    import safetensors.torch
+
+    from .api import load_files
+    from .executor import DEFAULT_CONCURRENCY
+
+    total = sum(os.path.getsize(p) for p in args.paths)
+    conc = args.concurrency or DEFAULT_CONCURRENCY
+    rows = []
+    for name, fn in (
+        ("strata_loader.load_files", lambda: load_files(args.paths, concurrency=conc)),
+        ("safetensors load_file+clone", lambda: {k: v.clone() for p in args.paths
+                                                 for k, v in safetensors.torch.load_file(p).items()}),
+    ):
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        del out
+        rows.append({"reader": name, "seconds": round(dt, 3), "GBps": round(total / dt / 1e9, 3)})
+    for r in rows:
+        print(json.dumps(r))
+    return 0

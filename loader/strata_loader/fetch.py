@@ -1,0 +1,246 @@
+"""`strata-loader fetch`: copy a model into DEST in parallel, resumably, verified, and mark it complete last.
+
+Each file is written under a `.strata-partial` name; a small progress file beside it records how far the bytes
+are known to be contiguous, so a restarted Job continues there. A finished file is fsynced, verified, and
+renamed into place; the manifest comes after every file, so nothing half-done ever looks done.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from .catalog import SourceFile, list_source
+from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
+from .executor import finish
+from .manifest import (
+    Manifest,
+    ManifestFile,
+    fsync_dir,
+    manifest_checksums,
+    read_manifest,
+    remove_manifest,
+    write_manifest,
+)
+from .progress import Progress
+from .sources import RangeReader
+
+PROGRESS_SUFFIX = PARTIAL_SUFFIX + ".progress"
+CHECKPOINT_EVERY = 256 * 2**20
+
+
+class FetchError(RuntimeError):
+    """A fetch that cannot complete; the message says what failed and what to do."""
+
+
+def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
+    t0 = time.monotonic()
+    files, revision = list_source(req)
+    dest = Path(req.dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = [(f.relpath, f.size) for f in files]
+    old = read_manifest(dest)
+    if old is not None and old.same_copy(req.source, revision, wanted):
+        return _result(req, revision, old, dest, t0, resumed=old.bytes)
+    remove_manifest(dest)
+
+    states = [_FileState(f, dest, req.verify) for f in files]
+    remaining = sum(s.remaining for s in states)
+    _check_space(dest, remaining)
+    progress = Progress(sum(f.size for f in files), len(files), progress_mode)
+    progress.add(sum(f.size for f in files) - remaining)
+    try:
+        _copy_all(states, req, progress)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise FetchError(
+                f"no space left on the volume of {dest} ({e.strerror}) after {progress.done_bytes} of"
+                f" {progress.total_bytes} bytes; enlarge the volume and re-run (the copy resumes)"
+            ) from None
+        raise
+    finally:
+        progress.close()
+    if req.shard:
+        from .shard import shard_directory
+
+        shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size,
+                        req.shard.max_part_bytes)
+    for d in {(dest / s.src.relpath).parent for s in states}:
+        fsync_dir(d)
+    manifest = Manifest(
+        source=req.source, revision=revision, bytes=sum(f.size for f in files),
+        files=[ManifestFile(path=s.src.relpath, size=s.src.size, checksums=s.checksums) for s in states],
+    )
+    write_manifest(dest, manifest)
+    return _result(req, revision, manifest, dest, t0, resumed=sum(s.resumed for s in states))
+
+
+def _result(req: FetchRequest, revision: str | None, m: Manifest, dest: Path, t0: float,
+            resumed: int) -> FetchResult:
+    path = dest / MANIFEST_NAME
+    return FetchResult(
+        source=req.source, revision=revision, bytes=m.bytes, files=len(m.files),
+        seconds=round(time.monotonic() - t0, 3), bytes_resumed=resumed, manifest_path=str(path),
+        manifest_sha256=manifest_digest(path.read_bytes()), checksums=manifest_checksums(m),
+    )
+
+
+def _check_space(dest: Path, needed: int) -> None:
+    st = os.statvfs(dest)
+    free = st.f_bavail * st.f_frsize
+    if needed > free:
+        raise FetchError(
+            f"{dest} has {free} bytes free but the copy needs {needed} more; enlarge the volume"
+        )
+
+
+class _FileState:
+    """One destination file: what is already there, the contiguous watermark, and completion."""
+
+    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode) -> None:
+        self.src, self.verify = src, verify
+        self.final = dest / src.relpath
+        self.partial = self.final.with_name(self.final.name + PARTIAL_SUFFIX)
+        self.marker = self.final.with_name(self.final.name + PROGRESS_SUFFIX)
+        self.checksums = dict(src.checksums)
+        self.lock = threading.Lock()
+        self.ready: dict[int, int] = {}  # finished chunks past the watermark: offset -> length
+        self.finished = 0
+        self.start = 0
+        self.complete = False
+        if self.final.is_file() and self.final.stat().st_size == src.size:
+            self.complete = True  # renamed into place by an earlier run: whole by construction
+            self.start = src.size
+        elif self.partial.is_file():
+            self.start = min(_read_marker(self.marker), self.partial.stat().st_size, src.size)
+        self.resumed = self.start
+        self.watermark = self.start
+        self.checkpointed = self.start
+
+    @property
+    def remaining(self) -> int:
+        return self.src.size - self.start
+
+
+def _read_marker(marker: Path) -> int:
+    try:
+        return int(json.loads(marker.read_text())["contiguous_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _copy_all(states: list[_FileState], req: FetchRequest, progress: Progress) -> None:
+    nbuf = max(1, min(req.memory_limit // req.block_size, 4 * req.concurrency))
+    buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+    for _ in range(nbuf):
+        buffers.put(bytearray(req.block_size))
+    slots = threading.Semaphore(nbuf)  # submission waits for a buffer: memory stays bounded
+    with ThreadPoolExecutor(req.concurrency, thread_name_prefix="strata-fetch") as ex:
+        futures: list[Future[None]] = []
+        for s in states:
+            if s.complete:
+                if s.verify is VerifyMode.CHECKSUMS:
+                    futures.append(ex.submit(_verify_file, s, s.final))
+                progress.file_done()
+                continue
+            s.final.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | (0 if s.start else os.O_TRUNC)
+            fd = os.open(s.partial, flags, 0o644)
+            bs = req.block_size
+            chunks = [(o, min(bs, s.src.size - o)) for o in range(s.start, s.src.size, bs)]
+            if not chunks:
+                futures.append(ex.submit(_complete, s, fd, progress))
+                continue
+            reader = s.src.open()
+            for off, n in chunks:
+                while not slots.acquire(timeout=0.5):
+                    _raise_first_error(futures)
+                futures.append(ex.submit(_copy_chunk, s, reader, fd, off, n, buffers, slots, progress,
+                                         len(chunks)))
+        finish(futures)
+
+
+def _raise_first_error(futures: list[Future[None]]) -> None:
+    for f in futures:
+        if f.done() and f.exception() is not None:
+            finish(futures)
+
+
+def _copy_chunk(s: _FileState, reader: RangeReader, fd: int, off: int, n: int,
+                buffers: queue.SimpleQueue[bytearray], slots: threading.Semaphore, progress: Progress,
+                nchunks: int) -> None:
+    buf = buffers.get()
+    try:
+        mv = memoryview(buf)[:n]
+        reader.read_into(off, mv)
+        done = 0
+        while done < n:
+            done += os.pwrite(fd, mv[done:], off + done)
+    finally:
+        buffers.put(buf)
+        slots.release()
+    progress.add(n)
+    with s.lock:
+        s.finished += 1
+        s.ready[off] = n
+        last = s.finished == nchunks
+        _advance(s)
+    if last:
+        reader.close()
+        _complete(s, fd, progress)
+
+
+def _advance(s: _FileState) -> None:
+    """Move the contiguous watermark and, every so often, record it for a later resume."""
+    while s.watermark in s.ready:
+        s.watermark += s.ready.pop(s.watermark)
+    if s.watermark - s.checkpointed >= CHECKPOINT_EVERY:
+        tmp = s.marker.with_name(s.marker.name + ".tmp")
+        tmp.write_text(json.dumps({"contiguous_bytes": s.watermark}))
+        os.replace(tmp, s.marker)
+        s.checkpointed = s.watermark
+
+
+def _complete(s: _FileState, fd: int, progress: Progress) -> None:
+    try:
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size != s.src.size:
+        raise FetchError(f"{s.src.relpath}: copied {size} bytes but the source has {s.src.size}")
+    if s.verify is VerifyMode.CHECKSUMS:
+        _verify_file(s, s.partial)
+    os.replace(s.partial, s.final)
+    s.marker.unlink(missing_ok=True)
+    progress.file_done()
+
+
+def _verify_file(s: _FileState, path: Path) -> None:
+    """Hash what landed on disk; compare with what the source vouches for (HF blob SHA-256, S3 MD5 ETag)."""
+    hashers = {"sha256": hashlib.sha256()}
+    if "md5" in s.src.checksums:
+        hashers["md5"] = hashlib.md5()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(8 * 2**20)
+        mv = memoryview(buf)
+        while n := f.readinto(buf):
+            for h in hashers.values():
+                h.update(mv[:n])
+    for algo, h in hashers.items():
+        got = h.hexdigest()
+        want = s.src.checksums.get(algo)
+        if want and got != want:
+            path.unlink(missing_ok=True)
+            raise FetchError(
+                f"{s.src.relpath}: {algo} {got} does not match the source's {want}; the copy was removed,"
+                " re-run to fetch it again"
+            )
+        s.checksums[algo] = got
