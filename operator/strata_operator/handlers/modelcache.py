@@ -1,1 +1,154 @@
-"""kopf handlers for the modelcache resource (thin: parse spec, build children, apply, set status)."""
+"""kopf handlers for the modelcache resource (thin: parse spec, build children, apply, set status).
+
+One daemon per ModelCache runs the level-based reconcile, serialised per object. Watches on its children
+(Jobs, their pods, claims) and on nodes only wake the daemon, so bursts of events collapse into one reconcile;
+a periodic resync repairs anything no watch reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from strata_operator.api import GROUP, VERSION
+from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.handlers.modelcache_nodes import NODES
+from strata_operator.handlers.modelcache_pernode import cleanup_node_copies
+from strata_operator.handlers.modelcache_reconcile import reconcile
+from strata_operator.resources.modelcache.names import CACHE_LABEL
+from strata_operator.resources.modelcache.owner import Owner
+
+PLURAL = "modelcaches"
+RESYNC_SECONDS = float(os.environ.get("STRATA_MODELCACHE_RESYNC_SECONDS", "60"))
+CLEANUP_ATTEMPTS = 150
+"""About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
+
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="modelcache")
+
+
+class Waker:
+    """Wakes one cache's daemon; `uses_nodes` says whether node changes concern it."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.uses_nodes = True
+
+
+WAKERS: dict[tuple[str, str], Waker] = {}
+
+
+def wake(namespace: str | None, name: str | None) -> None:
+    waker = WAKERS.get((namespace or "", name or ""))
+    if waker is not None:
+        waker.event.set()
+
+
+def uses_nodes(spec: Mapping[str, Any]) -> bool:
+    storage = spec.get("storage") or {}
+    return bool(
+        storage.get("mode") == StorageMode.NODE_LOCAL
+        or (
+            storage.get("mode") == StorageMode.IMAGE_VOLUME
+            and (storage.get("imageVolume") or {}).get("prePull")
+        )
+    )
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def modelcache_daemon(
+    body: kopf.Body, meta: kopf.Meta, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+) -> None:
+    """Reconcile now, then whenever a watch wakes us or the resync interval passes."""
+    key = (meta["namespace"], meta["name"])
+    waker = WAKERS.setdefault(key, Waker())
+    loop = asyncio.get_running_loop()
+    previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+    failures = 0
+    try:
+        while not stopped:
+            waker.event.clear()
+            snapshot = copy.deepcopy(dict(body))
+            waker.uses_nodes = uses_nodes(snapshot.get("spec") or {})
+            try:
+                previous, events = await loop.run_in_executor(_EXECUTOR, reconcile, snapshot, previous)
+            except Exception as error:  # an API hiccup must not end the daemon: back off and try again
+                failures += 1
+                logger.exception(f"reconcile failed (attempt {failures})")
+                if failures in (1, 5, 20):
+                    kopf.warn(body, reason="ReconcileError", message=f"{type(error).__name__}: {error}")
+                await stopped.wait(min(60.0, 2.0**failures))
+                continue
+            failures = 0
+            for type_, reason, message in events:
+                kopf.event(body, type=type_, reason=reason, message=message)
+            await _sleep(waker.event, stopped, RESYNC_SECONDS)
+    finally:
+        if WAKERS.get(key) is waker:
+            del WAKERS[key]
+
+
+async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def modelcache_changed(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
+    """A spec change (new generation) wakes the daemon; our own status writes do not."""
+    if meta.get("generation") != status.get("observedGeneration"):
+        wake(meta.get("namespace"), meta.get("name"))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={CACHE_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
+async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], **_: Any) -> None:
+    wake(meta.get("namespace"), labels.get(CACHE_LABEL))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    if NODES.observe(body, deleted=event.get("type") == "DELETED"):
+        for waker in list(WAKERS.values()):
+            if waker.uses_nodes:
+                waker.event.set()
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def modelcache_deleted(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, retry: int, logger: kopf.Logger, **_: Any
+) -> None:
+    """NodeLocal copies live outside Kubernetes' garbage collection: remove them before the finalizer goes.
+
+    Claims, Jobs and everything else with an ownerReference are left to the garbage collector.
+    """
+    try:
+        parsed = ModelCacheSpec.model_validate(dict(spec))
+    except ValidationError:
+        return
+    if parsed.storage.mode != StorageMode.NODE_LOCAL:
+        return
+    running, failed = cleanup_node_copies(Owner.from_body(body), parsed, dict(status))
+    for node in failed:
+        kopf.warn(
+            body,
+            reason="CleanupFailed",
+            message=f"clean-up Job on node {node} failed; remove the copy by hand",
+        )
+    if running and retry < CLEANUP_ATTEMPTS:
+        raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(running)}", delay=2)
+    if running:
+        kopf.warn(
+            body, reason="CleanupTimedOut", message=f"gave up waiting for clean-up on {', '.join(running)}"
+        )

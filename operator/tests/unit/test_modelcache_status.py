@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from strata_loader.contract import FetchResult
-
 from strata_operator.handlers.modelcache_pernode import nodes_outcome
 from strata_operator.resources.modelcache import status as st
 

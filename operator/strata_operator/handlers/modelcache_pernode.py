@@ -1,0 +1,255 @@
+"""Per-node work: NodeLocal copies (a Job per selected Ready node, then a node label) and image pre-pulls.
+
+Level-based: the wanted set is "selected Ready nodes now"; each gets exactly the Job its current request hash
+names, anything else of ours is deleted, and a node is labelled exactly when its copy is verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.dynamic.exceptions import ApiException, NotFoundError
+
+from strata_operator import kube
+from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
+from strata_operator.handlers.modelcache_io import (
+    Context,
+    api_error_message,
+    delete_job,
+    get_dict,
+    job_result,
+    list_children,
+)
+from strata_operator.handlers.modelcache_nodes import NODES, NodeInfo, patch_node_label
+from strata_operator.resources.modelcache import names, storage
+from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
+from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.status import Outcome
+from strata_operator.resources.modelcache.volume import build_volume_snippet
+
+JobBuilder = Callable[[str, str], tuple[str, dict[str, Any]]]
+
+
+def selected_nodes(selector: dict[str, str]) -> tuple[dict[str, NodeInfo], dict[str, NodeInfo]]:
+    """(all known nodes, the Ready ones the selector picks)."""
+    nodes = NODES.snapshot()
+    return nodes, {n: i for n, i in nodes.items() if i.ready and i.matches(selector)}
+
+
+def node_states(
+    ctx: Context, role: str, wanted: dict[str, NodeInfo], build: JobBuilder
+) -> list[dict[str, Any]]:
+    """One state per wanted node, creating the Jobs that are missing and deleting ours that are not wanted."""
+    jobs = {j["metadata"]["name"]: j for j in list_children(ctx.owner, "batch/v1", "Job", role)}
+    before = {n["name"]: n for n in ctx.previous.get("nodes") or []}
+    states: list[dict[str, Any]] = []
+    keep: set[str] = set()
+    for name in sorted(wanted):
+        _, job = build(name, wanted[name].uid)
+        job_name = job["metadata"]["name"]
+        keep.add(job_name)
+        prev, live = before.get(name) or {}, jobs.get(job_name)
+        if prev.get("job") == job_name and (
+            prev.get("phase") == st.PHASE_READY or (prev.get("phase") == st.PHASE_FAILED and live is not None)
+        ):
+            states.append(prev)  # settled: finished Jobs may be gone (TTL) and results are already recorded
+        elif live is None:
+            states.append(start_node_job(ctx, name, job, role))
+        else:
+            states.append(state_from_job(ctx, name, live, read_result=role == storage.ROLE_PRELOAD))
+    for job_name in jobs.keys() - keep:
+        delete_job(ctx.owner.namespace, job_name)
+    return states
+
+
+def start_node_job(ctx: Context, node: str, job: dict[str, Any], role: str) -> dict[str, Any]:
+    job_name = job["metadata"]["name"]
+    state: dict[str, Any] = {"name": node, "job": job_name}
+    if problem := ctx.input_problem():
+        return {**state, "phase": st.PHASE_PENDING, "message": problem.message}
+    try:
+        kube.apply(job)
+    except ApiException as error:
+        return {**state, "phase": st.PHASE_FAILED, "message": f"Job rejected: {api_error_message(error)}"}
+    verb = "copies the model" if role == storage.ROLE_PRELOAD else "pulls the image"
+    ctx.event(
+        "Normal",
+        "PreloadStarted" if role == storage.ROLE_PRELOAD else "PrePullStarted",
+        f"Job {job_name} {verb} on {node}",
+    )
+    return {**state, "phase": st.PHASE_PRELOADING}
+
+
+def state_from_job(ctx: Context, node: str, job: dict[str, Any], *, read_result: bool) -> dict[str, Any]:
+    state: dict[str, Any] = {"name": node, "job": job["metadata"]["name"]}
+    phase = st.job_phase(job)
+    if phase == st.JOB_RUNNING:
+        return {**state, "phase": st.PHASE_PRELOADING}
+    if not read_result:
+        if phase == st.JOB_SUCCEEDED:
+            return {**state, "phase": st.PHASE_READY, "message": "image pulled"}
+        return {**state, "phase": st.PHASE_FAILED, "message": st.job_failure_message(job)}
+    result, error = job_result(ctx, job, succeeded=phase == st.JOB_SUCCEEDED)
+    if error is not None or result is None:
+        return {**state, "phase": st.PHASE_FAILED, "message": error or "no result"}
+    return {
+        **state,
+        "phase": st.PHASE_READY,
+        "bytes": result.bytes,
+        "files": result.files,
+        "seconds": round(result.seconds, 3),
+        "message": f"verified copy: {result.files} files",
+        "revision": result.revision,
+    }
+
+
+def sync_labels(ctx: Context, nodes: dict[str, NodeInfo], key: str, ready: set[str]) -> None:
+    """`<key>=Ready` exactly on nodes with a verified copy; a merge patch only where that is not so yet."""
+    for name, info in nodes.items():
+        want = name in ready
+        if want == (info.labels.get(key) == names.NODE_LABEL_READY):
+            continue
+        try:
+            patch_node_label(name, key, names.NODE_LABEL_READY if want else None)
+        except NotFoundError:
+            continue
+
+
+def reconcile_node_local(ctx: Context) -> Outcome:
+    owner, spec = ctx.owner, ctx.spec
+    local = storage.node_local(spec)
+    key = names.node_label_key(owner.namespace, owner.name)
+    nodes, wanted = selected_nodes(local.node_selector)
+    states = node_states(
+        ctx, storage.ROLE_PRELOAD, wanted, lambda n, uid: storage.node_preload(owner, spec, n, uid)
+    )
+    sync_labels(ctx, nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
+    revisions = [s.pop("revision") for s in states if "revision" in s]
+    fields = node_fields(ctx, states, key)
+    done = [s for s in states if s["phase"] == st.PHASE_READY and s.get("bytes") is not None]
+    if done:
+        fields.update(
+            totalBytes=done[0]["bytes"],
+            totalFiles=done[0]["files"],
+            size=st.human_bytes(done[0]["bytes"]),
+            resolvedRevision=revisions[0] if revisions else ctx.previous.get("resolvedRevision"),
+        )
+    if not wanted:
+        message = f"no Ready node matches storage.nodeLocal.nodeSelector {local.node_selector or '{}'}"
+        return Outcome(
+            st.PHASE_PENDING,
+            (False, "NoMatchingNodes", message),
+            (False, "NoMatchingNodes", message),
+            fields=fields,
+        )
+    return nodes_outcome(
+        states,
+        ready_reason="AllNodesReady",
+        ready_message=f"pods select nodes with {key}=Ready",
+        fields=fields,
+    )
+
+
+def node_fields(ctx: Context, states: list[dict[str, Any]], key: str | None) -> dict[str, Any]:
+    request = fetch_request(ctx.spec, MODEL_MOUNT)
+    fields: dict[str, Any] = {
+        "nodes": states,
+        "readyNodes": sum(1 for s in states if s["phase"] == st.PHASE_READY),
+        "desiredNodes": len(states),
+        "preloadHash": request_hash(ctx.spec, request),
+        "volume": build_volume_snippet(ctx.owner, ctx.spec),
+    }
+    if key:
+        fields["nodeLabel"] = key
+    return fields
+
+
+def nodes_outcome(
+    states: list[dict[str, Any]], *, ready_reason: str, ready_message: str, fields: dict[str, Any]
+) -> Outcome:
+    total = len(states)
+    ready = sum(1 for s in states if s["phase"] == st.PHASE_READY)
+    failed = [s for s in states if s["phase"] == st.PHASE_FAILED]
+    blocked = [s for s in states if s["phase"] == st.PHASE_PENDING]
+    in_flight = total - ready - len(failed) - len(blocked)
+    count = f"{ready}/{total} nodes ready"
+    progressing = (
+        (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
+    )
+    degraded = (False, "AsExpected", "")
+    if failed or blocked:
+        worst = failed[0] if failed else blocked[0]
+        reason = "NodePreloadFailed" if failed else "NodePreloadBlocked"
+        degraded = (
+            True,
+            reason,
+            f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
+        )
+    if ready == total:
+        return Outcome(
+            st.PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields
+        )
+    phase = st.PHASE_PRELOADING if in_flight else (st.PHASE_DEGRADED if ready else st.PHASE_FAILED)
+    return Outcome(
+        phase,
+        (False, degraded[1] if degraded[0] and not in_flight else "Preloading", count),
+        progressing,
+        degraded,
+        fields,
+    )
+
+
+def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Outcome:
+    """The volume works without a pre-pull, so the cache is Ready at once; pulls show as Progressing."""
+    owner, spec = ctx.owner, ctx.spec
+    pull = storage.image_volume(spec)
+    _, wanted = selected_nodes(pull.node_selector)
+    states = node_states(
+        ctx, storage.ROLE_PREPULL, wanted, lambda n, uid: storage.node_prepull(owner, spec, n, uid)
+    )
+    fields.update(
+        nodes=states,
+        readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
+        desiredNodes=len(states),
+    )
+    outcome = nodes_outcome(states, ready_reason="VolumeAvailable", ready_message=message, fields=fields)
+    outcome.ready = (True, "VolumeAvailable", message)
+    outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
+    return outcome
+
+
+def cleanup_node_copies(
+    owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy.
+
+    Returns (nodes whose clean-up is still running, nodes whose clean-up failed).
+    """
+    for job in list_children(owner, "batch/v1", "Job", storage.ROLE_PRELOAD):
+        delete_job(owner.namespace, job["metadata"]["name"])
+    key = names.node_label_key(owner.namespace, owner.name)
+    nodes = NODES.snapshot()
+    holders = {n for n, i in nodes.items() if key in i.labels}
+    holders |= {s["name"] for s in status.get("nodes") or [] if s["name"] in nodes}
+    for name in sorted(holders):
+        if key in nodes[name].labels:
+            with contextlib.suppress(NotFoundError):
+                patch_node_label(name, key, None)
+    if spec.deletion_policy == DeletionPolicy.RETAIN:
+        return [], []
+    running, failed = [], []
+    for name in sorted(holders):
+        job = storage.node_cleanup(owner, spec, name)
+        live = get_dict("batch/v1", "Job", job["metadata"]["name"], owner.namespace)
+        if live is None:
+            kube.apply(job)
+            live = job
+        phase = st.job_phase(live)
+        if phase == st.JOB_FAILED:
+            failed.append(name)
+        elif phase != st.JOB_SUCCEEDED and nodes[name].ready:
+            running.append(name)  # a NotReady node cannot run it; its copy is left for the node's owner
+    return running, failed
