@@ -69,9 +69,7 @@ def check_key(state: ServerState, key: bytes) -> bytes | None:
         return resp.error(f"key of {len(key)} bytes exceeds limits.max_key_size ({limits.max_key_size})")
     tenancy = state.store.cfg.tenancy
     if tenancy.require_salt and key.count(tenancy.salt_separator.encode()) < 4:
-        return resp.error(
-            "key carries no tenant salt (expected model@rank@group@hash@salt); tenancy requires one"
-        )
+        return resp.error("key carries no tenant salt (expected model@rank@group@hash@salt); tenancy requires one")
     return None
 
 
@@ -172,9 +170,7 @@ async def cmd_client(state: ServerState, s: Session, args: list[bytes]) -> Parts
         return resp.bulk(_client_line(s) + b"\n")
     if sub == b"LIST":
         return resp.bulk(b"".join(_client_line(c) + b"\n" for c in state.sessions.values()))
-    return resp.error(
-        f"unknown subcommand or wrong number of arguments for 'CLIENT|{sub.decode(errors='replace')}'"
-    )
+    return resp.error(f"unknown subcommand or wrong number of arguments for 'CLIENT|{sub.decode(errors='replace')}'")
 
 
 def _client_line(s: Session) -> bytes:

@@ -57,9 +57,7 @@ def parse_size(value: Any) -> int:
         raise ValueError(f"size must be a number of bytes or a string like '1GiB', not {value!r}")
     match = _SIZE_RE.match(value)
     if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(
-            f"cannot read size {value!r}: use bytes or a unit such as KiB, MiB, GiB, Mi, Gi, MB, GB"
-        )
+        raise ValueError(f"cannot read size {value!r}: use bytes or a unit such as KiB, MiB, GiB, Mi, Gi, MB, GB")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
@@ -123,24 +121,17 @@ class L2FsConfig(_Model):
     """Shared-filesystem tier in vLLM's offloading FS layout, with the capacity limit vLLM lacks."""
 
     root_dir: str
-    capacity: ByteSize = Field(
-        default=0, description="Bytes the tier may use; 0 means the filesystem's free space"
-    )
-    high_watermark: float = Field(
-        default=0.90, gt=0, le=1, description="Start evicting above this fill ratio"
-    )
+    capacity: ByteSize = Field(default=0, description="Bytes the tier may use; 0 means the filesystem's free space")
+    high_watermark: float = Field(default=0.90, gt=0, le=1, description="Start evicting above this fill ratio")
     low_watermark: float = Field(default=0.80, gt=0, le=1, description="Evict down to this fill ratio")
     rank: int = Field(default=0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
-    fsync: bool = Field(
-        default=False, description="fsync each block file before the rename (durability over speed)"
-    )
+    fsync: bool = Field(default=False, description="fsync each block file before the rename (durability over speed)")
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> L2FsConfig:
         if self.low_watermark >= self.high_watermark:
             raise ValueError(
-                f"l2.fs.low_watermark ({self.low_watermark}) must be below "
-                f"high_watermark ({self.high_watermark})"
+                f"l2.fs.low_watermark ({self.low_watermark}) must be below high_watermark ({self.high_watermark})"
             )
         return self
 
@@ -173,9 +164,7 @@ class NamespaceConfig(_Model):
         description="vLLM's offload config.json content (block size, tp/pp sizes, dtype, KV groups...)",
     )
     hash_algorithm: str = "sha256_cbor"
-    hash_seed: str | None = Field(
-        default=None, description="PYTHONHASHSEED shared by every engine (xxhash variants)"
-    )
+    hash_seed: str | None = Field(default=None, description="PYTHONHASHSEED shared by every engine (xxhash variants)")
 
     def layout_json(self) -> str:
         return json.dumps(self.layout, sort_keys=True, separators=(",", ":"))
@@ -204,9 +193,7 @@ class TenancyConfig(_Model):
 
 
 class AuthConfig(_Model):
-    token_file: str | None = Field(
-        default=None, description="File holding the shared token (a mounted Secret)"
-    )
+    token_file: str | None = Field(default=None, description="File holding the shared token (a mounted Secret)")
 
 
 class LimitsConfig(_Model):
@@ -223,19 +210,13 @@ class LimitsConfig(_Model):
 
 
 class MetricsConfig(_Model):
-    port: int = Field(
-        default=9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables"
-    )
+    port: int = Field(default=9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables")
     bind: str = "0.0.0.0"
 
 
 class WriteBehindConfig(_Model):
-    queue_items: int = Field(
-        default=1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down"
-    )
-    queue_bytes: ByteSize = Field(
-        default=512 * 1024**2, description="Bytes waiting for L2 before SETs are held back"
-    )
+    queue_items: int = Field(default=1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down")
+    queue_bytes: ByteSize = Field(default=512 * 1024**2, description="Bytes waiting for L2 before SETs are held back")
     workers: int = Field(default=4, ge=1, le=64)
     drain_timeout_seconds: float = Field(default=30.0, ge=0)
 

@@ -70,23 +70,15 @@ class _StoreCollector(Collector):
         yield evictions
         yield GaugeMetricFamily("strata_kv_l1_keys", "Chunks resident in L1", value=st["l1_keys"])
         if "write_behind_depth" in st:
-            yield GaugeMetricFamily(
-                "strata_kv_write_behind_depth", "Chunks waiting for L2", st["write_behind_depth"]
-            )
-            yield GaugeMetricFamily(
-                "strata_kv_write_behind_bytes", "Bytes waiting for L2", st["write_behind_bytes"]
-            )
+            yield GaugeMetricFamily("strata_kv_write_behind_depth", "Chunks waiting for L2", st["write_behind_depth"])
+            yield GaugeMetricFamily("strata_kv_write_behind_bytes", "Bytes waiting for L2", st["write_behind_bytes"])
             errors = CounterMetricFamily("strata_kv_l2_write_errors", "Failed L2 writes", labels=["tier"])
             for tier in ("fs", "s3"):
                 if f"{tier}_write_errors" in st:
                     errors.add_metric([tier], st[f"{tier}_write_errors"])
             yield errors
-        yield GaugeMetricFamily(
-            "strata_kv_connected_clients", "Open client connections", len(self.state.sessions)
-        )
-        yield CounterMetricFamily(
-            "strata_kv_commands", "Commands processed", value=self.state.commands_processed
-        )
+        yield GaugeMetricFamily("strata_kv_connected_clients", "Open client connections", len(self.state.sessions))
+        yield CounterMetricFamily("strata_kv_commands", "Commands processed", value=self.state.commands_processed)
 
 
 class Metrics:

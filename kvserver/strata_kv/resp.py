@@ -41,9 +41,7 @@ class RequestParser:
     `asyncio.BufferedProtocol` receive straight into the parser's buffer (one copy less per value).
     """
 
-    def __init__(
-        self, max_bulk: int = 512 * 1024**2, max_args: int = 1024 * 1024, max_request: int = 1024**3
-    ) -> None:
+    def __init__(self, max_bulk: int = 512 * 1024**2, max_args: int = 1024 * 1024, max_request: int = 1024**3) -> None:
         self.max_bulk = max_bulk
         self.max_args = max_args
         self.max_request = max_request

@@ -216,9 +216,7 @@ def _read_token(path: str | None) -> bytes | None:
     try:
         token = Path(path).read_bytes().strip()
     except OSError as e:
-        raise SystemExit(
-            f"cannot read auth token file {path}: {e.strerror}; mount the Secret or drop auth"
-        ) from e
+        raise SystemExit(f"cannot read auth token file {path}: {e.strerror}; mount the Secret or drop auth") from e
     if not token:
         raise SystemExit(f"auth token file {path} is empty; put the token in it or drop auth.token_file")
     return token

@@ -45,9 +45,7 @@ class WriteBehind:
         return self._bytes
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._worker(), name=f"write-behind-{i}") for i in range(self._workers_n)
-        ]
+        self._tasks = [asyncio.create_task(self._worker(), name=f"write-behind-{i}") for i in range(self._workers_n)]
 
     def _full(self, size: int) -> bool:
         if not self._order:
@@ -86,6 +84,7 @@ class WriteBehind:
                 key = self._order.popleft()
                 value = self.pending.get(key)
                 self._in_flight += 1
+                self._cond.notify_all()  # a slot is free: wake writers held back by backpressure
             try:
                 if value is not None:
                     await self._write(key, value)

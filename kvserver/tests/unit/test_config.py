@@ -41,9 +41,7 @@ def test_defaults_are_scan_resistant_and_start_without_a_file() -> None:
 
 def test_watermarks_must_be_ordered() -> None:
     with pytest.raises(ValidationError, match="low_watermark"):
-        KVServerConfig.model_validate(
-            {"l2": {"fs": {"root_dir": "/c", "high_watermark": 0.5, "low_watermark": 0.6}}}
-        )
+        KVServerConfig.model_validate({"l2": {"fs": {"root_dir": "/c", "high_watermark": 0.5, "low_watermark": 0.6}}})
 
 
 def test_unknown_fields_are_refused_so_typos_surface() -> None:

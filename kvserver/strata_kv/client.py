@@ -1,0 +1,201 @@
+"""A small Python client for the KV server, sync (`KVClient`) and asyncio (`AsyncKVClient`).
+
+Any Redis client works for GET/SET; this one adds the `STRATA.*` calls (prefix lookup, chains,
+stats) and reads large values without per-chunk copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .resp import command
+
+Reply = Any
+
+
+class KVError(Exception):
+    """The server answered with an error reply (`-ERR ...`)."""
+
+
+def _decode(kind: int, line: bytes, read_exact: Callable[[int], bytes]) -> tuple[bool, Any]:
+    """Return (is_array_header, value) for one reply line; bulk payloads are read via `read_exact`."""
+    if kind == 0x2B:  # +
+        return False, line.decode()
+    if kind == 0x2D:  # -
+        return False, KVError(line.decode())
+    if kind == 0x3A:  # :
+        return False, int(line)
+    if kind == 0x24:  # $
+        n = int(line)
+        if n < 0:
+            return False, None
+        data = read_exact(n + 2)
+        return False, data[:-2]
+    if kind == 0x2A:  # *
+        return True, int(line)
+    raise KVError(f"unexpected reply type byte {kind!r}: the connection is out of step; reconnect")
+
+
+class KVClient:
+    """Blocking client over TCP or a Unix socket; one request in flight per client."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        unix_socket: str | None = None,
+        token: str | bytes | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        if unix_socket:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.settimeout(timeout)
+            self._sock.connect(unix_socket)
+        else:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._file = self._sock.makefile("rb", buffering=256 * 1024)
+        if token is not None:
+            self.call("AUTH", token)
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read_exact(self, n: int) -> bytes:
+        data = self._file.read(n)
+        if len(data) != n:
+            raise ConnectionError("server closed the connection mid-reply")
+        return data
+
+    def _read_reply(self) -> Reply:
+        line = self._file.readline()
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("server closed the connection")
+        is_array, value = _decode(line[0], line[1:-2], self._read_exact)
+        if is_array:
+            return None if value < 0 else [self._read_reply() for _ in range(value)]
+        return value
+
+    def call(self, *args: bytes | str | int) -> Reply:
+        """Send one command, return its reply; raise KVError on an error reply."""
+        self._sock.sendall(command(*args))
+        reply = self._read_reply()
+        if isinstance(reply, KVError):
+            raise reply
+        return reply
+
+    # -- conveniences -----------------------------------------------------------------------------
+    def ping(self) -> bool:
+        return self.call("PING") == "PONG"
+
+    def set(self, key: bytes | str, value: bytes) -> None:
+        self.call("SET", key, value)
+
+    def get(self, key: bytes | str) -> bytes | None:
+        result: bytes | None = self.call("GET", key)
+        return result
+
+    def exists(self, *keys: bytes | str) -> int:
+        return int(self.call("EXISTS", *keys))
+
+    def delete(self, *keys: bytes | str) -> int:
+        return int(self.call("DEL", *keys))
+
+    def put_chain(self, items: Sequence[tuple[bytes | str, bytes]]) -> None:
+        """Store a prefix chain in order (head first), so eviction drops its tail before its head."""
+        flat: list[bytes | str] = []
+        for k, v in items:
+            flat += [k, v]
+        self.call("STRATA.MSETCHAIN", *flat)
+
+    def prefix(self, keys: Sequence[bytes | str]) -> list[str]:
+        """Tiers ('l1', 'fs', 's3') of the leading chunks of `keys` that are resident."""
+        _n, tiers = self.call("STRATA.PREFIX", *keys)
+        return [t.decode() for t in tiers]
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.call("STRATA.STATS"))
+        return result
+
+
+class AsyncKVClient:
+    """asyncio client; create with `await AsyncKVClient.connect(...)`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        unix_socket: str | None = None,
+        token: str | bytes | None = None,
+    ) -> AsyncKVClient:
+        limit = 1024 * 1024
+        if unix_socket:
+            reader, writer = await asyncio.open_unix_connection(unix_socket, limit=limit)
+        else:
+            reader, writer = await asyncio.open_connection(host, port, limit=limit)
+        client = cls(reader, writer)
+        if token is not None:
+            await client.call("AUTH", token)
+        return client
+
+    async def close(self) -> None:
+        self._writer.close()
+        await self._writer.wait_closed()
+
+    async def _read_reply(self) -> Reply:
+        line = await self._reader.readuntil(b"\r\n")
+        kind, body = line[0], line[1:-2]
+        if kind == 0x24 and int(body) >= 0:
+            data = await self._reader.readexactly(int(body) + 2)
+            return data[:-2]
+        is_array, value = _decode(kind, body, lambda n: b"")
+        if is_array:
+            return None if value < 0 else [await self._read_reply() for _ in range(value)]
+        return value
+
+    async def call(self, *args: bytes | str | int) -> Reply:
+        async with self._lock:
+            self._writer.write(command(*args))
+            await self._writer.drain()
+            reply = await self._read_reply()
+        if isinstance(reply, KVError):
+            raise reply
+        return reply
+
+    async def set(self, key: bytes | str, value: bytes) -> None:
+        await self.call("SET", key, value)
+
+    async def get(self, key: bytes | str) -> bytes | None:
+        result: bytes | None = await self.call("GET", key)
+        return result
+
+    async def exists(self, *keys: bytes | str) -> int:
+        return int(await self.call("EXISTS", *keys))
+
+    async def delete(self, *keys: bytes | str) -> int:
+        return int(await self.call("DEL", *keys))
+
+    async def prefix(self, keys: Sequence[bytes | str]) -> list[str]:
+        _n, tiers = await self.call("STRATA.PREFIX", *keys)
+        return [t.decode() for t in tiers]
+
+    async def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(await self.call("STRATA.STATS"))
+        return result

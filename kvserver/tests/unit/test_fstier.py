@@ -1,0 +1,111 @@
+"""The filesystem tier on a real directory: layout, atomic files, checksums, watermarks, index rebuild."""
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from strata_kv.blockfile import HEADER_SIZE, locate
+from strata_kv.config import L2FsConfig, NamespaceConfig
+from strata_kv.fstier import FsTier
+
+NS = NamespaceConfig(model="meta-llama/Llama-3.1-8B", layout={"block_size": 16, "dtype": "bfloat16"})
+
+
+def make(root: Path, **kw) -> FsTier:
+    t = FsTier(L2FsConfig(root_dir=str(root), **kw), NS)
+    t.prepare()
+    return t
+
+
+def test_layout_follows_vllm_file_mapper(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    block_hash = hashlib.sha256(b"tokens").digest()
+    key = block_hash + (1).to_bytes(4, "big")  # vLLM offload key: hash bytes + big-endian KV group
+    h = block_hash.hex()
+    expected = tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}_r0" / h[:3] / f"{h[3:5]}_g1" / f"{h}.bin"
+    assert t.path(key) == expected
+    assert (tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}_r0" / "config.json").is_file()
+
+
+def test_lmcache_keys_keep_rank_and_group_and_salt_separates_tenants() -> None:
+    a = locate(b"llama@0000000a@1@deadbeef01@tenantA")
+    b = locate(b"llama@0000000a@1@deadbeef01@tenantB")
+    assert (a.rank, a.group) == (10, 1)
+    assert a.hash_hex.startswith("deadbeef01") and a.hash_hex != b.hash_hex
+
+
+def test_round_trip_and_value_sits_at_the_end_of_the_file(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    value = os.urandom(70_000)
+    t.put(b"k1", value)
+    assert t.get(b"k1") == value
+    raw = t.path(b"k1").read_bytes()
+    assert raw[-len(value) :] == value  # readers that take blocks from the file's end see the value
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_corrupt_file_is_a_miss_and_is_removed(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    t.put(b"k", b"a" * 1000)
+    path = t.path(b"k")
+    data = bytearray(path.read_bytes())
+    data[HEADER_SIZE + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert t.get(b"k") is None
+    assert not path.exists()
+    assert t.corrupt_removed == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_files_are_never_served(tmp_path: Path, damage: str) -> None:
+    t = make(tmp_path)
+    t.put(b"k", b"v" * 5000)
+    path = t.path(b"k")
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-1])
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(5000))
+    else:
+        path.write_bytes(b"")
+    assert t.get(b"k") is None
+    assert not path.exists()
+
+
+def test_capacity_watermarks_evict_least_recently_used(tmp_path: Path) -> None:
+    t = make(tmp_path, capacity=100_000, high_watermark=0.9, low_watermark=0.5)
+    for i in range(30):
+        t.put(b"k%d" % i, b"x" * 5_000)
+        assert t.used <= 100_000 * 0.9
+    assert t.evictions > 0
+    assert t.get(b"k29") == b"x" * 5_000
+    assert t.get(b"k0") is None
+
+
+def test_index_is_rebuilt_from_disk_and_stale_temp_files_are_cleaned(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    for i in range(10):
+        t.put(b"k%d" % i, b"y" * 1000)
+    leftover = t.path(b"k0").parent / f".k0.bin.{t._tmp_tag}-dead.tmp"
+    leftover.write_bytes(b"half written")
+    again = make(tmp_path)
+    assert again.stats()["files"] == 10
+    assert again.used == t.used
+    assert not leftover.exists()
+
+
+def test_two_tiers_on_one_directory_see_each_others_blocks(tmp_path: Path) -> None:
+    a, b = make(tmp_path), make(tmp_path)
+    a.put(b"shared", b"z" * 3000)
+    assert b.get(b"shared") == b"z" * 3000
+    assert b.contains(b"shared")
+
+
+def test_block_of_another_key_at_the_same_path_is_a_miss_not_a_deletion(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    t.put(b"k", b"1" * 10)
+    other = t.path(b"other")
+    other.parent.mkdir(parents=True, exist_ok=True)
+    os.link(t.path(b"k"), other)
+    assert t.get(b"other") is None
+    assert other.exists()
