@@ -1,0 +1,305 @@
+"""KVCacheTier against the real local control plane: API validation, the DaemonSet controller placing one
+server per fake GPU node (kwok runs the pods), status following readiness, rollout, drift repair, garbage
+collection through ownerReferences.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from strata_operator.handlers import kvcachetier_reconcile as reconciler
+from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION
+from strata_testsupport.kube import create_fake_node, delete_quietly, get_or_none, resource, wait_for
+
+pytestmark = pytest.mark.integration
+
+API = "strata.dev/v1alpha1"
+KIND = "KVCacheTier"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.fixture
+def gpu_pool(k8s: DynamicClient, namespace: str) -> Iterator[dict[str, str]]:
+    """Two tainted GPU nodes and one CPU node, labelled with a pool unique to this test."""
+    pool = {"strata.test/pool": namespace}
+    names = [f"{namespace}-gpu-0", f"{namespace}-gpu-1", f"{namespace}-cpu-0"]
+    for name in names[:2]:
+        create_fake_node(k8s, name, labels={**pool, "gpu": "true"}, taints=[GPU_TAINT])
+    create_fake_node(k8s, names[2], labels={**pool, "gpu": "false"}, allocatable={"memory": "8Gi"})
+    yield pool
+    for name in names:
+        delete_quietly(k8s, "v1", "Node", name, None)
+
+
+def tier_body(name: str, pool: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {**pool, "gpu": "true"},
+            "tolerations": [GPU_TOLERATION],
+            "l1": {"size": "2Gi"},
+            **spec,
+        },
+    }
+
+
+def create_tier(k8s: DynamicClient, namespace: str, body: dict[str, Any]) -> Any:
+    return resource(k8s, API, KIND).create(body=body, namespace=namespace)
+
+
+def tier(k8s: DynamicClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(resource(k8s, API, KIND).get(name=name, namespace=namespace).to_dict())
+
+
+def condition(obj: dict[str, Any], type_: str) -> tuple[str, str] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c["status"], c["reason"]
+    return None
+
+
+def wait_condition(k8s: DynamicClient, namespace: str, name: str, type_: str, expected: tuple[str, str]) -> Any:
+    return wait_for(
+        lambda: condition(tier(k8s, namespace, name), type_) == expected,
+        timeout=90,
+        what=f"{name} {type_}={expected} (now {condition(tier(k8s, namespace, name), type_)})",
+    )
+
+
+def daemonset(k8s: DynamicClient, namespace: str, name: str) -> Any:
+    return get_or_none(k8s, "apps/v1", "DaemonSet", name, namespace)
+
+
+def require_kwok(control_plane: Any) -> None:
+    if not (control_plane.want_kwok and control_plane.want_scheduler):
+        pytest.skip("kwok and kube-scheduler are not built: pods cannot be scheduled or become ready")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"l2": {"fs": {"pvc": {"claimName": "a"}, "hostPath": {"path": "/x"}}}}, "exactly one of pvc or hostPath"),
+        ({"l2": {"s3": {"bucket": "kvc", "endpoint": "http://s3:9000"}}}, "needs l2.s3.secretRef"),
+        (
+            {"l2": {"fs": {"hostPath": {"path": "/x"}, "lowWatermarkPercent": 95}}},
+            "lowWatermarkPercent must be below",
+        ),
+        ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
+        ({"port": 9121}, "port and metricsPort must differ"),
+        ({"hash": {"seed": "9999999999"}}, "hash.seed must be at most"),
+    ],
+)
+def test_api_server_rejects_invalid_specs(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ApiException) as error:
+        create_tier(k8s, namespace, tier_body("bad", {}, **spec))
+    assert error.value.status == 422
+    assert message in error.value.body
+
+
+def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    created = create_tier(k8s, namespace, {"apiVersion": API, "kind": KIND, "metadata": {"name": "d"}, "spec": {}})
+    spec = created.to_dict()["spec"]
+    assert spec["l1"] == {"size": "4Gi", "evictionPolicy": "prefix-lirs"}
+    assert spec["hash"] == {"algorithm": "sha256_cbor"}
+    assert spec["updateStrategy"] == {"type": "RollingUpdate"}
+    assert (spec["chunkTokens"], spec["port"], spec["metricsPort"]) == (256, 6379, 9121)
+
+
+def test_one_ready_server_per_gpu_node(
+    k8s: DynamicClient, operator: Any, control_plane: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool, chunkTokens=512, hash={"seed": "1234"}))
+    ds = wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet kv")
+    wait_for(
+        lambda: (daemonset(k8s, namespace, "kv").status or {}).get("desiredNumberScheduled") == 2,
+        timeout=60,
+        what="two GPU nodes selected",
+    )
+    service = resource(k8s, "v1", "Service").get(name="kv", namespace=namespace)
+    assert service.spec.internalTrafficPolicy == "Local"
+    connection = resource(k8s, "v1", "ConfigMap").get(name="kv-connection", namespace=namespace).data
+    transfer = json.loads(connection["KV_TRANSFER_CONFIG"])
+    assert transfer["kv_connector"] == "LMCacheConnectorV1" and transfer["kv_role"] == "kv_both"
+    assert transfer["kv_connector_extra_config"]["lmcache.remote_url"] == f"redis://kv.{namespace}.svc:6379"
+    assert transfer["kv_connector_extra_config"]["lmcache.chunk_size"] == 512
+    assert connection["PYTHONHASHSEED"] == "1234"
+    assert ds.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+
+    require_kwok(control_plane)
+    wait_condition(k8s, namespace, "kv", "AllInstancesReady", ("True", "AllReady"))
+    status = tier(k8s, namespace, "kv")["status"]
+    assert (status["desiredInstances"], status["readyInstances"]) == (2, 2)
+    assert sorted(e["node"] for e in status["endpoints"]) == [f"{namespace}-gpu-0", f"{namespace}-gpu-1"]
+    assert all(e["ready"] and e["address"].endswith(":6379") for e in status["endpoints"])
+    assert condition(tier(k8s, namespace, "kv"), "Available") == ("True", "InstancesServing")
+    assert condition(tier(k8s, namespace, "kv"), "Ready") == ("True", "AllReady")
+
+
+def test_config_change_rolls_out(
+    k8s: DynamicClient, operator: Any, control_plane: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet kv")
+    before = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    patch = {"spec": {"l1": {"size": "3Gi"}}}
+    resource(k8s, API, KIND).patch(
+        body=patch, name="kv", namespace=namespace, content_type="application/merge-patch+json"
+    )
+
+    def rolled() -> bool:
+        annotations = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations
+        return bool(annotations[CONFIG_HASH_ANNOTATION] != before)
+
+    wait_for(rolled, timeout=60, what="pod template config-hash changed")
+    config = resource(k8s, "v1", "ConfigMap").get(name="kv-config", namespace=namespace).data
+    assert "size: 3GiB" in config["strata-kv.yaml"]
+    new_hash = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    wait_for(lambda: tier(k8s, namespace, "kv")["status"].get("configHash") == new_hash, timeout=60)
+
+    require_kwok(control_plane)
+    wait_condition(k8s, namespace, "kv", "AllInstancesReady", ("True", "AllReady"))
+    pods = resource(k8s, "v1", "Pod").get(namespace=namespace, label_selector="app.kubernetes.io/instance=kv")
+    live = [p for p in pods.items if not p.metadata.deletionTimestamp]
+    assert {p.metadata.annotations[CONFIG_HASH_ANNOTATION] for p in live} == {new_hash}
+
+
+def _resource_versions(k8s: DynamicClient, namespace: str) -> dict[str, str]:
+    versions = {}
+    for api_version, kind, name in (
+        ("apps/v1", "DaemonSet", "kv"),
+        ("v1", "Service", "kv"),
+        ("v1", "ConfigMap", "kv-config"),
+        ("v1", "ConfigMap", "kv-connection"),
+        (API, KIND, "kv"),
+    ):
+        versions[f"{kind}/{name}"] = (
+            resource(k8s, api_version, kind).get(name=name, namespace=namespace).metadata.resourceVersion
+        )
+    return versions
+
+
+def test_deleted_and_edited_children_are_restored_and_a_rerun_writes_nothing(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet kv")
+    configmaps = resource(k8s, "v1", "ConfigMap")
+    wait_for(lambda: get_or_none(k8s, "v1", "ConfigMap", "kv-connection", namespace), timeout=30)
+    original = configmaps.get(name="kv-config", namespace=namespace).data["strata-kv.yaml"]
+
+    resource(k8s, "v1", "Service").delete(name="kv", namespace=namespace)
+    configmaps.delete(name="kv-connection", namespace=namespace)
+    configmaps.patch(
+        body={"data": {"strata-kv.yaml": "l1: {size: 1}\n"}},
+        name="kv-config",
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+    resource(k8s, "apps/v1", "DaemonSet").patch(
+        body={"spec": {"template": {"spec": {"containers": [{"name": "kvserver", "image": "evil:latest"}]}}}},
+        name="kv",
+        namespace=namespace,
+        content_type="application/strategic-merge-patch+json",
+    )
+
+    wait_for(lambda: get_or_none(k8s, "v1", "Service", "kv", namespace), timeout=30, what="Service restored")
+    wait_for(lambda: get_or_none(k8s, "v1", "ConfigMap", "kv-connection", namespace), timeout=30, what="restored")
+    wait_for(
+        lambda: configmaps.get(name="kv-config", namespace=namespace).data["strata-kv.yaml"] == original,
+        timeout=30,
+        what="config restored",
+    )
+    wait_for(
+        lambda: daemonset(k8s, namespace, "kv").spec.template.spec.containers[0].image != "evil:latest",
+        timeout=30,
+        what="DaemonSet image restored",
+    )
+
+    # Settled: one more reconcile changes nothing on the server.
+    wait_for(lambda: reconciler.reconcile(tier(k8s, namespace, "kv")) is not None, timeout=10)
+    before = _resource_versions(k8s, namespace)
+    outcome = reconciler.reconcile(tier(k8s, namespace, "kv"))
+    assert outcome is not None and outcome.applied and not outcome.status_written
+    assert _resource_versions(k8s, namespace) == before
+
+
+def test_deleting_the_tier_removes_its_children(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet kv")
+    resource(k8s, API, KIND).delete(name="kv", namespace=namespace)
+    for kind, name in (("DaemonSet", "kv"), ("ConfigMap", "kv-config"), ("ConfigMap", "kv-connection")):
+        api_version = "apps/v1" if kind == "DaemonSet" else "v1"
+        wait_for(
+            lambda: get_or_none(k8s, api_version, kind, name, namespace) is None,  # noqa: B023
+            timeout=60,
+            what=f"{kind} {name} garbage-collected",
+        )
+
+
+def test_l1_larger_than_every_selected_node_is_reported(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("big", gpu_pool, l1={"size": "300Gi"}))
+    wait_condition(k8s, namespace, "big", "ConfigValid", ("False", "L1ExceedsNodeMemory"))
+    message = next(
+        c["message"] for c in tier(k8s, namespace, "big")["status"]["conditions"] if c["type"] == "ConfigValid"
+    )
+    assert "256Gi" in message and "2 selected nodes" in message
+    assert daemonset(k8s, namespace, "big") is None
+    wait_for(
+        lambda: any(
+            e.reason == "L1ExceedsNodeMemory"
+            for e in resource(k8s, "v1", "Event")
+            .get(namespace=namespace, field_selector="involvedObject.name=big")
+            .items
+        ),
+        timeout=30,
+        what="a Warning event",
+    )
+
+
+def test_missing_secret_then_fixed_spec(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool, auth={"secretRef": {"name": "missing"}}))
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "SecretNotFound"))
+    resource(k8s, "v1", "Secret").create(
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}, "stringData": {"token": "s3cret"}},
+    )
+    resource(k8s, API, KIND).patch(
+        body={"spec": {"auth": {"secretRef": {"name": "token"}}}},
+        name="kv",
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("True", "Valid"))
+    wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=30, what="DaemonSet once valid")
+
+
+def test_existing_claim_that_is_not_read_write_many_is_reported(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    resource(k8s, "v1", "PersistentVolumeClaim").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "local"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool, l2={"fs": {"pvc": {"claimName": "local"}}}))
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "PVCNotReadWriteMany"))
