@@ -33,7 +33,8 @@ from .progress import Progress
 from .sources import RangeReader
 
 PROGRESS_SUFFIX = PARTIAL_SUFFIX + ".progress"
-CHECKPOINT_EVERY = 256 * 2**20
+CHECKPOINT_BLOCKS = 4
+"""The resume point is recorded every few blocks: little lost work, few small writes."""
 
 
 class FetchError(RuntimeError):
@@ -51,7 +52,7 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
         return _result(req, revision, old, dest, t0, resumed=old.bytes)
     remove_manifest(dest)
 
-    states = [_FileState(f, dest, req.verify) for f in files]
+    states = [_FileState(f, dest, req.verify, req.block_size) for f in files]
     remaining = sum(s.remaining for s in states)
     _check_space(dest, remaining)
     progress = Progress(sum(f.size for f in files), len(files), progress_mode)
@@ -104,8 +105,9 @@ def _check_space(dest: Path, needed: int) -> None:
 class _FileState:
     """One destination file: what is already there, the contiguous watermark, and completion."""
 
-    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode) -> None:
+    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode, block_size: int) -> None:
         self.src, self.verify = src, verify
+        self.checkpoint_every = CHECKPOINT_BLOCKS * block_size
         self.final = dest / src.relpath
         self.partial = self.final.with_name(self.final.name + PARTIAL_SUFFIX)
         self.marker = self.final.with_name(self.final.name + PROGRESS_SUFFIX)
@@ -201,7 +203,7 @@ def _advance(s: _FileState) -> None:
     """Move the contiguous watermark and, every so often, record it for a later resume."""
     while s.watermark in s.ready:
         s.watermark += s.ready.pop(s.watermark)
-    if s.watermark - s.checkpointed >= CHECKPOINT_EVERY:
+    if s.watermark - s.checkpointed >= s.checkpoint_every:
         tmp = s.marker.with_name(s.marker.name + ".tmp")
         tmp.write_text(json.dumps({"contiguous_bytes": s.watermark}))
         os.replace(tmp, s.marker)

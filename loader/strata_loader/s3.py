@@ -9,6 +9,7 @@ reported with what failed.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-RETRIES = 6
+RETRIES = max(1, int(os.environ.get("STRATA_S3_RETRIES", "6")))
+"""Attempts per request before giving up (botocore retries inside each attempt as well)."""
 _TRANSIENT = (
     botocore.exceptions.ConnectionError,
     botocore.exceptions.HTTPClientError,
@@ -50,7 +52,7 @@ def client(max_connections: int = 64) -> Any:
     """A client sized for `max_connections` concurrent requests (boto3 clients are thread-safe)."""
     cfg = Config(
         max_pool_connections=max_connections,
-        retries={"max_attempts": RETRIES, "mode": "standard"},
+        retries={"max_attempts": 3, "mode": "standard"},
         connect_timeout=10,
         read_timeout=60,
         tcp_keepalive=True,
