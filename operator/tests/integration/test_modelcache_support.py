@@ -1,0 +1,153 @@
+"""Helpers (no tests) for the ModelCache integration tests: creating caches, and standing in for the kubelet.
+
+No kubelet runs here, so a preloader pod never executes. Where kwok runs it moves pods to Running and Succeeded,
+but it cannot write the termination message `strata-loader fetch` leaves; the tests therefore write the pod's
+status through the API (the status subresource) with a real `FetchResult` JSON as the message, which is exactly
+what the kubelet would report. Everything else (Job controller, scheduler, garbage collector, CEL validation)
+is the real thing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+from kubernetes.dynamic import DynamicClient
+from strata_loader.contract import FetchResult
+from strata_operator.api import API_VERSION
+from strata_testsupport.kube import create_fake_node, get_or_none, resource, wait_for
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+def cache_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "ModelCache", "metadata": {"name": name}, "spec": spec}
+
+
+def create_cache(k8s: DynamicClient, namespace: str, name: str, spec: dict[str, Any]) -> Any:
+    return resource(k8s, API_VERSION, "ModelCache").create(body=cache_body(name, spec), namespace=namespace)
+
+
+def get_cache(k8s: DynamicClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(resource(k8s, API_VERSION, "ModelCache").get(name=name, namespace=namespace).to_dict())
+
+
+def condition(cache: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in cache.get("status", {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    return {}
+
+
+def wait_for_status(
+    k8s: DynamicClient, namespace: str, name: str, predicate: Any, what: str, timeout: float = 45
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        cache = get_cache(k8s, namespace, name)
+        return cache if predicate(cache.get("status") or {}) else None
+
+    try:
+        return dict(wait_for(check, timeout=timeout, what=what)["status"])
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nlast status: {get_cache(k8s, namespace, name).get('status')}") from None
+
+
+def cache_jobs(k8s: DynamicClient, namespace: str, name: str, role: str = "preload") -> list[dict[str, Any]]:
+    selector = f"strata.dev/modelcache={name},strata.dev/role={role}"
+    found = resource(k8s, "batch/v1", "Job").get(namespace=namespace, label_selector=selector)
+    return [dict(j) for j in found.to_dict()["items"]]
+
+
+def ready_node(k8s: DynamicClient, name: str, labels: dict[str, str] | None = None) -> str:
+    """A kwok-managed fake node; where kwok does not run, the test marks it Ready through the API."""
+    create_fake_node(k8s, name, labels=labels or {})
+
+    def is_ready() -> bool:
+        node = resource(k8s, "v1", "Node").get(name=name).to_dict()
+        conditions = node.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    try:
+        wait_for(is_ready, timeout=10, what=f"kwok to mark {name} Ready")
+    except AssertionError:
+        now = _now()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "test stand-in",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        resource(k8s, "v1", "Node").status.patch(
+            name=name, body={"status": {"conditions": [ready]}}, content_type="application/strategic-merge-patch+json"
+        )
+    return name
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_pod(k8s: DynamicClient, namespace: str, job_name: str) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        found = resource(k8s, "v1", "Pod").get(namespace=namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}")
+        items = found.to_dict()["items"]
+        return dict(items[0]) if items else None
+
+    return wait_for(find, timeout=30, what=f"a pod of Job {job_name}")
+
+
+def finish_job(
+    k8s: DynamicClient, namespace: str, job_name: str, result: FetchResult | None, *, succeeded: bool = True
+) -> None:
+    """Report the Job's pod as ended, the way the kubelet does: phase plus the terminated container's message."""
+    pod = job_pod(k8s, namespace, job_name)
+    now = _now()
+    terminated: dict[str, Any] = {
+        "exitCode": 0 if succeeded else 1,
+        "reason": "Completed" if succeeded else "Error",
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    if result is not None:
+        terminated["message"] = result.to_termination_message()
+    container = pod["spec"]["containers"][0]
+    status = {
+        "phase": "Succeeded" if succeeded else "Failed",
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    resource(k8s, "v1", "Pod").status.patch(
+        name=pod["metadata"]["name"],
+        namespace=namespace,
+        body={"status": status},
+        content_type="application/strategic-merge-patch+json",
+    )
+
+
+def fetch_result(source: str, **extra: Any) -> FetchResult:
+    fields: dict[str, Any] = {"source": source, "bytes": 5 * 2**30, "files": 7, "seconds": 42.0, **extra}
+    return FetchResult(**fields)
+
+
+def events_for(k8s: DynamicClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    found = resource(k8s, "v1", "Event").get(namespace=namespace, field_selector=f"involvedObject.name={name}")
+    return [dict(e) for e in found.to_dict()["items"]]
+
+
+__all__ = ["get_or_none"]
