@@ -99,7 +99,8 @@ def test_iterator_copies_are_safe_to_keep(tmp_path):
 
 def test_misaligned_tensor_is_still_correct(tmp_path):
     # a hand-written file whose F32 tensor starts at an odd offset: views must not be misaligned
-    header = b'{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}'
+    header = (b'{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},'
+              b'"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}')
     data = bytes([1, 2, 3]) + struct.pack("<2f", 1.5, -2.0)
     p = tmp_path / "odd.safetensors"
     p.write_bytes(struct.pack("<Q", len(header)) + header + data)
