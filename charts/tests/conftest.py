@@ -47,9 +47,7 @@ class Helm:
             "HELM_CONFIG_HOME": str(self.tmp / "config"),
             "HELM_DATA_HOME": str(self.tmp / "data"),
         }
-        result = subprocess.run(
-            [str(self.binary), *args], capture_output=True, text=True, env=env, timeout=120
-        )
+        result = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=env, timeout=120)
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
@@ -117,9 +115,7 @@ def pod_templates(objects: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str
         if obj["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job", "ReplicaSet"):
             found.append((f"{obj['kind']}/{obj['metadata']['name']}", obj["spec"]["template"]))
         elif obj["kind"] == "CronJob":
-            found.append(
-                (f"CronJob/{obj['metadata']['name']}", obj["spec"]["jobTemplate"]["spec"]["template"])
-            )
+            found.append((f"CronJob/{obj['metadata']['name']}", obj["spec"]["jobTemplate"]["spec"]["template"]))
     return found
 
 

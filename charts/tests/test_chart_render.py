@@ -79,12 +79,8 @@ def test_rendered_crds_are_exactly_the_generated_ones(helm, chart_helpers):
 
 
 def test_crds_can_be_left_out_or_deleted_on_uninstall(helm):
-    assert not [
-        o for o in helm.template({"crds": {"install": False}}) if o["kind"] == "CustomResourceDefinition"
-    ]
-    for crd in (
-        o for o in helm.template({"crds": {"keep": False}}) if o["kind"] == "CustomResourceDefinition"
-    ):
+    assert not [o for o in helm.template({"crds": {"install": False}}) if o["kind"] == "CustomResourceDefinition"]
+    for crd in (o for o in helm.template({"crds": {"keep": False}}) if o["kind"] == "CustomResourceDefinition"):
         assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
 
 
@@ -154,15 +150,13 @@ def test_edge_values_watch_only_listed_namespaces(helm, chart_helpers, monkeypat
     bindings = [o for o in objects if o["kind"] == "RoleBinding"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"]["name"] == "edge-strata-namespaced" for b in bindings)
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"] == [
-        "edge-strata-cluster"
-    ]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"] == ["edge-strata-cluster"]
     assert sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "KopfPeering") == [
         "team-a",
         "team-b",
     ]
     cluster_rules = chart_helpers.find(objects, "ClusterRole", "edge-strata-cluster")["rules"]
-    assert not [r for r in cluster_rules if "namespaces" in r["resources"]]
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]} in cluster_rules
     monitor = chart_helpers.find(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}

@@ -1,0 +1,295 @@
+"""The rendered chart applied for real to the local control plane: the API server validates every object,
+RBAC is checked by the API server's own authorizer, and the operator runs with the chart's service account."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+from strata_testsupport.cluster import install_crds
+from strata_testsupport.kube import resource, wait_for
+
+pytestmark = pytest.mark.integration
+FIELD_MANAGER = "strata-chart-tests"
+
+
+def apply_all(k8s: DynamicClient, objects: list[dict[str, Any]]) -> None:
+    """CRDs first (and wait until served), then everything else, by server-side apply as Helm 4 does."""
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    if crds:
+        install_crds(k8s, crds)
+    for obj in objects:
+        if obj["kind"] == "CustomResourceDefinition":
+            continue
+        meta = obj["metadata"]
+        resource(k8s, obj["apiVersion"], obj["kind"]).server_side_apply(
+            body=obj,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+        )
+
+
+def delete_cluster_scoped(k8s: DynamicClient, objects: list[dict[str, Any]]) -> None:
+    """Cluster-scoped objects a release made (its namespace goes with the namespace); CRDs are shared: kept."""
+    for obj in objects:
+        if obj["metadata"].get("namespace") or obj["kind"] == "CustomResourceDefinition":
+            continue
+        with contextlib.suppress(NotFoundError):
+            resource(k8s, obj["apiVersion"], obj["kind"]).delete(name=obj["metadata"]["name"])
+
+
+def new_namespace(k8s: DynamicClient, labels: dict[str, str] | None = None) -> str:
+    name = f"chart-{uuid.uuid4().hex[:8]}"
+    resource(k8s, "v1", "Namespace").create(
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+    )
+    return name
+
+
+class Release:
+    """One rendering of the chart, applied to its own namespace under a unique release name."""
+
+    def __init__(self, k8s: DynamicClient, helm: Any, values: dict[str, Any], namespace: str) -> None:
+        self.name = f"r{uuid.uuid4().hex[:6]}"
+        self.namespace = namespace
+        self.objects = helm.template(values, release=self.name, namespace=namespace, include_crds=True)
+        apply_all(k8s, self.objects)
+
+    def find(self, kind: str) -> dict[str, Any]:
+        (found,) = [o for o in self.objects if o["kind"] == kind]
+        return found
+
+    @property
+    def service_account(self) -> str:
+        return self.find("ServiceAccount")["metadata"]["name"]
+
+
+@pytest.fixture(scope="module")
+def cluster_wide(k8s: DynamicClient, helm: Any) -> Iterator[Release]:
+    """The default install: one replica watching all namespaces."""
+    namespace = new_namespace(k8s)
+    release = Release(k8s, helm, {}, namespace)
+    yield release
+    delete_cluster_scoped(k8s, release.objects)
+    resource(k8s, "v1", "Namespace").delete(name=namespace)
+
+
+@pytest.fixture(scope="module")
+def namespaced(k8s: DynamicClient, helm: Any) -> Iterator[Release]:
+    """Two replicas (kopf peering) watching only their own namespace."""
+    namespace = new_namespace(k8s)
+    values = {"replicaCount": 2, "watchNamespaces": [namespace], "peering": {"name": "strata-test"}}
+    release = Release(k8s, helm, values, namespace)
+    yield release
+    delete_cluster_scoped(k8s, release.objects)
+    resource(k8s, "v1", "Namespace").delete(name=namespace)
+
+
+def can(
+    k8s: DynamicClient,
+    release: Release,
+    verb: str,
+    resource_name: str,
+    *,
+    group: str = "",
+    namespace: str | None = None,
+    subresource: str = "",
+) -> bool:
+    """The API server's own RBAC decision for the chart's service account (a SubjectAccessReview)."""
+    attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": subresource}
+    if namespace:
+        attributes["namespace"] = namespace
+    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{release.namespace}:{release.service_account}",
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{release.namespace}",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": attributes,
+            },
+        }
+    )
+    return bool(review.status.allowed)
+
+
+# (verb, group, resource, subresource) the handlers and kopf use in a watched namespace.
+NEEDED_IN_NAMESPACE = [
+    ("watch", "strata.dev", "modelcaches", ""),
+    ("patch", "strata.dev", "modelcaches", ""),
+    ("patch", "strata.dev", "modelcaches", "status"),
+    ("list", "strata.dev", "kvcachetiers", ""),
+    ("patch", "strata.dev", "kvcachetiers", "status"),
+    ("create", "batch", "jobs", ""),
+    ("patch", "batch", "jobs", ""),
+    ("delete", "batch", "jobs", ""),
+    ("watch", "", "pods", ""),
+    ("create", "", "persistentvolumeclaims", ""),
+    ("watch", "", "persistentvolumeclaims", ""),
+    ("create", "apps", "daemonsets", ""),
+    ("patch", "", "configmaps", ""),
+    ("create", "", "services", ""),
+    ("get", "", "secrets", ""),
+    ("get", "", "serviceaccounts", ""),
+    ("create", "", "events", ""),
+]
+NEEDED_CLUSTER_WIDE = [
+    ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("watch", "", "nodes", ""),
+    ("patch", "", "nodes", ""),
+    ("get", "storage.k8s.io", "storageclasses", ""),
+]
+# Never: what a compromised operator must not be able to do.
+FORBIDDEN_IN_NAMESPACE = [
+    ("list", "", "secrets", ""),
+    ("create", "", "secrets", ""),
+    ("create", "", "pods", ""),
+    ("create", "", "pods", "exec"),
+    ("update", "strata.dev", "modelcaches", ""),
+    ("delete", "", "persistentvolumeclaims", ""),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", ""),
+    ("create", "", "serviceaccounts", ""),
+]
+FORBIDDEN_CLUSTER_WIDE = [
+    ("delete", "", "nodes", ""),
+    ("update", "", "nodes", ""),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
+]
+
+
+def test_cluster_wide_install_grants_exactly_what_the_handlers_use(k8s, cluster_wide):
+    anywhere = new_namespace(k8s)
+    try:
+        for verb, group, name, sub in NEEDED_IN_NAMESPACE:
+            assert can(k8s, cluster_wide, verb, name, group=group, namespace=anywhere, subresource=sub), (
+                f"{verb} {group}/{name}/{sub}"
+            )
+        for verb, group, name, sub in NEEDED_CLUSTER_WIDE:
+            assert can(k8s, cluster_wide, verb, name, group=group, subresource=sub), f"{verb} {group}/{name}"
+        for verb, group, name, sub in FORBIDDEN_IN_NAMESPACE:
+            assert not can(k8s, cluster_wide, verb, name, group=group, namespace=anywhere, subresource=sub), (
+                f"{verb} {group}/{name}/{sub} should be denied"
+            )
+        for verb, group, name, sub in FORBIDDEN_CLUSTER_WIDE:
+            assert not can(k8s, cluster_wide, verb, name, group=group, subresource=sub), f"{verb} {name}"
+    finally:
+        resource(k8s, "v1", "Namespace").delete(name=anywhere)
+
+
+def test_namespaced_install_grants_nothing_outside_its_namespaces(k8s, namespaced):
+    other = "default"
+    for verb, group, name, sub in NEEDED_IN_NAMESPACE:
+        assert can(k8s, namespaced, verb, name, group=group, namespace=namespaced.namespace, subresource=sub)
+        assert not can(k8s, namespaced, verb, name, group=group, namespace=other, subresource=sub), (
+            f"{verb} {group}/{name} granted outside the watched namespace"
+        )
+    for verb, group, name, sub in NEEDED_CLUSTER_WIDE:
+        assert can(k8s, namespaced, verb, name, group=group, subresource=sub), f"{verb} {group}/{name}"
+    assert can(k8s, namespaced, "patch", "kopfpeerings", group="kopf.dev", namespace=namespaced.namespace)
+    # kopf matches its --namespace names against the namespaces it lists.
+    assert can(k8s, namespaced, "watch", "namespaces")
+
+
+def service_account_kubeconfig(k8s: DynamicClient, control_plane: Any, release: Release, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's service account (a bound token from TokenRequest)."""
+    import kubernetes
+
+    token = (
+        kubernetes.client.CoreV1Api(k8s.client)
+        .create_namespaced_service_account_token(
+            release.service_account, release.namespace, body={"spec": {"expirationSeconds": 3600}}
+        )
+        .status.token
+    )
+    admin = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": "operator"}}],
+                "current-context": "operator",
+            }
+        )
+    )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, control_plane, namespaced, tmp_path):
+    """The Deployment's own command line, environment and RBAC: the operator starts, passes its health
+    probe, joins the chart's peering object, and never hits a 403."""
+    (container,) = namespaced.find("Deployment")["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    args = [a.replace("http://0.0.0.0:8080", f"http://127.0.0.1:{port}") for a in container["args"]]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env.update(POD_ID="chart-test-peer", POD_NAMESPACE=namespaced.namespace)
+    env["KUBECONFIG"] = str(service_account_kubeconfig(k8s, control_plane, namespaced, tmp_path / "kubeconfig"))
+    log = tmp_path / "operator.log"
+    # The image's entrypoint, `strata-operator`, is this module's main().
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "strata_operator.cli", *args],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def healthy() -> bool:
+            assert process.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout=60, what="the operator's /healthz")
+        peering = resource(k8s, "kopf.dev/v1", "KopfPeering")
+
+        def joined() -> bool:
+            status = peering.get(name="strata-test", namespace=namespaced.namespace).to_dict().get("status") or {}
+            return "chart-test-peer" in status
+
+        try:
+            wait_for(joined, timeout=30, what="the operator in the KopfPeering's status")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\noperator log:\n{log.read_text()[-4000:]}") from None
+        time.sleep(2)  # let the first watches list their resources
+        output = log.read_text()
+        assert "403" not in output and "Forbidden" not in output, output[-4000:]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
