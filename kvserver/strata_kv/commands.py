@@ -30,6 +30,7 @@ class Session:
     last_set_key: bytes | None = None
     last_set_time: float = 0.0
     close_after_reply: bool = False
+    proto: int = 2
     commands: int = 0
 
 
@@ -112,7 +113,7 @@ async def cmd_hello(state: ServerState, s: Session, args: list[bytes]) -> Parts:
             proto = int(args[1])
         except ValueError:
             return resp.error("Protocol version is not an integer or out of range")
-        if proto != 2:
+        if proto not in (2, 3):
             return resp.error("NOPROTO sorry, this protocol version is not supported.")
         i = 2
     while i < len(args):
@@ -135,24 +136,20 @@ async def cmd_hello(state: ServerState, s: Session, args: list[bytes]) -> Parts:
         )
     from . import __version__
 
-    return resp.encode(
-        [
-            b"server",
-            b"redis",
-            b"version",
-            f"7.0.0-strata-{__version__}".encode(),
-            b"proto",
-            2,
-            b"id",
-            s.id,
-            b"mode",
-            b"standalone",
-            b"role",
-            b"master",
-            b"modules",
-            [],
-        ]
+    if len(args) > 1:
+        s.proto = int(args[1])
+    reply = resp.Map(
+        {
+            b"server": b"redis",
+            b"version": f"7.0.0-strata-{__version__}".encode(),
+            b"proto": s.proto,
+            b"id": s.id,
+            b"mode": b"standalone",
+            b"role": b"master",
+            b"modules": [],
+        }
     )
+    return resp.encode(reply, s.proto)
 
 
 async def cmd_client(state: ServerState, s: Session, args: list[bytes]) -> Parts:
@@ -161,7 +158,7 @@ async def cmd_client(state: ServerState, s: Session, args: list[bytes]) -> Parts
         s.name = args[2]
         return resp.OK
     if sub == b"GETNAME" and len(args) == 2:
-        return resp.bulk(s.name or None)
+        return resp.bulk(s.name or None, s.proto)
     if sub == b"ID" and len(args) == 2:
         return resp.integer(s.id)
     if sub == b"SETINFO" and len(args) == 4:
@@ -230,14 +227,14 @@ async def cmd_set(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     if nx or xx:
         present = await state.store.exists(key)
         if (nx and present) or (xx and not present):
-            return resp.NULL_BULK
+            return resp.null(s.proto)
     return await _set(state, key, value, _chain_parent(state, s, key)) or resp.OK
 
 
 async def cmd_get(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     if (err := check_key(state, args[1])) is not None:
         return err
-    return resp.bulk(await state.store.get(args[1]))
+    return resp.bulk(await state.store.get(args[1]), s.proto)
 
 
 async def cmd_exists(state: ServerState, s: Session, args: list[bytes]) -> Parts:
@@ -257,7 +254,7 @@ async def cmd_del(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 async def cmd_mget(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     parts = [b"*%d\r\n" % (len(args) - 1)]
     for key in args[1:]:
-        parts.extend(resp.bulk(await state.store.get(key)))
+        parts.extend(resp.bulk(await state.store.get(key), s.proto))
     return parts
 
 
@@ -310,14 +307,14 @@ def config_values(state: ServerState) -> dict[str, str]:
 async def cmd_config(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     sub = args[1].upper()
     if sub == b"GET" and len(args) >= 3:
-        out: list[resp.Reply] = []
+        out = resp.Map()
         values = config_values(state)
         for pattern in args[2:]:
             pat = pattern.decode(errors="replace").lower()
             for name, value in values.items():
-                if fnmatch.fnmatchcase(name, pat) and name.encode() not in out:
-                    out += [name.encode(), value.encode()]
-        return resp.encode(out)
+                if fnmatch.fnmatchcase(name, pat):
+                    out[name.encode()] = value.encode()
+        return resp.encode(out, s.proto)
     if sub in (b"SET", b"RESETSTAT", b"REWRITE"):
         return resp.error("CONFIG SET is not supported: change the config file (or KVCacheTier) and restart")
     return resp.error(f"unknown subcommand '{sub.decode(errors='replace')}'. Try CONFIG GET.")
@@ -332,7 +329,7 @@ async def cmd_strata_prefix(state: ServerState, s: Session, args: list[bytes]) -
 
 async def cmd_strata_locate(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     tier = await state.store.locate(args[1])
-    return resp.bulk(tier.encode() if tier else None)
+    return resp.bulk(tier.encode() if tier else None, s.proto)
 
 
 async def cmd_strata_msetchain(state: ServerState, s: Session, args: list[bytes]) -> Parts:

@@ -13,6 +13,7 @@ OK = b"+OK\r\n"
 PONG = b"+PONG\r\n"
 NULL_BULK = b"$-1\r\n"
 NULL_ARRAY = b"*-1\r\n"
+NULL3 = b"_\r\n"
 EMPTY_ARRAY = b"*0\r\n"
 ZERO = b":0\r\n"
 ONE = b":1\r\n"
@@ -199,20 +200,29 @@ def integer(n: int) -> bytes:
     return b":%d\r\n" % n
 
 
-def bulk(value: bytes | None) -> list[bytes]:
+def null(proto: int = 2) -> bytes:
+    """RESP2 null bulk `$-1`, or RESP3's null `_` after HELLO 3."""
+    return NULL_BULK if proto < 3 else NULL3
+
+
+def bulk(value: bytes | None, proto: int = 2) -> list[bytes]:
     """Bulk string parts; large values stay a separate part (no copy)."""
     if value is None:
-        return [NULL_BULK]
+        return [null(proto)]
     if len(value) <= 16 * 1024:
         return [b"$%d\r\n%b\r\n" % (len(value), value)]
     return [b"$%d\r\n" % len(value), value, CRLF]
 
 
-Reply = bytes | int | str | None | list["Reply"]
+class Map(dict[bytes, "Reply"]):
+    """A reply that is a RESP3 map (`%`), or a flat name/value array under RESP2."""
 
 
-def encode(reply: Reply) -> list[bytes]:
-    """Encode nested replies: bytes/str -> bulk, int -> integer, None -> null bulk, list -> array."""
+Reply = bytes | int | str | None | list["Reply"] | Map
+
+
+def encode(reply: Reply, proto: int = 2) -> list[bytes]:
+    """Encode nested replies: bytes/str -> bulk, int -> integer, None -> null, list -> array, Map -> map."""
     if isinstance(reply, bool):
         return [ONE if reply else ZERO]
     if isinstance(reply, int):
@@ -220,15 +230,22 @@ def encode(reply: Reply) -> list[bytes]:
     if isinstance(reply, str):
         return bulk(reply.encode())
     if reply is None or isinstance(reply, bytes):
-        return bulk(reply)
-    parts: list[bytes] = [b"*%d\r\n" % len(reply)]
+        return bulk(reply, proto)
+    if isinstance(reply, Map):
+        if proto < 3:
+            return encode([x for kv in reply.items() for x in kv], proto)
+        parts = [b"%%%d\r\n" % len(reply)]
+        for k, v in reply.items():
+            parts += encode(k, proto) + encode(v, proto)
+        return parts
+    parts = [b"*%d\r\n" % len(reply)]
     for item in reply:
-        parts.extend(encode(item))
+        parts.extend(encode(item, proto))
     return parts
 
 
-def array(items: Iterable[Reply]) -> list[bytes]:
-    return encode(list(items))
+def array(items: Iterable[Reply], proto: int = 2) -> list[bytes]:
+    return encode(list(items), proto)
 
 
 def command(*args: bytes | str | int) -> bytes:
