@@ -38,5 +38,16 @@ build controlplane kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$stamp"
 build controlplane kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$stamp"
 build controlplane kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$stamp"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok
+# kwok needs its lifecycle stages; take upstream's default set (nodes initialize and heartbeat; pods become
+# ready, Job pods complete) from the module cache, as kwokctl does, rather than keeping a copy in this repo.
+if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
+  kwok_src="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  for stage in node/fast/node-initialize node/heartbeat/node-heartbeat pod/fast/pod-ready pod/fast/pod-complete \
+               pod/fast/pod-delete; do
+    cat "$kwok_src/kustomize/stage/$stage.yaml"
+    printf '\n---\n'
+  done > "$bin_dir/kwok-stages.yaml.partial"
+  mv "$bin_dir/kwok-stages.yaml.partial" "$bin_dir/kwok-stages.yaml"
+fi
 printf '%s\n' "kubernetes=${k8s_version}" "etcd=${etcd_version}" "kwok=${kwok_version}" > "$bin_dir/VERSIONS"
 echo "control plane: binaries ready in $bin_dir"

@@ -21,6 +21,7 @@ class ControlPlaneBinaries:
     kube_controller_manager: Path | None
     kube_scheduler: Path | None
     kwok: Path | None
+    kwok_stages: Path | None
 
 
 def kubernetes_version() -> str:
@@ -61,4 +62,5 @@ def find_binaries() -> ControlPlaneBinaries:
         kube_controller_manager=optional("kube-controller-manager"),
         kube_scheduler=optional("kube-scheduler"),
         kwok=optional("kwok"),
+        kwok_stages=directory / "kwok-stages.yaml" if (directory / "kwok-stages.yaml").is_file() else None,
     )

@@ -61,7 +61,7 @@ class LocalCluster:
             controller_manager and self.binaries.kube_controller_manager is not None
         )
         self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
-        self.want_kwok = kwok and self.binaries.kwok is not None
+        self.want_kwok = kwok and self.binaries.kwok is not None and self.binaries.kwok_stages is not None
         self.startup_timeout = startup_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="strata-cp-"))
         self.processes: list[ManagedProcess] = []
@@ -196,6 +196,7 @@ class LocalCluster:
             [
                 str(self.binaries.kwok),
                 f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.binaries.kwok_stages}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
                 "--cidr=10.244.0.0/16",
