@@ -53,6 +53,7 @@ class KVServerProcess:
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     log_path: Path = field(default=Path("/dev/null"))
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # e.g. S3 credentials, never in the config
 
     @property
     def config_path(self) -> Path:
@@ -72,6 +73,7 @@ class KVServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.env},
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -139,11 +141,11 @@ def default_config(workdir: Path, l2_fs: bool = True) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_kv_server(
-    workdir: Path, config: dict[str, Any] | None = None, l2_fs: bool = True
+    workdir: Path, config: dict[str, Any] | None = None, l2_fs: bool = True, env: dict[str, str] | None = None
 ) -> Iterator[KVServerProcess]:
     """Start a server with `default_config` overlaid by `config`; always stop it."""
     workdir.mkdir(parents=True, exist_ok=True)
-    server = KVServerProcess(workdir, _merge(default_config(workdir, l2_fs), config or {}))
+    server = KVServerProcess(workdir, _merge(default_config(workdir, l2_fs), config or {}), env=env or {})
     try:
         yield server.start()
     finally:
@@ -159,10 +161,16 @@ class KVServerFactory:
         self._stack = contextlib.ExitStack()
         self._n = 0
 
-    def __call__(self, config: dict[str, Any] | None = None, l2_fs: bool = True, name: str = "") -> KVServerProcess:
+    def __call__(
+        self,
+        config: dict[str, Any] | None = None,
+        l2_fs: bool = True,
+        name: str = "",
+        env: dict[str, str] | None = None,
+    ) -> KVServerProcess:
         self._n += 1
         workdir = self.base / (name or f"kv{self._n}")
-        return self._stack.enter_context(running_kv_server(workdir, config, l2_fs))
+        return self._stack.enter_context(running_kv_server(workdir, config, l2_fs, env))
 
     def close(self) -> None:
         self._stack.close()
