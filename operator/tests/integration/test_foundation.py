@@ -7,6 +7,11 @@ A test-only kind (`StrataProbe`) with its own kopf registry exercises the shared
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +25,7 @@ from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.base import CRDModel, cel
 from strata_operator.api.crdgen import CRDSpec, build_crd
+from strata_operator.localcluster.cluster import free_port
 from strata_operator.settings import configure, login
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import get_or_none, resource, wait_for
@@ -65,9 +71,7 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.create("strata.dev", "v1alpha1", "strataprobes", registry=registry)
-def _create_child(
-    body: kopf.Body, name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch, **_: Any
-) -> None:
+def _create_child(body: kopf.Body, name: str, namespace: str, spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     configmap = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -101,18 +105,14 @@ def test_child_has_owner_reference_and_is_garbage_collected(
     probes = resource(k8s, API_VERSION, "StrataProbe")
     created = probes.create(body=_probe("alpha", message="hello"), namespace=namespace)
 
-    child = wait_for(
-        lambda: get_or_none(k8s, "v1", "ConfigMap", "alpha-child", namespace), what="child ConfigMap"
-    )
+    child = wait_for(lambda: get_or_none(k8s, "v1", "ConfigMap", "alpha-child", namespace), what="child ConfigMap")
     owners = child.metadata.ownerReferences
     assert [(o.kind, o.name, o.uid, o.controller) for o in owners] == [
         ("StrataProbe", "alpha", created.metadata.uid, True)
     ]
     assert child.metadata.labels["app.kubernetes.io/managed-by"] == "strata"
     assert child.data["message"] == "hello"
-    stored = wait_for(
-        lambda: probes.get(name="alpha", namespace=namespace).to_dict().get("status"), what="status"
-    )
+    stored = wait_for(lambda: probes.get(name="alpha", namespace=namespace).to_dict().get("status"), what="status")
     assert stored["child"] == "alpha-child"
 
     probes.delete(name="alpha", namespace=namespace)
@@ -156,3 +156,29 @@ def test_defaults_come_from_the_schema(k8s: DynamicClient, namespace: str) -> No
     stored = probes.create(body=_probe("defaults", message="hi"), namespace=namespace)
     assert stored.spec.replicas == 1 and stored.spec.origin == "local"
     assert get_or_none(k8s, API_VERSION, "StrataProbe", "defaults", namespace) is not None
+
+
+def test_operator_command_serves_its_health_probe_and_stops_cleanly(control_plane: Any, strata_crds: Any) -> None:
+    """`strata-operator run` as a real process: it logs in from $KUBECONFIG and answers /healthz."""
+    port = free_port()
+    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "strata_operator.cli", "run", f"--liveness=http://127.0.0.1:{port}/healthz"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return process.poll() is not None and pytest.fail(f"operator exited: {process.returncode}")
+
+        wait_for(healthy, timeout=60, what="the operator's /healthz")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output.decode(errors="replace")[-3000:]
