@@ -30,6 +30,7 @@ system:
 
 controlplane:
 	@bash hack/build-controlplane.sh
+	@bash hack/build-helm.sh >/dev/null
 
 setup: venv system controlplane
 
