@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from .buffers import BufferPool, alloc_host
-from .executor import DEFAULT_CONCURRENCY, finish, read_ranges, stream_batches, thread_pool, writable_view
+from .concurrency import DEFAULT_CONCURRENCY, finish, thread_pool
+from .executor import read_ranges, stream_batches, writable_view
 from .format import Header, TensorInfo
 from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE, Span, coalesce, plan_files, slice_runs
 from .sources import RangeReader, open_reader, read_header

@@ -141,7 +141,7 @@ def _bench(args: argparse.Namespace) -> int:
     import safetensors.torch
 
     from .api import load_files
-    from .executor import DEFAULT_CONCURRENCY
+    from .concurrency import DEFAULT_CONCURRENCY
 
     total = sum(os.path.getsize(p) for p in args.paths)
     conc = args.concurrency or DEFAULT_CONCURRENCY
@@ -159,3 +159,7 @@ def _bench(args: argparse.Namespace) -> int:
     for r in rows:
         print(json.dumps(r))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

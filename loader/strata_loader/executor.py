@@ -7,47 +7,21 @@ caller asks for the next batch: that is the lifetime rule of anything viewing it
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 
 import torch
 
 from .buffers import BufferPool, alloc_host
+from .concurrency import finish, thread_pool
 from .planner import Batch, split_range
 from .sources import RangeReader
-
-DEFAULT_CONCURRENCY = 8
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def thread_pool(concurrency: int) -> ThreadPoolExecutor:
-    """One shared pool per concurrency level: threads are reused across calls."""
-    with _pools_lock:
-        pool = _pools.get(concurrency)
-        if pool is None:
-            pool = _pools[concurrency] = ThreadPoolExecutor(concurrency, thread_name_prefix="strata-read")
-        return pool
 
 
 def writable_view(buf: torch.Tensor) -> memoryview:
     """A writable memoryview onto a contiguous uint8 tensor (pread writes straight into tensor memory)."""
     return memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
-
-
-def finish(futures: Sequence[Future[None]]) -> None:
-    """Wait for all; on the first failure, cancel the rest, let running reads end, then re-raise."""
-    try:
-        for f in futures:
-            f.result()
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        wait(futures)
-        raise
 
 
 def read_ranges(

@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .catalog import SourceFile, list_source
+from .concurrency import finish
 from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
-from .executor import finish
 from .manifest import (
     Manifest,
     ManifestFile,
