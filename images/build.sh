@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds Strata's two images from the repo root (`make images`):
+#   strata-operator:<tag>  images/operator/Dockerfile   the kopf operator
+#   strata-runtime:<tag>   images/runtime/Dockerfile    strata-loader (preloader Jobs) + strata-kv (KV servers)
+# The tag defaults to the version in pyproject.toml, which is the chart's appVersion (the chart's default tag).
+#
+# Environment:
+#   IMAGE_PREFIX   prepended to both names, e.g. "registry.example/strata/" (default: none)
+#   IMAGE_TAG      overrides the tag
+#   KIND_CLUSTER   when set, also `kind load docker-image` both images into that kind cluster
+#   DOCKER         the docker CLI (default: docker)
+#   BUILD_ARGS     extra arguments for `docker build` (e.g. "--build-arg PIP_INDEX_URL=...")
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+docker="${DOCKER:-docker}"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n1)"
+tag="${IMAGE_TAG:-$version}"
+prefix="${IMAGE_PREFIX:-}"
+
+if ! command -v "$docker" >/dev/null 2>&1; then
+  echo "images: no '$docker' CLI on PATH; install Docker (or set DOCKER) to build the images" >&2
+  exit 1
+fi
+if ! "$docker" info >/dev/null 2>&1; then
+  echo "images: '$docker' cannot reach a Docker daemon; start it and retry" >&2
+  exit 1
+fi
+
+built=()
+for image in operator runtime; do
+  ref="${prefix}strata-${image}:${tag}"
+  echo "images: building $ref"
+  # shellcheck disable=SC2086  # BUILD_ARGS is a list of words on purpose
+  DOCKER_BUILDKIT=1 "$docker" build --file "$root/images/$image/Dockerfile" --build-arg "VERSION=$tag" \
+    ${BUILD_ARGS:-} --tag "$ref" "$root"
+  built+=("$ref")
+done
+
+if [[ -n "${KIND_CLUSTER:-}" ]]; then
+  for ref in "${built[@]}"; do
+    echo "images: loading $ref into kind cluster $KIND_CLUSTER"
+    kind load docker-image --name "$KIND_CLUSTER" "$ref"
+  done
+fi
+printf '%s\n' "${built[@]}"
