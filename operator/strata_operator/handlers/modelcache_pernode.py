@@ -52,10 +52,8 @@ def node_states(
         job_name = job["metadata"]["name"]
         keep.add(job_name)
         prev, live = before.get(name) or {}, jobs.get(job_name)
-        if prev.get("job") == job_name and (
-            prev.get("phase") == st.PHASE_READY or (prev.get("phase") == st.PHASE_FAILED and live is not None)
-        ):
-            states.append(prev)  # settled: finished Jobs may be gone (TTL) and results are already recorded
+        if prev.get("job") == job_name and prev.get("phase") == st.PHASE_READY:
+            states.append(prev)  # settled: the Job may be gone (TTL) and the verified result is recorded
         elif live is None:
             states.append(start_node_job(ctx, name, job, role))
         else:

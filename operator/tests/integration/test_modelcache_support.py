@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.dynamic import DynamicClient
 from strata_loader.contract import FetchResult
 from strata_operator.api import API_VERSION
-from strata_testsupport.kube import create_fake_node, get_or_none, resource, wait_for
+from strata_testsupport.kube import create_fake_node, delete_quietly, get_or_none, resource, wait_for
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -151,3 +151,56 @@ def events_for(k8s: DynamicClient, namespace: str, name: str) -> list[dict[str, 
 
 
 __all__ = ["get_or_none"]
+
+
+class Heartbeat:
+    """Keeps fake nodes Ready by writing their Ready condition every few seconds, as a kubelet (or kwok) would;
+    without it kube-controller-manager marks a silent node NotReady after its grace period."""
+
+    def __init__(self, k8s: DynamicClient, interval: float = 3.0) -> None:
+        import threading
+
+        self.k8s = k8s
+        self.interval = interval
+        self.nodes: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def add(self, name: str, labels: dict[str, str] | None = None) -> str:
+        create_fake_node(self.k8s, name, labels=labels or {})
+        self.beat(name)
+        self.nodes.add(name)
+        return name
+
+    def beat(self, name: str) -> None:
+        now = _now()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "heartbeat written by the test (no kubelet here)",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        resource(self.k8s, "v1", "Node").status.patch(
+            name=name, body={"status": {"conditions": [ready]}}, content_type="application/strategic-merge-patch+json"
+        )
+
+    def remove(self, name: str) -> None:
+        self.nodes.discard(name)
+        delete_quietly(self.k8s, "v1", "Node", name, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for name in list(self.nodes):
+                try:
+                    self.beat(name)
+                except Exception:  # a node deleted under us; the next pass no longer has it
+                    self.nodes.discard(name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for name in list(self.nodes):
+            self.remove(name)

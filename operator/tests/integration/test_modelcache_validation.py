@@ -1,0 +1,80 @@
+"""Invalid ModelCaches are refused by the API server itself (schema and CEL rules from the CRD), and the
+message the user sees says what to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError
+from strata_operator.api import API_VERSION
+from strata_testsupport.kube import resource
+
+from .test_modelcache_support import cache_body, create_cache, unique
+
+pytestmark = pytest.mark.integration
+
+S3 = {"uri": "s3://models/llama"}
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("shared-without-size", {"source": S3, "storage": {"mode": "SharedPVC"}}, "needs storage.sharedPVC.size"),
+    (
+        "settings-of-another-mode",
+        {"source": S3, "storage": {"mode": "NodeLocal", "sharedPVC": {"size": "1Gi"}}},
+        "storage.sharedPVC is only allowed when storage.mode is SharedPVC",
+    ),
+    (
+        "image-volume-from-s3",
+        {"source": S3, "storage": {"mode": "ImageVolume"}},
+        "ImageVolume needs an oci:// source",
+    ),
+    ("unknown-scheme", {"source": {"uri": "ftp://x/y"}, "storage": {"mode": "NodeLocal"}}, "spec.source.uri"),
+    ("unknown-mode", {"source": S3, "storage": {"mode": "Tape"}}, "Unsupported value"),
+    (
+        "s3-options-on-hf",
+        {"source": {"uri": "hf://org/model", "s3": {"region": "x"}}, "storage": {"mode": "NodeLocal"}},
+        "source.s3 is only allowed with an s3:// source",
+    ),
+]
+
+
+def message_of(error: DynamicApiError) -> str:
+    return str(error.body if hasattr(error, "body") else error)
+
+
+@pytest.mark.parametrize(("case", "spec", "expected"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_spec_is_rejected_with_a_clear_message(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, case: str, spec: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique(case[:20]), spec)
+    assert info.value.status == 422
+    assert expected in message_of(info.value)
+
+
+def test_source_uri_and_mode_are_immutable(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    name = unique("immutable")
+    create_cache(k8s, namespace, name, {"source": S3, "storage": {"mode": "NodeLocal"}})
+    caches = resource(k8s, API_VERSION, "ModelCache")
+    for patch, expected in (
+        ({"spec": {"source": {"uri": "s3://models/other"}}}, "source.uri is immutable"),
+        ({"spec": {"storage": {"mode": "ImageVolume"}}}, "storage.mode is immutable"),
+    ):
+        with pytest.raises(DynamicApiError) as info:
+            caches.patch(name=name, namespace=namespace, body=patch, content_type="application/merge-patch+json")
+        assert expected in message_of(info.value)
+
+
+def test_names_longer_than_a_label_value_are_rejected(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    with pytest.raises(DynamicApiError) as info:
+        resource(k8s, API_VERSION, "ModelCache").create(
+            body=cache_body("m" * 70, {"source": S3, "storage": {"mode": "NodeLocal"}}), namespace=namespace
+        )
+    assert "at most 63 characters" in message_of(info.value)
+
+
+def test_defaults_are_filled_in_by_the_api_server(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    name = unique("defaults")
+    created = create_cache(k8s, namespace, name, {"source": S3, "storage": {"mode": "NodeLocal"}}).to_dict()
+    assert created["spec"]["preload"]["backoffLimit"] == 3
+    assert created["spec"]["mountPath"] == "/models" and created["spec"]["deletionPolicy"] == "Delete"
