@@ -5,7 +5,8 @@
 # The tag defaults to the version in pyproject.toml, which is the chart's appVersion (the chart's default tag).
 #
 # Environment:
-#   IMAGE_PREFIX   prepended to both names, e.g. "registry.example/strata/" (default: none)
+#   IMAGE_PREFIX   prepended to both names (default: ghcr.io/strata-dev/, the chart's default repositories;
+#                  set it empty for bare local names)
 #   IMAGE_TAG      overrides the tag
 #   KIND_CLUSTER   when set, also `kind load docker-image` both images into that kind cluster
 #   DOCKER         the docker CLI (default: docker)
@@ -16,7 +17,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 docker="${DOCKER:-docker}"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n1)"
 tag="${IMAGE_TAG:-$version}"
-prefix="${IMAGE_PREFIX:-}"
+prefix="${IMAGE_PREFIX-ghcr.io/strata-dev/}"
 
 if ! command -v "$docker" >/dev/null 2>&1; then
   echo "images: no '$docker' CLI on PATH; install Docker (or set DOCKER) to build the images" >&2

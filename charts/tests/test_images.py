@@ -83,14 +83,20 @@ def test_chart_defaults_name_the_images_build_sh_makes():
     assert version and chart["appVersion"] == version.group(1), "the chart's appVersion is the images' tag"
     script = (REPO / "images" / "build.sh").read_text()
     assert 'ref="${prefix}strata-${image}:${tag}"' in script
-    assert values["image"]["repository"] == "strata-operator"
-    assert values["runtimeImage"]["repository"] == "strata-runtime"
+    assert 'prefix="${IMAGE_PREFIX-ghcr.io/strata-dev/}"' in script
+    assert values["image"]["repository"] == "ghcr.io/strata-dev/strata-operator"
+    assert values["runtimeImage"]["repository"] == "ghcr.io/strata-dev/strata-runtime"
     assert values["podSecurityContext"]["runAsUser"] == NONROOT_UID
 
 
 def test_operator_builders_run_pods_as_the_images_user():
+    """...and default to the repository the images are published under."""
+    from strata_operator.api import kvcachetier
     from strata_operator.resources.kvcachetier import daemonset
     from strata_operator.resources.modelcache import jobs
+
+    assert jobs.RUNTIME_IMAGE_REPOSITORY == "ghcr.io/strata-dev/strata-runtime"
+    assert kvcachetier.DEFAULT_IMAGE.rsplit(":", 1)[0] == "ghcr.io/strata-dev/strata-runtime"
 
     assert daemonset.RUN_AS == NONROOT_UID
     assert jobs.RUN_AS_USER == NONROOT_UID
