@@ -9,6 +9,7 @@ reported with what failed.
 from __future__ import annotations
 
 import functools
+import http.client
 import os
 import random
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import boto3
 import botocore.exceptions
+import urllib3.exceptions
 from botocore.config import Config
 
 RETRIES = max(1, int(os.environ.get("STRATA_S3_RETRIES", "6")))
@@ -27,6 +29,8 @@ _TRANSIENT = (
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.IncompleteReadError,
     botocore.exceptions.ResponseStreamingError,
+    urllib3.exceptions.HTTPError,  # raised by the raw body stream we read into buffers
+    http.client.HTTPException,
     ConnectionError,
     TimeoutError,
 )
@@ -47,9 +51,15 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-@functools.lru_cache(maxsize=8)
 def client(max_connections: int = 64) -> Any:
-    """A client sized for `max_connections` concurrent requests (boto3 clients are thread-safe)."""
+    """A client sized for `max_connections` concurrent requests (boto3 clients are thread-safe), for the
+    endpoint and credentials the environment names now."""
+    env = tuple(os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"))
+    return _client(max_connections, env)
+
+
+@functools.lru_cache(maxsize=16)
+def _client(max_connections: int, env: tuple[str | None, ...]) -> Any:
     cfg = Config(
         max_pool_connections=max_connections,
         retries={"max_attempts": 3, "mode": "standard"},

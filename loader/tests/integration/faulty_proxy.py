@@ -1,0 +1,77 @@
+"""A TCP proxy in front of the S3 server that resets connections mid-response: real network faults."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+
+class FaultyProxy:
+    """Forwards to `upstream_port`; the first `resets` connections get the response headers and a few body
+    bytes, then a TCP reset. `resets=-1` resets every connection."""
+
+    def __init__(self, upstream_port: int, resets: int) -> None:
+        self.upstream_port, self.resets = upstream_port, resets
+        self.connections = 0
+        self.reset_count = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self._srv.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._stop = True
+        self._srv.close()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            self.connections += 1
+            fault = self.resets < 0 or self.connections <= self.resets
+            threading.Thread(target=self._serve, args=(conn, fault), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, fault: bool) -> None:
+        up = socket.create_connection(("127.0.0.1", self.upstream_port))
+        if not fault:
+            threading.Thread(target=_pump, args=(up, conn), daemon=True).start()
+            _pump(conn, up)
+            return
+        try:
+            up.sendall(conn.recv(65536))
+            got = b""
+            while b"\r\n\r\n" not in got:
+                chunk = up.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            conn.sendall(head + b"\r\n\r\n" + body[:10])
+        except OSError:
+            pass
+        finally:
+            self.reset_count += 1
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            up.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
