@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator import kube
-from strata_operator.api import GROUP
-
-OWN_LABEL_PREFIX = f"{GROUP}/model."
 
 
 @dataclass(frozen=True)
@@ -32,9 +29,9 @@ class NodeInfo:
         return cls(meta["name"], meta.get("uid", ""), ready, dict(meta.get("labels") or {}))
 
     def placement_key(self) -> tuple[Any, ...]:
-        """What decides where copies go; Strata's own model labels are left out so labelling wakes nobody."""
-        labels = tuple(sorted((k, v) for k, v in self.labels.items() if not k.startswith(OWN_LABEL_PREFIX)))
-        return (self.uid, self.ready, labels)
+        """What decides where copies go and which labels we own. Heartbeats are left out; our own label
+        writes are recorded by `set_label` first, so only someone else's edit of them wakes caches."""
+        return (self.uid, self.ready, tuple(sorted(self.labels.items())))
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())
