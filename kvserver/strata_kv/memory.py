@@ -12,6 +12,10 @@ from collections.abc import Callable
 from .policy import EvictionPolicy
 
 
+class NotAdmitted(MemoryError):
+    """The policy declined to cache this value in L1 (it is colder than what it would displace)."""
+
+
 class MemoryTier:
     """Byte-bounded dict of chunk values. Never holds more than `capacity` bytes."""
 
@@ -31,6 +35,7 @@ class MemoryTier:
         self.used = 0
         self.evictions = 0
         self.evicted_bytes = 0
+        self.rejections = 0
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._values
@@ -40,6 +45,7 @@ class MemoryTier:
 
     def get(self, key: bytes) -> bytes | None:
         value = self._values.get(key)
+        self.policy.observe(key)
         if value is not None:
             self.policy.touch(key)
         return value
@@ -62,14 +68,20 @@ class MemoryTier:
             return False
         return True
 
-    def put(self, key: bytes, value: bytes, parent: bytes | None = None) -> list[bytes]:
-        """Store `value`, evicting as needed; returns evicted keys. Raises MemoryError if it cannot fit."""
+    def put(self, key: bytes, value: bytes, parent: bytes | None = None, force: bool = False) -> list[bytes]:
+        """Store `value`, evicting as needed; returns evicted keys.
+
+        Raises MemoryError if it cannot fit (NotAdmitted when the policy prefers what is cached).
+        """
         size = len(value)
         if size > self.capacity:
             raise MemoryError(f"value of {size} bytes is larger than L1 ({self.capacity} bytes)")
         old = self._values.get(key)
         if old is not None:
             self._drop(key)
+        if not force and self.used + size > self.capacity and not self.policy.should_admit(key, self._pinned, parent):
+            self.rejections += 1
+            raise NotAdmitted("L1 keeps its more frequently used chunks; this one goes to L2 only")
         evicted: list[bytes] = []
         while self.used + size > self.capacity:
             victim = self.policy.choose_victim(self._pinned)

@@ -23,6 +23,8 @@ class EvictionPolicy(Protocol):
 
     def admit(self, key: Key, size: int, parent: Key | None = None) -> None: ...
     def touch(self, key: Key) -> None: ...
+    def observe(self, key: Key) -> None: ...
+    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool: ...
     def remove(self, key: Key) -> None: ...
     def link(self, parent: Key, child: Key) -> None: ...
     def choose_victim(self, skip: Skip) -> Key | None: ...
@@ -90,6 +92,12 @@ class LRUPolicy:
         if parent in self._order and child in self._order:
             self._chains.link(parent, child)
 
+    def observe(self, key: Key) -> None:
+        pass
+
+    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool:
+        return True
+
     def remove(self, key: Key) -> None:
         self._order.pop(key, None)
         self._chains.forget(key)
@@ -106,12 +114,33 @@ class LRUPolicy:
         return None
 
 
+class FrequencySketch:
+    """Recent access counts with aging (TinyLFU's idea, kept exact: a dict halved every period)."""
+
+    def __init__(self, min_period: int = 1024) -> None:
+        self._counts: dict[Key, int] = {}
+        self._events = 0
+        self._min_period = min_period
+
+    def add(self, key: Key, resident: int) -> None:
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self._events += 1
+        if self._events >= max(self._min_period, 10 * resident):
+            self._events = 0
+            self._counts = {k: c // 2 for k, c in self._counts.items() if c > 1}
+
+    def __getitem__(self, key: Key) -> int:
+        return self._counts.get(key, 0)
+
+
 class PrefixLIRSPolicy:
-    """LIRS (Jiang & Zhang 2002) with byte sizes and prefix-aware victim choice.
+    """LIRS (Jiang & Zhang 2002) with byte sizes, prefix-aware victims and TinyLFU-style admission.
 
     Entries seen twice within a short reuse distance are LIR and protected; everything else lives in
     a small resident-HIR queue `q` that absorbs scans and loops. Non-resident "ghost" entries in the
     recency stack `s` remember recent misses, so a loop's re-reference promotes a chunk to LIR.
+    When the cache is full, a new chunk is only admitted if it has been asked for at least as often
+    as the chunk it would displace (popular documents survive one-off requests under Zipf).
     """
 
     def __init__(self, capacity: int, hir_fraction: float = 0.05, ghost_factor: float = 2.0) -> None:
@@ -125,6 +154,7 @@ class PrefixLIRSPolicy:
         self._ghosts = 0
         self._ghost_factor = ghost_factor
         self._chains = _Chains()
+        self._freq = FrequencySketch()
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _prune(self) -> None:
@@ -201,6 +231,18 @@ class PrefixLIRSPolicy:
     def link(self, parent: Key, child: Key) -> None:
         if parent in self._size and child in self._size:
             self._chains.link(parent, child)
+
+    def observe(self, key: Key) -> None:
+        self._freq.add(key, len(self._size))
+
+    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool:
+        """Admission filter, asked only when admitting `key` means evicting something."""
+        for head in self._q:
+            if skip(head):
+                continue
+            victim = self._chains.tail_of(head, lambda k: k in self._q and not skip(k))
+            return self._freq[key] >= self._freq[victim]  # ties admit: recency still counts
+        return True
 
     def remove(self, key: Key) -> None:
         size = self._size.pop(key, None)

@@ -158,7 +158,7 @@ class TieredStore:
         self.counters["sets"] += 1
         self.counters["bytes_in"] += len(value)
         try:
-            self.l1.put(key, value, parent)
+            self.l1.put(key, value, parent, force=not self.has_l2)  # no L2: nowhere else to keep it
         except MemoryError as e:
             if not self.write_behind:
                 raise StoreFull(str(e)) from e

@@ -1,8 +1,9 @@
 """Eviction policies: the byte bound always holds, LRU hits the cliff, the default does not, tails go first."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strata_kv.memory import MemoryTier
+from strata_kv.memory import MemoryTier, NotAdmitted
 from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
 
 
@@ -112,3 +113,25 @@ def test_value_larger_than_l1_is_refused_with_a_reason() -> None:
         assert "larger than L1" in str(e)
     else:
         raise AssertionError("a value larger than L1 was accepted")
+
+
+def test_one_off_chunks_do_not_displace_popular_ones() -> None:
+    t = MemoryTier(4, PrefixLIRSPolicy(4, hir_fraction=0.25))
+    for k in (b"a", b"b", b"c", b"d"):
+        t.put(k, b"x")
+    for _ in range(3):  # every cached chunk is popular
+        for k in (b"a", b"b", b"c", b"d"):
+            t.get(k)
+    t.get(b"once")  # asked for once, missed
+    with pytest.raises(NotAdmitted):
+        t.put(b"once", b"x")
+    assert b"once" not in t and len(t) == 4 and t.rejections == 1
+
+
+def test_without_an_l2_admission_can_be_forced() -> None:
+    t = MemoryTier(1, PrefixLIRSPolicy(1))
+    t.put(b"a", b"x")
+    for _ in range(3):
+        t.get(b"a")
+    t.put(b"b", b"x", force=True)
+    assert b"b" in t
