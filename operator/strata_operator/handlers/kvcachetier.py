@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 
@@ -53,36 +53,41 @@ def tier_drift(body: kopf.Body, **_: Any) -> None:
 def owning_tier(body: Mapping[str, Any]) -> str | None:
     """The KVCacheTier that controls this child, if any."""
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
-        if (
-            ref.get("kind") == KIND
-            and ref.get("apiVersion", "").startswith(f"{GROUP}/")
-            and ref.get("controller")
-        ):
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/") and ref.get("controller"):
             return str(ref["name"])
     return None
 
 
-def needs_full_reconcile(event_type: str | None, body: Mapping[str, Any]) -> bool:
-    """Only a DaemonSet status update (same generation as we applied) can skip re-applying the children."""
-    if event_type != "MODIFIED" or body.get("kind") != "DaemonSet":
-        return True
+def child_event_action(event_type: str | None, body: Mapping[str, Any]) -> Literal["skip", "status", "full"]:
+    """What a child's watch event asks for.
+
+    Our own creations (ADDED) and writes (the resourceVersion our apply returned) need nothing; a
+    DaemonSet whose spec generation is still ours only changed status (pods becoming ready); anything
+    else — a deletion, a hand edit — re-applies the children.
+    """
+    if event_type in (None, "ADDED"):  # None: the initial listing, which `resume` on the owner covers
+        return "skip"
+    if event_type == "DELETED":
+        return "full"
     meta = body.get("metadata", {})
-    owner = owning_tier(body)
-    applied = reconciler.applied_daemonset_generation.get((meta.get("namespace", ""), owner or ""))
-    return applied is None or int(meta.get("generation", 0)) != applied
+    applied = reconciler.applied_children.get((body.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")))
+    if applied is None:
+        return "full"
+    if meta.get("resourceVersion") == applied.resource_version:
+        return "skip"
+    if body.get("kind") == "DaemonSet" and int(meta.get("generation") or 0) == applied.generation:
+        return "status"
+    return "full"
 
 
 def _child_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    if event.get("type") is None:  # the initial listing: `resume` on the owner covers it
-        return
     owner = owning_tier(body)
-    if owner is None:
+    action = child_event_action(event.get("type"), body)
+    if owner is None or action == "skip":
         return
-    full = needs_full_reconcile(event.get("type"), body)
     try:
-        reconciler.reconcile(
-            {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}, full=full
-        )
+        target = {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}
+        reconciler.reconcile(target, full=action == "full")
     except Exception:  # events are not retried: the timer converges later
         logger.exception("reconcile of KVCacheTier %s after a %s event failed", owner, body.get("kind"))
 

@@ -37,8 +37,18 @@ from strata_operator.resources.kvcachetier.validation import (
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
-applied_daemonset_generation: dict[tuple[str, str], int] = {}
-"""The DaemonSet generation our last apply produced: a higher one means someone else edited its spec."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A child as our last apply left it: an event carrying this version is our own write."""
+
+    resource_version: str
+    generation: int
+
+
+applied_children: dict[tuple[str, str, str], Applied] = {}
+"""(kind, namespace, name) -> Applied; in memory only: after a restart `resume` re-applies everything."""
 
 
 @dataclass
@@ -74,12 +84,15 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     return facts
 
 
-def apply_children(children: Children, tier: TierRef) -> dict[str, Any]:
+def apply_children(children: Children) -> dict[str, Any]:
     """Apply in dependency order; returns the DaemonSet as stored."""
     stored: dict[str, Any] = {}
     for child in children.in_apply_order():
         stored = io.apply(child)
-    applied_daemonset_generation[(tier.namespace, tier.name)] = int(stored["metadata"].get("generation", 0))
+        meta = stored["metadata"]
+        applied_children[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
+            str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
+        )
     return stored
 
 
@@ -132,7 +145,7 @@ def _reconcile_locked(
     children = build_children(spec, tier)
     applied = full and not problems
     if applied:
-        apply_children(children, tier)
+        apply_children(children)
     daemonset, pods = observe(spec, tier)
     claim_name = l2_claim_name(spec, tier)
     claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None

@@ -66,12 +66,22 @@ def condition(obj: dict[str, Any], type_: str) -> tuple[str, str] | None:
     return None
 
 
-def wait_condition(k8s: DynamicClient, namespace: str, name: str, type_: str, expected: tuple[str, str]) -> Any:
-    return wait_for(
-        lambda: condition(tier(k8s, namespace, name), type_) == expected,
-        timeout=90,
-        what=f"{name} {type_}={expected} (now {condition(tier(k8s, namespace, name), type_)})",
+def diagnose(k8s: DynamicClient, namespace: str, name: str) -> str:
+    """What the tier, its DaemonSet and pods look like: printed when a wait times out."""
+    ds = daemonset(k8s, namespace, name)
+    pods = resource(k8s, "v1", "Pod").get(namespace=namespace).items
+    summary = [(p.metadata.name, p.spec.nodeName, p.status.phase) for p in pods]
+    return (
+        f"tier status: {tier(k8s, namespace, name).get('status')}\n"
+        f"daemonset status: {ds.to_dict().get('status') if ds else None}\npods: {summary}"
     )
+
+
+def wait_condition(k8s: DynamicClient, namespace: str, name: str, type_: str, expected: tuple[str, str]) -> None:
+    try:
+        wait_for(lambda: condition(tier(k8s, namespace, name), type_) == expected, timeout=90)
+    except AssertionError:
+        raise AssertionError(f"{name}: {type_} never became {expected}\n{diagnose(k8s, namespace, name)}") from None
 
 
 def daemonset(k8s: DynamicClient, namespace: str, name: str) -> Any:
