@@ -1,0 +1,345 @@
+"""End-to-end fixtures: a kind cluster with a GPU worker, Strata's images built and loaded, the chart installed.
+
+Needs Docker, kind and an NVIDIA GPU with the NVIDIA container toolkit on the host; without them every test
+skips and says what is missing. Not part of `make test`; `make e2e` runs it. Environment:
+  E2E_KEEP_CLUSTER=1   leave the kind cluster running afterwards (and reuse one that exists)
+  E2E_SKIP_BUILD=1     do not rebuild the images (they must already be loaded into the cluster)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+E2E = REPO / "e2e"
+CLUSTER = "strata-e2e"
+TAG = "e2e"
+PREFIX = "ghcr.io/strata-dev/"
+RUNTIME_IMAGE = f"{PREFIX}strata-runtime:{TAG}"
+S3_IMAGE = f"strata-e2e-s3:{TAG}"
+RELEASE, RELEASE_NAMESPACE = "strata", "strata-system"
+NAMESPACE = "strata-e2e"
+GPU_LABEL = {"strata.dev/e2e-gpu": "true"}
+
+
+def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) -> str:
+    """Run a command; on failure, fail the test with its output (the last 4000 characters)."""
+    result = subprocess.run(list(args), capture_output=capture, text=True, timeout=timeout, **kwargs)
+    if result.returncode != 0:
+        output = (result.stdout or "") + (result.stderr or "")
+        pytest.fail(f"`{' '.join(args)}` failed ({result.returncode}):\n{output[-4000:]}", pytrace=False)
+    return result.stdout or ""
+
+
+def missing_prerequisites() -> list[str]:
+    """Everything this machine lacks for the suite, so one skip message names all of it."""
+    missing = []
+    docker = shutil.which("docker")
+    if docker is None:
+        missing.append("docker CLI")
+    elif subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+        missing.append("a running Docker daemon")
+    if shutil.which("kind") is None:
+        missing.append("kind (sigs.k8s.io/kind)")
+    if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
+        missing.append("an NVIDIA GPU (nvidia-smi -L)")
+    if docker and not missing:
+        runtime = subprocess.run(
+            [docker, "info", "--format", "{{.DefaultRuntime}}"], capture_output=True, text=True
+        ).stdout.strip()
+        if runtime != "nvidia":
+            missing.append("Docker's default runtime set to nvidia (`nvidia-ctk runtime configure --set-as-default`)")
+        config = Path("/etc/nvidia-container-runtime/config.toml")
+        if not config.exists() or "accept-nvidia-visible-devices-as-volume-mounts = true" not in config.read_text():
+            missing.append(
+                "accept-nvidia-visible-devices-as-volume-mounts = true in /etc/nvidia-container-runtime/config.toml"
+            )
+    if shutil.which("go") is None and not os.environ.get("HELM"):
+        missing.append("Go (to build Helm with hack/build-helm.sh) or HELM=/path/to/helm")
+    return missing
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prerequisites() -> None:
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip("end-to-end suite needs: " + "; ".join(missing))
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    return run("bash", str(REPO / "hack" / "build-helm.sh")).strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def kind_cluster(prerequisites: None) -> Iterator[Path]:
+    """The kind cluster's kubeconfig; the GPU worker is set up and advertises nvidia.com/gpu."""
+    keep = os.environ.get("E2E_KEEP_CLUSTER") == "1"
+    existing = run("kind", "get", "clusters").split()
+    if CLUSTER not in existing:
+        run("kind", "create", "cluster", "--name", CLUSTER, "--config", str(E2E / "kind-config.yaml"), "--wait", "5m")
+    kubeconfig = E2E / ".cache" / "kubeconfig"
+    kubeconfig.parent.mkdir(exist_ok=True)
+    kubeconfig.write_text(run("kind", "get", "kubeconfig", "--name", CLUSTER))
+    try:
+        yield kubeconfig
+    finally:
+        if not keep:
+            subprocess.run(["kind", "delete", "cluster", "--name", CLUSTER], timeout=600)
+
+
+@pytest.fixture(scope="session")
+def k8s_e2e(kind_cluster: Path) -> Any:
+    from strata_testsupport.kube import new_dynamic_client
+
+    return new_dynamic_client(str(kind_cluster))
+
+
+def gpu_nodes(k8s: Any) -> list[Any]:
+    from strata_testsupport.kube import resource
+
+    selector = ",".join(f"{k}={v}" for k, v in GPU_LABEL.items())
+    return list(resource(k8s, "v1", "Node").get(label_selector=selector).items)
+
+
+@pytest.fixture(scope="session")
+def gpu_node(k8s_e2e: Any) -> str:
+    """The worker, with containerd on the NVIDIA runtime and NVIDIA's device plugin advertising its GPUs."""
+    from strata_testsupport.kube import wait_for
+
+    (node,) = gpu_nodes(k8s_e2e)
+    name = node.metadata.name
+    with (E2E / "gpu-node-setup.sh").open() as script:
+        run("docker", "exec", "-i", name, "bash", stdin=script)
+    apply_file(k8s_e2e, E2E / "manifests" / "nvidia-device-plugin.yaml", namespace=None)
+
+    def gpus() -> int:
+        (current,) = gpu_nodes(k8s_e2e)
+        return int((current.status.allocatable or {}).get("nvidia.com/gpu", 0))
+
+    wait_for(gpus, timeout=300, interval=2, what=f"nvidia.com/gpu allocatable on {name}")
+    return name
+
+
+@pytest.fixture(scope="session")
+def images(kind_cluster: Path) -> None:
+    """Strata's images from images/build.sh (the same script as `make images`) and the S3 server's."""
+    if os.environ.get("E2E_SKIP_BUILD") == "1":
+        return
+    env = {**os.environ, "IMAGE_TAG": TAG, "IMAGE_PREFIX": PREFIX, "KIND_CLUSTER": CLUSTER}
+    run("bash", str(REPO / "images" / "build.sh"), env=env, capture=False)
+    run("docker", "build", "--tag", S3_IMAGE, str(E2E / "s3"), capture=False)
+    run("kind", "load", "docker-image", "--name", CLUSTER, S3_IMAGE)
+
+
+@pytest.fixture(scope="session")
+def strata_release(kind_cluster: Path, images: None, helm_binary: str) -> Iterator[dict[str, str]]:
+    """The chart installed as a user would (`helm upgrade --install --wait`), images from the build above."""
+    env = {**os.environ, "KUBECONFIG": str(kind_cluster)}
+    run(
+        helm_binary,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(REPO / "charts" / "strata"),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        f"image.tag={TAG}",
+        "--set",
+        f"runtimeImage.tag={TAG}",
+        "--set",
+        "verbose=true",
+        env=env,
+    )
+    yield {"helm": helm_binary, "kubeconfig": str(kind_cluster)}
+    subprocess.run(
+        [helm_binary, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"], env=env, timeout=600
+    )
+
+
+def apply_object(k8s: Any, obj: dict[str, Any], namespace: str | None) -> Any:
+    from strata_testsupport.kube import resource
+
+    meta = obj["metadata"]
+    ns = meta.get("namespace", namespace)
+    return resource(k8s, obj["apiVersion"], obj["kind"]).server_side_apply(
+        body=obj, name=meta["name"], namespace=ns, field_manager="strata-e2e", force_conflicts=True
+    )
+
+
+def apply_file(k8s: Any, path: Path, namespace: str | None) -> list[dict[str, Any]]:
+    objects = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    for obj in objects:
+        apply_object(k8s, obj, namespace)
+    return objects
+
+
+@pytest.fixture(scope="session")
+def e2e_namespace(k8s_e2e: Any) -> Iterator[str]:
+    """Where the test resources live; it enforces the restricted Pod Security Standard for real."""
+    from strata_testsupport.kube import resource
+
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    apply_object(
+        k8s_e2e, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}, None
+    )
+    yield NAMESPACE
+    resource(k8s_e2e, "v1", "Namespace").delete(name=NAMESPACE)
+
+
+@pytest.fixture(scope="session")
+def scripts_config_map(k8s_e2e: Any, e2e_namespace: str) -> str:
+    data = {path.name: path.read_text() for path in sorted((E2E / "scripts").glob("*.py"))}
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e2e-scripts"}, "data": data}
+    apply_object(k8s_e2e, body, e2e_namespace)
+    return "e2e-scripts"
+
+
+def sample(kind: str) -> dict[str, Any]:
+    """The first object of `kind` in samples/: the suite runs the samples users start from, not copies."""
+    for path in sorted((REPO / "samples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == kind:
+                return dict(doc)
+    pytest.fail(f"samples/ has no {kind}: the end-to-end suite applies the samples", pytrace=False)
+
+
+def runtime_job(
+    name: str,
+    script: str,
+    *,
+    env: list[dict[str, Any]] | None = None,
+    env_from: list[dict[str, Any]] | None = None,
+    gpu: bool = False,
+    on_gpu_node: bool = False,
+    volumes: list[dict[str, Any]] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A one-shot Job running one of e2e/scripts from the runtime image, hardened for "restricted"."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": RUNTIME_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", f"/scripts/{script}"],
+        "env": env or [],
+        "envFrom": env_from or [],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "scripts", "mountPath": "/scripts", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *(mounts or []),
+        ],
+    }
+    if gpu:
+        container["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [
+            {"name": "scripts", "configMap": {"name": "e2e-scripts"}},
+            {"name": "tmp", "emptyDir": {}},
+            *(volumes or []),
+        ],
+    }
+    if gpu or on_gpu_node:
+        pod["nodeSelector"] = dict(GPU_LABEL)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": pod}},
+    }
+
+
+def run_job(k8s: Any, job: dict[str, Any], namespace: str, timeout: float = 600) -> dict[str, Any]:
+    """Apply a Job, wait for it to finish, and return its pod (for the node) and its JSON result (last line)."""
+    import kubernetes
+    from strata_testsupport.kube import resource, wait_for
+
+    name = job["metadata"]["name"]
+    apply_object(k8s, job, namespace)
+    jobs = resource(k8s, "batch/v1", "Job")
+
+    def finished() -> str | None:
+        status = jobs.get(name=name, namespace=namespace).to_dict().get("status") or {}
+        return "succeeded" if status.get("succeeded") else "failed" if status.get("failed") else None
+
+    outcome = wait_for(finished, timeout=timeout, interval=2, what=f"Job {name}")
+    core = kubernetes.client.CoreV1Api(k8s.client)
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+    log = core.read_namespaced_pod_log(pod.metadata.name, namespace)
+    assert outcome == "succeeded", f"Job {name} failed:\n{log[-4000:]}"
+    return {"node": pod.spec.node_name, "result": json.loads(log.strip().splitlines()[-1])}
+
+
+def wait_condition(
+    k8s: Any, api_version: str, kind: str, name: str, namespace: str, condition: str, timeout: float
+) -> dict[str, Any]:
+    """Wait for a status condition to be True (as `kubectl wait --for=condition=...` does); returns the object."""
+    from strata_testsupport.kube import resource, wait_for
+
+    api = resource(k8s, api_version, kind)
+    last: dict[str, Any] = {}
+
+    def ready() -> bool:
+        nonlocal last
+        last = api.get(name=name, namespace=namespace).to_dict()
+        conditions = (last.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == condition and c.get("status") == "True" for c in conditions)
+
+    try:
+        wait_for(ready, timeout=timeout, interval=3, what=f"{kind} {name} {condition}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nstatus: {json.dumps(last.get('status'), indent=1)}") from None
+    return last
+
+
+def wait_gone(
+    k8s: Any, api_version: str, kind: str, namespace: str | None, label_selector: str, timeout: float = 180
+) -> None:
+    from strata_testsupport.kube import resource, wait_for
+
+    api = resource(k8s, api_version, kind)
+
+    def gone() -> bool:
+        return not api.get(namespace=namespace, label_selector=label_selector).items
+
+    wait_for(gone, timeout=timeout, interval=2, what=f"no {kind} left matching {label_selector}")
+
+
+# Helpers handed to the tests as one fixture (the test module cannot import this conftest by name).
+@pytest.fixture(scope="session")
+def e2e() -> Any:
+    class Helpers:
+        apply_object = staticmethod(apply_object)
+        run_job = staticmethod(run_job)
+        runtime_job = staticmethod(runtime_job)
+        sample = staticmethod(sample)
+        wait_condition = staticmethod(wait_condition)
+        wait_gone = staticmethod(wait_gone)
+        run = staticmethod(run)
+        runtime_image = RUNTIME_IMAGE
+        release, release_namespace = RELEASE, RELEASE_NAMESPACE
+        e2e_dir = E2E
+
+    return Helpers

@@ -1,0 +1,160 @@
+"""Strata end to end on kind with a GPU node: install the chart, preload a model from an in-cluster S3 server
+and load it onto the GPU, serve KV cache from the node's own server, then delete everything and check that
+nothing is left. The tests run in file order and share one cluster; each states what it proves."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import pytest
+import yaml
+
+MODEL = "e2e-tiny"
+TIER = "e2e-kv"
+API = "strata.dev/v1alpha1"
+MANAGED = "app.kubernetes.io/managed-by=strata"
+
+
+@pytest.fixture(scope="module")
+def workspace(strata_release, gpu_node, e2e_namespace, scripts_config_map, k8s_e2e, e2e) -> dict[str, Any]:
+    """The S3 server with a tiny model uploaded to it (by a Job from the runtime image)."""
+    from strata_testsupport.kube import resource, wait_for
+
+    for obj in yaml.safe_load_all((e2e.e2e_dir / "manifests" / "s3.yaml").read_text()):
+        e2e.apply_object(k8s_e2e, obj, e2e_namespace)
+    deployments = resource(k8s_e2e, "apps/v1", "Deployment")
+    wait_for(
+        lambda: (deployments.get(name="s3", namespace=e2e_namespace).status.readyReplicas or 0) >= 1,
+        timeout=180,
+        interval=2,
+        what="the S3 server",
+    )
+    env = [
+        {"name": "S3_ENDPOINT", "value": "http://s3:9000"},
+        {"name": "S3_BUCKET", "value": "models"},
+        {"name": "S3_PREFIX", "value": "tiny"},
+    ]
+    upload = e2e.runtime_job(
+        "upload-model", "make_model.py", env=env, env_from=[{"secretRef": {"name": "s3-credentials"}}]
+    )
+    uploaded = e2e.run_job(k8s_e2e, upload, e2e_namespace)["result"]
+    return {"namespace": e2e_namespace, "gpu_node": gpu_node, "expected": uploaded["tensors"]}
+
+
+def test_operator_is_available(k8s_e2e, strata_release, e2e):
+    from strata_testsupport.kube import resource
+
+    deployment = resource(k8s_e2e, "apps/v1", "Deployment").get(name="strata", namespace=e2e.release_namespace)
+    assert deployment.status.availableReplicas == 1
+
+
+def test_modelcache_preloads_from_s3_and_the_gpu_loads_it(k8s_e2e, workspace, e2e):
+    namespace = workspace["namespace"]
+    cache = copy.deepcopy(e2e.sample("ModelCache"))
+    cache["metadata"] = {"name": MODEL}
+    spec = cache["spec"]
+    spec["source"] = {
+        "uri": "s3://models/tiny",
+        "s3": {"endpoint": f"http://s3.{namespace}.svc:9000", "region": "us-east-1"},
+        "credentials": {"secretRef": {"name": "s3-credentials"}},
+    }
+    # kind's local-path provisioner has no ReadWriteMany; one GPU node needs none.
+    spec["storage"] = {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}
+    e2e.apply_object(k8s_e2e, cache, namespace)
+    ready = e2e.wait_condition(k8s_e2e, API, "ModelCache", MODEL, namespace, "Ready", timeout=600)
+
+    # The consumption contract: paste status.volume into a pod, on the GPU node, and load with Strata's loader.
+    snippet = ready["status"]["volume"]
+    job = e2e.runtime_job(
+        "gpu-load",
+        "gpu_load.py",
+        gpu=True,
+        env=[{"name": "MODEL_DIR", "value": snippet["volumeMount"]["mountPath"]}],
+        volumes=[snippet["volume"]],
+        mounts=[snippet["volumeMount"]],
+    )
+    outcome = e2e.run_job(k8s_e2e, job, namespace)
+    assert outcome["node"] == workspace["gpu_node"]
+    assert outcome["result"]["devices"] == ["cuda:0"]
+    assert outcome["result"]["tensors"] == workspace["expected"], "bytes on the GPU differ from the uploaded model"
+
+
+def test_kvcachetier_serves_a_pod_from_its_own_node(k8s_e2e, workspace, e2e):
+    from strata_testsupport.kube import resource
+
+    namespace = workspace["namespace"]
+    tier = copy.deepcopy(e2e.sample("KVCacheTier"))
+    tier["metadata"] = {"name": TIER}
+    spec = tier["spec"]
+    # The image under test, on the GPU node, with an L1 small enough for a kind node.
+    spec.update(image=e2e.runtime_image, imagePullPolicy="IfNotPresent", nodeSelector={"strata.dev/e2e-gpu": "true"})
+    spec["l1"] = {**(spec.get("l1") or {}), "size": "256Mi"}
+    spec.pop("l2", None)
+    spec.pop("resources", None)
+    e2e.apply_object(k8s_e2e, tier, namespace)
+    e2e.wait_condition(k8s_e2e, API, "KVCacheTier", TIER, namespace, "Available", timeout=300)
+
+    job = e2e.runtime_job(
+        "kv-roundtrip",
+        "kv_roundtrip.py",
+        on_gpu_node=True,
+        env=[{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        env_from=[{"configMapRef": {"name": f"{TIER}-connection"}}],
+    )
+    outcome = e2e.run_job(k8s_e2e, job, namespace)
+    assert outcome["result"]["roundtrip"] is True, outcome
+    # internalTrafficPolicy: Local — the only server the client can reach is the one on its node.
+    service = resource(k8s_e2e, "v1", "Service").get(name=TIER, namespace=namespace)
+    assert service.spec.internalTrafficPolicy == "Local"
+    servers = resource(k8s_e2e, "v1", "Pod").get(
+        namespace=namespace, label_selector=f"app.kubernetes.io/instance={TIER},app.kubernetes.io/component=kvserver"
+    )
+    assert outcome["node"] in {pod.spec.nodeName for pod in servers.items}
+
+
+def test_deleting_everything_leaves_nothing_behind(k8s_e2e, workspace, strata_release, e2e):
+    from strata_testsupport.kube import resource, wait_for
+
+    namespace = workspace["namespace"]
+    for kind, name in (("ModelCache", MODEL), ("KVCacheTier", TIER)):
+        resource(k8s_e2e, API, kind).delete(name=name, namespace=namespace)
+    for kind in ("ModelCache", "KVCacheTier"):
+        wait_for(
+            lambda kind=kind: not resource(k8s_e2e, API, kind).get(namespace=namespace).items,
+            timeout=300,
+            interval=2,
+            what=f"{kind}s deleted (finalizers done)",
+        )
+    # Every child carries managed-by=strata: Jobs, the claim, the DaemonSet, Service and ConfigMaps.
+    for api_version, kind in (
+        ("batch/v1", "Job"),
+        ("v1", "PersistentVolumeClaim"),
+        ("apps/v1", "DaemonSet"),
+        ("v1", "Service"),
+        ("v1", "ConfigMap"),
+        ("v1", "Pod"),
+    ):
+        e2e.wait_gone(k8s_e2e, api_version, kind, namespace, MANAGED)
+    nodes = resource(k8s_e2e, "v1", "Node").get().items
+    assert not [k for node in nodes for k in (node.metadata.labels or {}) if k.startswith("strata.dev/model")]
+
+    env = {"KUBECONFIG": strata_release["kubeconfig"]}
+    e2e.run(
+        strata_release["helm"],
+        "uninstall",
+        e2e.release,
+        "--namespace",
+        e2e.release_namespace,
+        "--wait",
+        env={**os.environ, **env},
+    )
+    e2e.wait_gone(k8s_e2e, "apps/v1", "Deployment", e2e.release_namespace, "app.kubernetes.io/instance=strata")
+    roles = resource(k8s_e2e, "rbac.authorization.k8s.io/v1", "ClusterRole").get(
+        label_selector="app.kubernetes.io/instance=strata"
+    )
+    assert not roles.items
+    # The CRDs stay (helm.sh/resource-policy: keep): uninstalling the operator must not delete users' caches.
+    crds = resource(k8s_e2e, "apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    assert crds.get(name="modelcaches.strata.dev") and crds.get(name="kvcachetiers.strata.dev")
