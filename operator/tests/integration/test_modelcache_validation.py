@@ -3,9 +3,11 @@ message the user sees says what to fix."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 from strata_operator.api import API_VERSION
@@ -78,3 +80,15 @@ def test_defaults_are_filled_in_by_the_api_server(k8s: DynamicClient, strata_crd
     created = create_cache(k8s, namespace, name, {"source": S3, "storage": {"mode": "NodeLocal"}}).to_dict()
     assert created["spec"]["preload"]["backoffLimit"] == 3
     assert created["spec"]["mountPath"] == "/models" and created["spec"]["deletionPolicy"] == "Delete"
+
+
+SAMPLES = sorted((Path(__file__).resolve().parents[3] / "samples").glob("modelcache-*.yaml"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_samples_are_accepted_by_the_api_server(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, path: Path
+) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc["kind"] == "ModelCache":
+            resource(k8s, API_VERSION, "ModelCache").create(body=doc, namespace=namespace, dry_run="All")
