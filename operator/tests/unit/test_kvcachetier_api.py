@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 from strata_kv.config import EvictionPolicyName
 from strata_operator.api.crdgen import build_crd
@@ -82,3 +84,13 @@ def test_status_is_a_subresource() -> None:
 def test_bad_specs_are_refused_by_the_model(spec: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         KVCacheTierSpec.model_validate(spec)
+
+
+def test_samples_are_valid_specs() -> None:
+    samples = sorted((Path(__file__).resolve().parents[3] / "samples").glob("kvcachetier-*.yaml"))
+    assert samples
+    for path in samples:
+        tiers = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "KVCacheTier"]
+        assert tiers, path
+        for doc in tiers:
+            KVCacheTierSpec.model_validate(doc["spec"])
