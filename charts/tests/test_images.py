@@ -65,6 +65,42 @@ def test_final_stage_is_non_root_and_has_no_build_tools(name):
     assert users == [f"{NONROOT_UID}:{NONROOT_UID}"], "numeric non-root USER, so runAsNonRoot can verify it"
 
 
+def pyproject_dependencies() -> list[str]:
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    assert block, "pyproject.toml has no [project] dependencies"
+    return re.findall(r'"([^"]+)"', block.group(1))
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_operator_requirements_are_pyprojects_own_lines():
+    """One source for version bounds: every line of the operator image's requirements is in pyproject.toml."""
+    lines = (REPO / "images" / "operator" / "requirements.txt").read_text().splitlines()
+    requirements = [line for line in lines if line and not line.startswith("#")]
+    assert requirements and set(requirements) <= set(pyproject_dependencies())
+
+
+def test_operator_imports_none_of_the_dependencies_its_image_leaves_out():
+    """The slim operator image works only while the operator never imports the runtime's dependencies."""
+    lines = (REPO / "images" / "operator" / "requirements.txt").read_text().splitlines()
+    kept = {requirement_name(line) for line in lines if line and not line.startswith("#")}
+    left_out = {requirement_name(r) for r in pyproject_dependencies()} - kept
+    code = (
+        "import sys, importlib.metadata as md\n"
+        "import strata_operator.handlers, strata_operator.cli\n"
+        "dists = md.packages_distributions()\n"
+        "print('\\n'.join(sorted({d.lower().replace('_', '-') for m in list(sys.modules)"
+        " for d in dists.get(m.split('.')[0], [])})))\n"
+    )
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert not (left_out & loaded), f"the operator imports {sorted(left_out & loaded)}: add to requirements.txt"
+
+
 def test_build_context_holds_exactly_what_the_dockerfiles_copy():
     rules = [r for r in (REPO / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")]
     assert rules[0] == "*", "allow-list: everything is excluded unless named"
@@ -72,7 +108,7 @@ def test_build_context_holds_exactly_what_the_dockerfiles_copy():
     for dockerfile in DOCKERFILES.values():
         for step in stages(dockerfile)[0]:
             if step.startswith("COPY ") and "--from" not in step:
-                sources = step.split()[1:-1]
+                sources = [source.removeprefix("./") for source in step.split()[1:-1]]
                 assert set(sources) <= allowed, f"{dockerfile}: {sources} not in the build context"
 
 
