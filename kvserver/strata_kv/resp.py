@@ -21,6 +21,7 @@ ONE = b":1\r\n"
 _MAX_HEADER_LINE = 64 * 1024  # a '*<n>' or '$<n>' line longer than this is garbage
 _MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
 _READ_CHUNK = 256 * 1024
+_JOIN_BELOW = 256 * 1024  # one send for small replies; larger values are written without a copy
 _MAX_GROW = 64 * 1024 * 1024  # grow towards a huge announced value in steps, not all at once
 _SHRINK_ABOVE = 8 * 1024 * 1024  # give back a buffer grown for a huge value once it is consumed
 
@@ -209,7 +210,7 @@ def bulk(value: bytes | None, proto: int = 2) -> list[bytes]:
     """Bulk string parts; large values stay a separate part (no copy)."""
     if value is None:
         return [null(proto)]
-    if len(value) <= 16 * 1024:
+    if len(value) <= _JOIN_BELOW:
         return [b"$%d\r\n%b\r\n" % (len(value), value)]
     return [b"$%d\r\n" % len(value), value, CRLF]
 

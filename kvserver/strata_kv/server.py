@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import resp
-from .commands import ServerState, Session, dispatch
+from .commands import ServerState, Session, dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .metrics import Metrics
 from .store import TieredStore
@@ -45,6 +45,7 @@ class RespConnection(asyncio.BufferedProtocol):
         self.can_write.set()
         self.reading_paused = False
         self.broken = False
+        self.idle = True  # the command task is waiting, not in the middle of a command
         self.task: asyncio.Task[None] | None = None
 
     # -- asyncio callbacks ------------------------------------------------------------------------
@@ -81,6 +82,8 @@ class RespConnection(asyncio.BufferedProtocol):
                 cmd = self.parser.get_command()
                 if cmd is None:
                     break
+                if self.idle and not self.queue and self._run_nowait(cmd):
+                    continue
                 self.queue.append(cmd)
         except resp.ProtocolError as e:
             self.queue.append(e)
@@ -90,6 +93,23 @@ class RespConnection(asyncio.BufferedProtocol):
             self.reading_paused = True
         if self.queue:
             self.work.set()
+
+    def _run_nowait(self, cmd: list[bytes]) -> bool:
+        """Answer from L1 inside the read callback when nothing is queued ahead; False: queue it."""
+        assert self.transport is not None and self.session is not None
+        if not self.can_write.is_set():
+            return False
+        started = time.perf_counter()
+        reply = dispatch_nowait(self.server.state, self.session, cmd)
+        if reply is None:
+            return False
+        if isinstance(reply, bytes):
+            self.transport.write(reply)
+        else:
+            for part in reply:
+                self.transport.write(part)
+        self.server.metrics.observe(cmd[0], time.perf_counter() - started)
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -111,8 +131,10 @@ class RespConnection(asyncio.BufferedProtocol):
         transport, session, state = self.transport, self.session, self.server.state
         metrics = self.server.metrics
         while True:
+            self.idle = True
             await self.work.wait()
             self.work.clear()
+            self.idle = False
             while self.queue:
                 item = self.queue.popleft()
                 if isinstance(item, resp.ProtocolError):

@@ -154,7 +154,16 @@ class TieredStore:
         return tiers
 
     # -- writes -----------------------------------------------------------------------------------
-    async def set(self, key: bytes, value: bytes, parent: bytes | None = None) -> None:
+    def get_nowait(self, key: bytes) -> bytes | None:
+        """An L1 (or write-behind) hit without leaving the event loop; None means: use `get`."""
+        value = self.l1.get(key)
+        if value is None and self.write_behind is not None:
+            value = self.write_behind.pending.get(key)
+        if value is not None:
+            self.counters["hits_l1"] += 1
+        return value
+
+    def _set_l1(self, key: bytes, value: bytes, parent: bytes | None) -> None:
         self.counters["sets"] += 1
         self.counters["bytes_in"] += len(value)
         try:
@@ -163,6 +172,19 @@ class TieredStore:
             if not self.write_behind:
                 raise StoreFull(str(e)) from e
             self.l1.delete(key)  # an older value must not shadow the new one
+
+    def set_nowait(self, key: bytes, value: bytes, parent: bytes | None = None) -> bool:
+        """SET without waiting; False (nothing done) when the write-behind queue is full."""
+        if self.write_behind is not None and self.write_behind.full(len(value)):
+            return False
+        self._set_l1(key, value, parent)
+        if self.write_behind is not None:
+            queued = self.write_behind.try_submit(key, value)
+            assert queued, "write-behind refused after reporting room"
+        return True
+
+    async def set(self, key: bytes, value: bytes, parent: bytes | None = None) -> None:
+        self._set_l1(key, value, parent)
         if self.write_behind:
             await self.write_behind.submit(key, value)
 

@@ -19,6 +19,8 @@ Sink = Callable[[bytes, bytes], None]
 
 
 class WriteBehind:
+    """Runs on the event loop thread only (no locks needed); the writes themselves go to threads."""
+
     def __init__(self, sinks: list[tuple[str, Sink]], max_items: int, max_bytes: int, workers: int) -> None:
         self._sinks = sinks
         self._max_items = max_items
@@ -28,7 +30,9 @@ class WriteBehind:
         self._order: deque[bytes] = deque()
         self._bytes = 0
         self._in_flight = 0
-        self._cond = asyncio.Condition()
+        self._work = asyncio.Event()  # something is queued (or we are closing)
+        self._space = asyncio.Event()  # a slot was freed
+        self._progress = asyncio.Event()  # a write finished
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.written = 0
@@ -47,25 +51,40 @@ class WriteBehind:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(), name=f"write-behind-{i}") for i in range(self._workers_n)]
 
+    def full(self, size: int) -> bool:
+        """Would a `size`-byte chunk have to wait?"""
+        return self._full(size)
+
     def _full(self, size: int) -> bool:
         if not self._order:
             return False  # always admit one item, however large, or a big value could never pass
         return len(self._order) >= self._max_items or self._bytes + size > self._max_bytes
 
-    async def submit(self, key: bytes, value: bytes) -> None:
-        async with self._cond:
-            old = self.pending.get(key)
-            if old is not None:  # newer value replaces the queued one; keep its place in line
-                self.pending[key] = value
-                self._bytes += len(value) - len(old)
-                return
-            if self._full(len(value)):
-                self.backpressure_waits += 1
-                await self._cond.wait_for(lambda: not self._full(len(value)))
+    def try_submit(self, key: bytes, value: bytes) -> bool:
+        """Queue without waiting; False when the queue is full (then use `submit`)."""
+        old = self.pending.get(key)
+        if old is not None:  # newer value replaces the queued one; keep its place in line
             self.pending[key] = value
-            self._order.append(key)
-            self._bytes += len(value)
-            self._cond.notify_all()
+            self._bytes += len(value) - len(old)
+            return True
+        if self._full(len(value)):
+            return False
+        self.pending[key] = value
+        self._order.append(key)
+        self._bytes += len(value)
+        self._work.set()
+        return True
+
+    async def submit(self, key: bytes, value: bytes) -> None:
+        """Queue, waiting while the queue is full: backpressure on the writer."""
+        if self.try_submit(key, value):
+            return
+        self.backpressure_waits += 1
+        while True:
+            self._space.clear()
+            await self._space.wait()
+            if self.try_submit(key, value):
+                return
 
     def discard(self, key: bytes) -> None:
         """A DEL before the write happened: drop the queued write."""
@@ -74,27 +93,29 @@ class WriteBehind:
             self._bytes -= len(value)
             with contextlib.suppress(ValueError):  # ValueError: being written right now
                 self._order.remove(key)
+            self._space.set()
 
     async def _worker(self) -> None:
         while True:
-            async with self._cond:
-                await self._cond.wait_for(lambda: bool(self._order) or self._closing)
-                if not self._order:
+            while not self._order:
+                if self._closing:
                     return
-                key = self._order.popleft()
-                value = self.pending.get(key)
-                self._in_flight += 1
-                self._cond.notify_all()  # a slot is free: wake writers held back by backpressure
+                self._work.clear()
+                await self._work.wait()
+            key = self._order.popleft()
+            value = self.pending.get(key)
+            self._in_flight += 1
+            self._space.set()  # a slot is free: wake writers held back by backpressure
             try:
                 if value is not None:
                     await self._write(key, value)
             finally:
-                async with self._cond:
-                    self._in_flight -= 1
-                    if value is not None and self.pending.get(key) is value:
-                        del self.pending[key]
-                        self._bytes -= len(value)
-                    self._cond.notify_all()
+                self._in_flight -= 1
+                if value is not None and self.pending.get(key) is value:
+                    del self.pending[key]
+                    self._bytes -= len(value)
+                self._space.set()
+                self._progress.set()
 
     async def _write(self, key: bytes, value: bytes) -> None:
         for name, sink in self._sinks:
@@ -111,8 +132,9 @@ class WriteBehind:
         """Wait until everything queued is written; True if it finished within `timeout`."""
 
         async def _wait() -> None:
-            async with self._cond:
-                await self._cond.wait_for(lambda: not self._order and self._in_flight == 0)
+            while self._order or self._in_flight:
+                self._progress.clear()
+                await self._progress.wait()
 
         try:
             await asyncio.wait_for(_wait(), timeout)
@@ -122,10 +144,10 @@ class WriteBehind:
 
     async def close(self, timeout: float) -> bool:
         drained = await self.drain(timeout)
-        async with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        for task in self._tasks:
-            task.cancel() if not drained else None
+        self._closing = True
+        self._work.set()
+        if not drained:
+            for task in self._tasks:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         return drained
