@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .buffers import BufferPool, alloc_host
-from .concurrency import DEFAULT_CONCURRENCY, finish, thread_pool
+from .concurrency import concurrency_for, finish, thread_pool
 from .executor import read_ranges, stream_batches, writable_view
 from .format import Header, TensorInfo
 from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE, Span, coalesce, plan_files, slice_runs
@@ -37,12 +37,13 @@ def load_files(
     filenames: Sequence[PathLike],
     device: str | int | torch.device = "cpu",
     *,
-    concurrency: int = DEFAULT_CONCURRENCY,
+    concurrency: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> dict[str, torch.Tensor]:
     """Load many files at once into one dict (names must be unique across files, as in sharded
     checkpoints)."""
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    concurrency = concurrency_for(filenames, concurrency)
     if dev.type != "cpu":
         return dict(iter_tensors(filenames, device=dev, concurrency=concurrency, block_size=block_size))
     readers = [open_reader(f) for f in filenames]
@@ -75,19 +76,22 @@ def iter_tensors(
     memory_limit: int = 1 * 2**30,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    concurrency: int = DEFAULT_CONCURRENCY,
+    concurrency: int | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) from many files, each as soon as its bytes are in, holding <= `memory_limit` of
     read-ahead buffers. On CUDA, reads land in pinned buffers and host->GPU copies overlap the next reads."""
     dev = torch.device(device)
     on_gpu = dev.type == "cuda"
+    concurrency = concurrency_for(filenames, concurrency)
     readers = [open_reader(f) for f in filenames]
     try:
         headers = list(thread_pool(concurrency).map(read_header, readers))
         batches = plan_files(headers, batch_bytes)
         pool = None
         if not copy or on_gpu:
-            slots = min(max(2, memory_limit // batch_bytes), 4 * concurrency)
+            # enough slots to keep every reader busy while the caller consumes one batch, within the limit
+            wanted = 2 + -(-concurrency * block_size // batch_bytes)
+            slots = max(2, min(memory_limit // batch_bytes, wanted))
             pool = BufferPool(batch_bytes, slots, pinned=on_gpu and torch.cuda.is_available())
         stream = torch.cuda.Stream(dev) if on_gpu else None
         for batch, buf in stream_batches(readers, batches, pool, block_size, concurrency, memory_limit):
@@ -108,9 +112,10 @@ def iter_tensors(
 class SafetensorsFile:
     """Like `safetensors.safe_open(path, "pt")`: read single tensors or slices of them without the rest."""
 
-    def __init__(self, filename: PathLike, *, concurrency: int = DEFAULT_CONCURRENCY,
+    def __init__(self, filename: PathLike, *, concurrency: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.reader: RangeReader = open_reader(filename)
+        concurrency = concurrency_for([filename], concurrency)
         self.header: Header = read_header(self.reader)
         self._by_name = self.header.by_name()
         self.concurrency, self.block_size = concurrency, block_size

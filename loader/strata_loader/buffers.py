@@ -1,42 +1,21 @@
-"""Host memory for reads: huge-page backed, pre-faulted, and reused, because first-touch page faults (not the
-disk) bound a loader on this class of machine (FACTS.md: fresh memory fills at 0.4-11 GB/s, touched at
-12+)."""
+"""Host memory for reads. First-touch page faults, not the disk, bound a loader on this class of machine
+(FACTS.md: fresh memory fills at 0.4-11 GB/s, touched memory copies at 12+), so streaming reuses a pool of
+buffers faulted in once. Measured here: advising transparent huge pages made first touch ~10x slower (direct
+compaction on fault), so plain allocations are used."""
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import threading
 
 import torch
 
-_HUGE = 2 * 2**20
-
 
 def alloc_host(nbytes: int, prefault: bool = False) -> torch.Tensor:
-    """A uint8 tensor over fresh anonymous memory advised for transparent huge pages.
-
-    The tensor owns the mapping (it is freed when the last view goes), so views of it are safe to keep.
-    """
-    unit = _HUGE if nbytes >= _HUGE else mmap.PAGESIZE
-    size = max(unit, -(-nbytes // unit) * unit)
-    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):  # THP disabled: small pages still work
-            mm.madvise(mmap.MADV_HUGEPAGE)
-    if prefault and hasattr(mmap, "MADV_POPULATE_WRITE"):
-        try:
-            mm.madvise(mmap.MADV_POPULATE_WRITE)
-        except OSError:
-            prefault_by_touch(mm)
-    elif prefault:
-        prefault_by_touch(mm)
-    return torch.frombuffer(mm, dtype=torch.uint8)[:nbytes]
-
-
-def prefault_by_touch(mm: mmap.mmap) -> None:
-    for off in range(0, len(mm), 4096):
-        mm[off] = 0
+    """A fresh uint8 host tensor; views of it own a reference, so they are safe to keep."""
+    buf = torch.empty(max(nbytes, 0), dtype=torch.uint8)
+    if prefault:
+        buf.fill_(0)
+    return buf
 
 
 class BufferPool:

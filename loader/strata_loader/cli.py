@@ -141,10 +141,10 @@ def _bench(args: argparse.Namespace) -> int:
     import safetensors.torch
 
     from .api import load_files
-    from .concurrency import DEFAULT_CONCURRENCY
+    from .concurrency import concurrency_for
 
     total = sum(os.path.getsize(p) for p in args.paths)
-    conc = args.concurrency or DEFAULT_CONCURRENCY
+    conc = concurrency_for(args.paths, args.concurrency)
     rows = []
     for name, fn in (
         ("strata_loader.load_files", lambda: load_files(args.paths, concurrency=conc)),

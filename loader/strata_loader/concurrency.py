@@ -6,7 +6,17 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY = 4
+"""Reads in flight for local files: on few cores, where page faults dominate, more threads only contend."""
+S3_CONCURRENCY = 16
+"""Ranged GETs in flight for S3: latency-bound, so many more."""
+
+
+def concurrency_for(locations: Sequence[object], requested: int | None) -> int:
+    if requested is not None:
+        return requested
+    remote = any(str(loc).startswith("s3://") for loc in locations)
+    return S3_CONCURRENCY if remote else DEFAULT_CONCURRENCY
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
