@@ -17,6 +17,7 @@ from typing import Any
 
 import kopf
 import pytest
+from kopf._core.intents import registries as kopf_registries
 from kopf.testing import KopfRunner
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -89,9 +90,17 @@ def _create_child(body: kopf.Body, name: str, namespace: str, spec: kopf.Spec, p
 
 @pytest.fixture(scope="module")
 def probe_operator(k8s: DynamicClient) -> Iterator[KopfRunner]:
+    # `kopf run` with an explicit registry makes it the process-wide default; Strata's own handlers must
+    # keep theirs, so register them first and put the default back afterwards.
+    import strata_operator.handlers  # noqa: F401
+
+    strata_registry = kopf_registries.get_default_registry()
     install_crds(k8s, [build_crd(PROBE)])
-    with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry, timeout=60) as runner:
-        yield runner
+    try:
+        with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry, timeout=60) as runner:
+            yield runner
+    finally:
+        kopf_registries.set_default_registry(strata_registry)
     assert runner.exception is None, runner.output
 
 
