@@ -90,7 +90,7 @@ async def cmd_echo(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 def _authenticate(state: ServerState, s: Session, user: bytes | None, password: bytes) -> bytes | None:
     if state.token is None:
         return resp.error(
-            "AUTH <password> called without any password configured for the default user. "
+            "ERR AUTH <password> called without any password configured for the default user. "
             "Are you sure your configuration is correct?"
         )
     if (user is None or user == b"default") and hmac.compare_digest(password, state.token):
