@@ -143,6 +143,17 @@ NEEDED_IN_NAMESPACE = [
     ("patch", "batch", "jobs", ""),
     ("delete", "batch", "jobs", ""),
     ("watch", "", "pods", ""),
+    ("list", "", "pods", ""),
+    ("get", "batch", "jobs", ""),
+    ("list", "batch", "jobs", ""),
+    ("get", "", "persistentvolumeclaims", ""),
+    ("patch", "", "persistentvolumeclaims", ""),
+    ("get", "apps", "daemonsets", ""),
+    ("watch", "apps", "daemonsets", ""),
+    ("patch", "apps", "daemonsets", ""),
+    ("watch", "", "services", ""),
+    ("watch", "", "configmaps", ""),
+    ("get", "strata.dev", "kvcachetiers", ""),
     ("create", "", "persistentvolumeclaims", ""),
     ("watch", "", "persistentvolumeclaims", ""),
     ("create", "apps", "daemonsets", ""),
@@ -156,6 +167,7 @@ NEEDED_CLUSTER_WIDE = [
     ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("watch", "", "nodes", ""),
     ("patch", "", "nodes", ""),
+    ("list", "", "nodes", ""),
     ("get", "storage.k8s.io", "storageclasses", ""),
 ]
 # Never: what a compromised operator must not be able to do.
@@ -168,6 +180,11 @@ FORBIDDEN_IN_NAMESPACE = [
     ("delete", "", "persistentvolumeclaims", ""),
     ("create", "rbac.authorization.k8s.io", "rolebindings", ""),
     ("create", "", "serviceaccounts", ""),
+    ("delete", "apps", "daemonsets", ""),
+    ("delete", "", "configmaps", ""),
+    ("delete", "", "services", ""),
+    ("get", "", "pods", ""),
+    ("patch", "", "events", ""),
 ]
 FORBIDDEN_CLUSTER_WIDE = [
     ("delete", "", "nodes", ""),
@@ -244,16 +261,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, control_plane, namespaced, tmp_path):
-    """The Deployment's own command line, environment and RBAC: the operator starts, passes its health
-    probe, joins the chart's peering object, and never hits a 403."""
+class OperatorProcess:
+    def __init__(self, process: subprocess.Popen[bytes], log: Path, port: int) -> None:
+        self.process, self.log, self.port = process, log, port
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def healthy(self) -> bool:
+        assert self.process.poll() is None, f"operator exited:\n{self.output()[-4000:]}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def assert_never_forbidden(self) -> None:
+        output = self.output()
+        assert "403" not in output and "Forbidden" not in output, output[-4000:]
+
+
+@pytest.fixture(scope="module")
+def chart_operator(k8s, control_plane, namespaced, tmp_path_factory) -> Iterator[OperatorProcess]:
+    """The operator as the chart's Deployment runs it: its args and env, its service account's token."""
+    tmp = tmp_path_factory.mktemp("chart-operator")
     (container,) = namespaced.find("Deployment")["spec"]["template"]["spec"]["containers"]
     port = free_port()
     args = [a.replace("http://0.0.0.0:8080", f"http://127.0.0.1:{port}") for a in container["args"]]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env.update(POD_ID="chart-test-peer", POD_NAMESPACE=namespaced.namespace)
-    env["KUBECONFIG"] = str(service_account_kubeconfig(k8s, control_plane, namespaced, tmp_path / "kubeconfig"))
-    log = tmp_path / "operator.log"
+    env["KUBECONFIG"] = str(service_account_kubeconfig(k8s, control_plane, namespaced, tmp / "kubeconfig"))
+    log = tmp / "operator.log"
     # The image's entrypoint, `strata-operator`, is this module's main().
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -262,30 +300,10 @@ def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, control
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    operator = OperatorProcess(process, log, port)
     try:
-
-        def healthy() -> bool:
-            assert process.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, timeout=60, what="the operator's /healthz")
-        peering = resource(k8s, "kopf.dev/v1", "KopfPeering")
-
-        def joined() -> bool:
-            status = peering.get(name="strata-test", namespace=namespaced.namespace).to_dict().get("status") or {}
-            return "chart-test-peer" in status
-
-        try:
-            wait_for(joined, timeout=30, what="the operator in the KopfPeering's status")
-        except AssertionError as error:
-            raise AssertionError(f"{error}\noperator log:\n{log.read_text()[-4000:]}") from None
-        time.sleep(2)  # let the first watches list their resources
-        output = log.read_text()
-        assert "403" not in output and "Forbidden" not in output, output[-4000:]
+        wait_for(operator.healthy, timeout=60, what="the operator's /healthz")
+        yield operator
     finally:
         process.terminate()
         try:
@@ -293,3 +311,50 @@ def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, control
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, namespaced, chart_operator):
+    """The operator starts, passes its health probe, joins the chart's peering object, and never hits a 403."""
+    peering = resource(k8s, "kopf.dev/v1", "KopfPeering")
+
+    def joined() -> bool:
+        status = peering.get(name="strata-test", namespace=namespaced.namespace).to_dict().get("status") or {}
+        return "chart-test-peer" in status
+
+    try:
+        wait_for(joined, timeout=30, what="the operator in the KopfPeering's status")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\noperator log:\n{chart_operator.output()[-4000:]}") from None
+    time.sleep(2)  # let the first watches list their resources
+    chart_operator.assert_never_forbidden()
+
+
+def test_operator_reconciles_samples_with_only_the_charts_permissions(k8s, namespaced, chart_operator):
+    """A KVCacheTier and a ModelCache in the watched namespace get their children and a status, and the
+    operator's log shows no 403: the handlers' real calls fit the chart's RBAC."""
+    ns = namespaced.namespace
+    tier = {"apiVersion": "strata.dev/v1alpha1", "kind": "KVCacheTier", "metadata": {"name": "rbac-kv"}, "spec": {}}
+    cache = {
+        "apiVersion": "strata.dev/v1alpha1",
+        "kind": "ModelCache",
+        "metadata": {"name": "rbac-model"},
+        "spec": {
+            "source": {"uri": "s3://models/tiny", "credentials": {"secretRef": {"name": "s3-credentials"}}},
+            "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}},
+        },
+    }
+    for body in (tier, cache):
+        resource(k8s, body["apiVersion"], body["kind"]).create(body=body, namespace=ns)
+
+    def reconciled(kind: str, name: str) -> bool:
+        status = resource(k8s, "strata.dev/v1alpha1", kind).get(name=name, namespace=ns).to_dict().get("status")
+        return bool(status and status.get("observedGeneration") == 1 and status.get("conditions"))
+
+    try:
+        wait_for(lambda: reconciled("KVCacheTier", "rbac-kv"), timeout=60, what="KVCacheTier status")
+        wait_for(lambda: reconciled("ModelCache", "rbac-model"), timeout=60, what="ModelCache status")
+        daemonsets = resource(k8s, "apps/v1", "DaemonSet")
+        wait_for(lambda: daemonsets.get(name="rbac-kv", namespace=ns), timeout=30, what="the KV DaemonSet")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\noperator log:\n{chart_operator.output()[-6000:]}") from None
+    chart_operator.assert_never_forbidden()

@@ -121,7 +121,7 @@ def test_replicas_elect_a_leader_through_a_cluster_peering(helm, chart_helpers, 
     assert {
         "apiGroups": ["kopf.dev"],
         "resources": ["clusterkopfpeerings"],
-        "verbs": ["get", "list", "watch", "patch"],
+        "verbs": ["list", "watch", "patch"],
     } in cluster_role["rules"]
 
 
@@ -156,7 +156,7 @@ def test_edge_values_watch_only_listed_namespaces(helm, chart_helpers, monkeypat
         "team-b",
     ]
     cluster_rules = chart_helpers.find(objects, "ClusterRole", "edge-strata-cluster")["rules"]
-    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]} in cluster_rules
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in cluster_rules
     monitor = chart_helpers.find(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
