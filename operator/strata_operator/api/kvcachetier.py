@@ -171,9 +171,7 @@ class HashSpec(CRDModel):
         default=None,
         pattern=r"^[0-9]{1,10}$",
         description="PYTHONHASHSEED for every engine; derived from namespace/name when omitted.",
-        json_schema_extra=_validations(
-            cel("int(self) <= 4294967295", "hash.seed must be at most 4294967295")
-        ),
+        json_schema_extra=_validations(cel("int(self) <= 4294967295", "hash.seed must be at most 4294967295")),
     )
 
 
@@ -187,9 +185,7 @@ class TenancySpec(CRDModel):
 
 
 class AuthSpec(CRDModel):
-    secret_ref: SecretKeyRef = Field(
-        description="Secret key holding the RESP AUTH token (key `token` if unset)."
-    )
+    secret_ref: SecretKeyRef = Field(description="Secret key holding the RESP AUTH token (key `token` if unset).")
 
 
 class UpdateStrategy(CRDModel):
@@ -221,9 +217,7 @@ class KVCacheTierSpec(CRDModel):
     update_strategy: UpdateStrategy = Field(default_factory=UpdateStrategy, json_schema_extra=_OBJECT_DEFAULT)
     l1: L1Spec = Field(default_factory=L1Spec, json_schema_extra=_OBJECT_DEFAULT)
     l2: L2Spec | None = None
-    chunk_tokens: int = Field(
-        default=256, ge=1, le=65536, description="Tokens per chunk; engines must agree."
-    )
+    chunk_tokens: int = Field(default=256, ge=1, le=65536, description="Tokens per chunk; engines must agree.")
     hash: HashSpec = Field(default_factory=HashSpec, json_schema_extra=_OBJECT_DEFAULT)
     tenancy: TenancySpec = Field(default_factory=TenancySpec, json_schema_extra=_OBJECT_DEFAULT)
     auth: AuthSpec | None = None
@@ -263,9 +257,7 @@ CRD = CRDSpec(
         PrinterColumn("Desired", ".status.desiredInstances", "integer"),
         PrinterColumn("L1", ".spec.l1.size"),
         PrinterColumn("L2", ".status.l2"),
-        PrinterColumn(
-            "Available", '.status.conditions[?(@.type=="Available")].status', description="Serving"
-        ),
+        PrinterColumn("Available", '.status.conditions[?(@.type=="Available")].status', description="Serving"),
     ),
     description="A per-node KV cache tier server (DRAM L1, filesystem/S3 L2) for vLLM.",
 )

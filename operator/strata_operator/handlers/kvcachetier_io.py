@@ -26,9 +26,7 @@ def read(api_version: str, kind: str, name: str, namespace: str | None) -> dict[
     """The object as a dict, or None when it does not exist."""
     resource = _resource(api_version, kind)
     try:
-        response = resource.get(
-            name=name, namespace=namespace if resource.namespaced else None, serialize=False
-        )
+        response = resource.get(name=name, namespace=namespace if resource.namespaced else None, serialize=False)
     except NotFoundError:
         return None
     return dict(json.loads(response.data))

@@ -6,6 +6,7 @@ and converges on the same state. Reconciles of one resource are serialized by a 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
+from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 from pydantic import ValidationError
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
@@ -24,12 +26,13 @@ from strata_operator.resources.kvcachetier.status import (
     CONFIG_VALID,
     Observed,
     compute_status,
-    condition_transitions,
     status_changed,
+    transition_events,
 )
 from strata_operator.resources.kvcachetier.storage import l2_claim_name
 from strata_operator.resources.kvcachetier.validation import (
     ClusterFacts,
+    Problem,
     node_selected,
     nodes_too_small,
     validate,
@@ -84,19 +87,39 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     return facts
 
 
-def apply_children(children: Children) -> dict[str, Any]:
-    """Apply in dependency order; returns the DaemonSet as stored."""
-    stored: dict[str, Any] = {}
+def check(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[Problem], list[str]]:
+    """Problems that block applying, and warnings that do not (servers that fit on only some nodes)."""
+    facts = gather_facts(spec, tier)
+    problems = validate(spec, facts)
+    warnings = []
+    if not problems and (small := nodes_too_small(spec, facts.nodes)):
+        warnings.append(f"servers do not fit on {len(small)} selected node(s): {', '.join(small[:5])}")
+    return problems, warnings
+
+
+def apply_children(children: Children) -> Problem | None:
+    """Apply in dependency order; a child the API server refuses (e.g. a claim shrunk) becomes a Problem."""
     for child in children.in_apply_order():
-        stored = io.apply(child)
+        try:
+            stored = io.apply(child)
+        except UnprocessibleEntityError as error:
+            kind, name = child["kind"], child["metadata"]["name"]
+            return Problem("ChildRejected", f"the API server refused {kind} {name}: {_api_message(error)}")
         meta = stored["metadata"]
         applied_children[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
             str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
         )
-    return stored
+    return None
 
 
-def observe(spec: KVCacheTierSpec, tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _api_message(error: UnprocessibleEntityError) -> str:
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.summary())
+
+
+def observe(tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The DaemonSet and its pods, as they are now."""
     daemonset = io.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
     pods = io.list_objects(
@@ -137,16 +160,14 @@ def _reconcile_locked(
         spec = KVCacheTierSpec.model_validate(current.get("spec") or {})
     except ValidationError as error:
         return _reject_spec(current, tier, previous, error, now)
-    facts = gather_facts(spec, tier)
-    problems = validate(spec, facts)
-    warnings = []
-    if not problems and (small := nodes_too_small(spec, facts.nodes)):
-        warnings.append(f"servers do not fit on {len(small)} selected node(s): {', '.join(small[:5])}")
+    problems, warnings = check(spec, tier) if full else (None, [])
     children = build_children(spec, tier)
     applied = full and not problems
     if applied:
-        apply_children(children)
-    daemonset, pods = observe(spec, tier)
+        rejection = apply_children(children)
+        if rejection is not None:
+            applied, problems = False, [rejection]
+    daemonset, pods = observe(tier)
     claim_name = l2_claim_name(spec, tier)
     claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
     observed = Observed(
@@ -154,7 +175,7 @@ def _reconcile_locked(
         pods=pods,
         problems=problems,
         claim=claim,
-        config_hash=children.config_hash if applied or not problems else None,
+        config_hash=None if problems else children.config_hash,
         warnings=warnings,
     )
     status = compute_status(spec, tier, observed, previous, now=now)
@@ -172,9 +193,8 @@ def _write_if_changed(
     if not status_changed(previous, status):
         return False
     io.write_tier_status(tier.name, tier.namespace, status)
-    for condition in condition_transitions(previous.get("conditions") or [], status["conditions"]):
-        healthy = condition["status"] == "True" or condition["type"] == "AllInstancesReady"
-        events(current, "Normal" if healthy else "Warning", condition["reason"], condition["message"])
+    for type_, reason, message in transition_events(previous.get("conditions") or [], status["conditions"]):
+        events(current, type_, reason, message)
     return True
 
 

@@ -9,9 +9,9 @@ from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
     Observed,
     compute_status,
-    condition_transitions,
     endpoints,
     status_changed,
+    transition_events,
 )
 from strata_operator.resources.kvcachetier.validation import (
     ClusterFacts,
@@ -30,9 +30,7 @@ def spec_of(**fields: Any) -> KVCacheTierSpec:
     return KVCacheTierSpec.model_validate(fields)
 
 
-def node(
-    name: str, memory: str = "64Gi", taints: list[dict[str, str]] | None = None, **labels: str
-) -> dict[str, Any]:
+def node(name: str, memory: str = "64Gi", taints: list[dict[str, str]] | None = None, **labels: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": labels},
         "spec": {"taints": taints or []},
@@ -86,9 +84,7 @@ def test_missing_secrets_and_keys() -> None:
     problems = validate(spec, facts)
     assert reasons(problems) == ["SecretKeyMissing", "S3CredentialsIncomplete"]
     assert "AWS_SECRET_ACCESS_KEY" in problems[1].message
-    ok = ClusterFacts(
-        secrets={"token": {"token": "x"}, "s3": {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}}
-    )
+    ok = ClusterFacts(secrets={"token": {"token": "x"}, "s3": {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}})
     assert validate(spec, ok) == []
 
 
@@ -148,9 +144,7 @@ def test_partial_readiness_and_rollout() -> None:
     assert conditions["AllInstancesReady"] == ("False", "InstancesNotReady")
     rolling = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, updated=1)), {}, now=T0))
     assert rolling["AllInstancesReady"] == ("False", "RollingOut")
-    unsettled = conditions_of(
-        compute_status(spec_of(), TIER, Observed(daemonset(3, 3, settled=False)), {}, now=T0)
-    )
+    unsettled = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, settled=False)), {}, now=T0))
     assert unsettled["AllInstancesReady"] == ("False", "RollingOut")
 
 
@@ -181,7 +175,7 @@ def test_recomputing_an_unchanged_status_needs_no_write() -> None:
     first = compute_status(spec_of(), TIER, observed, {}, now=T0)
     second = compute_status(spec_of(), TIER, observed, first, now=T1)
     assert not status_changed(first, second)
-    assert condition_transitions(first["conditions"], second["conditions"]) == []
+    assert transition_events(first["conditions"], second["conditions"]) == []
 
 
 def test_transition_time_moves_only_when_a_condition_flips() -> None:
@@ -190,8 +184,28 @@ def test_transition_time_moves_only_when_a_condition_flips() -> None:
     times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
     assert times["Available"] == T0
     assert times["AllInstancesReady"] == T1
-    flipped = [c["type"] for c in condition_transitions(first["conditions"], second["conditions"])]
-    assert flipped == ["AllInstancesReady", "Ready"]
+    assert transition_events(first["conditions"], second["conditions"]) == [
+        ("Normal", "AllReady", "all 2 servers are ready")
+    ]
+
+
+def test_broken_configuration_is_a_warning_event() -> None:
+    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 2)), {}, now=T0)
+    problem = Problem("SecretNotFound", "Secret 'x' does not exist")
+    second = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=[problem]), first, now=T1)
+    assert ("Warning", "SecretNotFound", "Secret 'x' does not exist") in transition_events(
+        first["conditions"], second["conditions"]
+    )
+
+
+def test_status_only_refresh_keeps_the_last_validation() -> None:
+    problem = Problem("L1ExceedsNodeMemory", "too big")
+    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 1), problems=[problem]), {}, now=T0)
+    refreshed = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=None), first, now=T1)
+    assert conditions_of(refreshed)["ConfigValid"] == ("False", "L1ExceedsNodeMemory")
+    assert conditions_of(refreshed)["Ready"] == ("False", "L1ExceedsNodeMemory")
+    fresh = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=None), {}, now=T1)
+    assert conditions_of(fresh)["ConfigValid"] == ("True", "Valid")
 
 
 def test_terminating_and_unscheduled_pods_are_not_endpoints() -> None:

@@ -78,11 +78,11 @@ def test_resources_override_wins_and_derived_memory_fills_the_gap() -> None:
 
 def test_node_selection_and_priority_reach_the_pod() -> None:
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    affinity: dict[str, Any] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    }
     pod = pod_spec(
-        spec_of(
-            nodeSelector={"gpu": "h100"}, tolerations=tolerations, affinity=affinity, priorityClassName="hi"
-        )
+        spec_of(nodeSelector={"gpu": "h100"}, tolerations=tolerations, affinity=affinity, priorityClassName="hi")
     )
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == tolerations
@@ -154,9 +154,7 @@ def test_l2_filesystem_is_mounted(l2: dict[str, Any], volume: dict[str, Any]) ->
 
 
 def test_created_claim_is_read_write_many() -> None:
-    children = build_children(
-        spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti", "storageClassName": "nfs"}}}}), TIER
-    )
+    children = build_children(spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti", "storageClassName": "nfs"}}}}), TIER)
     assert children.pvc is not None
     assert children.pvc["metadata"]["name"] == "kv-l2"
     assert children.pvc["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -180,10 +178,7 @@ def test_auth_token_is_mounted_from_its_secret_key() -> None:
 def test_service_keeps_traffic_on_the_node() -> None:
     service = build_children(spec_of(), TIER).service
     assert service["spec"]["internalTrafficPolicy"] == "Local"
-    assert (
-        service["spec"]["selector"]
-        == build_children(spec_of(), TIER).daemonset["spec"]["selector"]["matchLabels"]
-    )
+    assert service["spec"]["selector"] == build_children(spec_of(), TIER).daemonset["spec"]["selector"]["matchLabels"]
 
 
 def test_update_strategy() -> None:
@@ -226,9 +221,7 @@ LMCACHE_FIELDS = {"chunk_size", "remote_url", "remote_serde"}
 
 
 def test_connection_config_map_is_what_vllm_accepts() -> None:
-    spec = spec_of(
-        chunkTokens=512, hash={"algorithm": "xxhash", "seed": "123"}, tenancy={"cacheSalt": "team-a"}
-    )
+    spec = spec_of(chunkTokens=512, hash={"algorithm": "xxhash", "seed": "123"}, tenancy={"cacheSalt": "team-a"})
     data = build_connection_config_map(spec, TIER)["data"]
     raw = json.loads(data["KV_TRANSFER_CONFIG"])
     config = VllmKVTransferConfig.model_validate(raw)

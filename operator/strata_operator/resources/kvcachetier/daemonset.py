@@ -87,16 +87,12 @@ def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]]
     if spec.auth is not None:
         ref = spec.auth.secret_ref
         items = [{"key": ref.key or AUTH_FILE, "path": AUTH_FILE}]
-        volumes.append(
-            {"name": "auth", "secret": {"secretName": ref.name, "items": items, "defaultMode": 0o440}}
-        )
+        volumes.append({"name": "auth", "secret": {"secretName": ref.name, "items": items, "defaultMode": 0o440}})
         mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None:
         if fs.host_path is not None:
-            volumes.append(
-                {"name": "l2", "hostPath": {"path": fs.host_path.path, "type": "DirectoryOrCreate"}}
-            )
+            volumes.append({"name": "l2", "hostPath": {"path": fs.host_path.path, "type": "DirectoryOrCreate"}})
         elif fs.pvc is not None:
             claim = fs.pvc.claim_name or tier.created_pvc
             volumes.append({"name": "l2", "persistentVolumeClaim": {"claimName": claim}})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.conditions import set_condition
+from strata_operator.conditions import get_condition, set_condition
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
 from strata_operator.resources.kvcachetier.validation import Problem
@@ -29,7 +29,8 @@ class Observed:
 
     daemonset: Mapping[str, Any] | None
     pods: Sequence[Mapping[str, Any]] = ()
-    problems: Sequence[Problem] = ()
+    problems: Sequence[Problem] | None = ()
+    """None: not checked this time (a status-only refresh); ConfigValid keeps its previous value."""
     claim: Mapping[str, Any] | None = None
     config_hash: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -77,9 +78,9 @@ def endpoints(pods: Sequence[Mapping[str, Any]], port: int) -> list[dict[str, An
     return sorted(result, key=lambda e: (e["node"], e["pod"]))
 
 
-def _instances(counts: Counts, problems: Sequence[Problem]) -> tuple[bool, str, str]:
+def _instances(counts: Counts, config_valid: bool) -> tuple[bool, str, str]:
     if counts.desired == 0:
-        if problems:
+        if not config_valid:
             return False, "ConfigInvalid", "no servers run: the configuration is not valid"
         return False, "NoMatchingNodes", "no node matches nodeSelector/tolerations"
     if not counts.settled or counts.updated < counts.desired:
@@ -112,10 +113,14 @@ def _l2(spec: KVCacheTierSpec, tier: TierRef, observed: Observed, counts: Counts
     return "Unknown", "NoReadyServer", "no server is ready to reach the L2 tier yet"
 
 
-def _config_valid(problems: Sequence[Problem], warnings: list[str]) -> tuple[bool, str, str]:
-    if problems:
-        return False, problems[0].reason, "; ".join(p.message for p in problems)
-    return True, "Valid", "; ".join(warnings) or "configuration accepted"
+def _config_valid(observed: Observed, previous: Mapping[str, Any]) -> tuple[bool, str, str]:
+    if observed.problems is None:
+        kept = get_condition(previous.get("conditions") or [], CONFIG_VALID)
+        if kept is not None:
+            return kept.get("status") == "True", str(kept.get("reason")), str(kept.get("message", ""))
+    if observed.problems:
+        return False, observed.problems[0].reason, "; ".join(p.message for p in observed.problems)
+    return True, "Valid", "; ".join(observed.warnings) or "configuration accepted"
 
 
 def compute_status(
@@ -127,15 +132,11 @@ def compute_status(
 ) -> dict[str, Any]:
     """The whole status object; conditions keep their lastTransitionTime unless their status flips."""
     counts = Counts.of(observed.daemonset)
-    valid = _config_valid(observed.problems, observed.warnings)
-    all_ready = _instances(counts, observed.problems)
+    valid = _config_valid(observed, previous)
+    all_ready = _instances(counts, valid[0])
     available = _available(counts, all_ready[1])
     l2 = _l2(spec, tier, observed, counts)
-    ready = (
-        (True, all_ready[1], all_ready[2])
-        if valid[0] and all_ready[0]
-        else (False, *_not_ready(valid, all_ready))
-    )
+    ready = (True, all_ready[1], all_ready[2]) if valid[0] and all_ready[0] else (False, *_not_ready(valid, all_ready))
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     for type_, (status, reason, message) in (
         (CONFIG_VALID, valid),
@@ -144,9 +145,7 @@ def compute_status(
         (L2_REACHABLE, l2),
         (READY, ready),
     ):
-        conditions = set_condition(
-            conditions, type_, status, reason, message, generation=tier.generation, now=now
-        )
+        conditions = set_condition(conditions, type_, status, reason, message, generation=tier.generation, now=now)
     status_obj: dict[str, Any] = {
         "observedGeneration": tier.generation,
         "desiredInstances": counts.desired,
@@ -172,9 +171,20 @@ def status_changed(previous: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return any(previous.get(key) != value for key, value in new.items())
 
 
-def condition_transitions(
+def transition_events(
     previous: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
-    """Conditions whose status or reason changed: each becomes one Kubernetes Event."""
+) -> list[tuple[str, str, str]]:
+    """(event type, reason, message) for each condition whose status or reason changed.
+
+    Ready is left out (it repeats ConfigValid or AllInstancesReady); a rollout in progress is Normal,
+    a configuration or an L2 that does not work, or no server serving, is a Warning.
+    """
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous}
-    return [c for c in new if before.get(c["type"]) != (c["status"], c["reason"])]
+    events = []
+    for condition in new:
+        type_ = condition["type"]
+        if type_ == READY or before.get(type_) == (condition["status"], condition["reason"]):
+            continue
+        healthy = condition["status"] == "True" or type_ == ALL_INSTANCES_READY
+        events.append(("Normal" if healthy else "Warning", condition["reason"], condition["message"]))
+    return events

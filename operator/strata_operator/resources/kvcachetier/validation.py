@@ -6,7 +6,7 @@ bad-input case is unit-tested without a cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ class Problem:
 class ClusterFacts:
     """What the handler read from the API server for one reconcile."""
 
-    nodes: list[Mapping[str, Any]] = field(default_factory=list)
+    nodes: Sequence[Mapping[str, Any]] = field(default_factory=list)
     secrets: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
     """Secret name -> its `data` keys (values unused), None when the Secret does not exist."""
     existing_claim: Mapping[str, Any] | None = None
@@ -75,7 +75,7 @@ def _allocatable_memory(node: Mapping[str, Any]) -> int:
     return quantity_bytes(memory) if memory else 0
 
 
-def check_node_memory(spec: KVCacheTierSpec, nodes: list[Mapping[str, Any]]) -> Problem | None:
+def check_node_memory(spec: KVCacheTierSpec, nodes: Sequence[Mapping[str, Any]]) -> Problem | None:
     """L1 plus headroom must fit on at least one selected node, or no server can ever be scheduled."""
     if not nodes:
         return None
@@ -91,15 +91,13 @@ def check_node_memory(spec: KVCacheTierSpec, nodes: list[Mapping[str, Any]]) -> 
     )
 
 
-def nodes_too_small(spec: KVCacheTierSpec, nodes: list[Mapping[str, Any]]) -> list[str]:
+def nodes_too_small(spec: KVCacheTierSpec, nodes: Sequence[Mapping[str, Any]]) -> list[str]:
     """Selected nodes where a server cannot fit (a warning when others can)."""
     need = memory_request_bytes(spec)
     return sorted(n["metadata"]["name"] for n in nodes if _allocatable_memory(n) < need)
 
 
-def _check_secret(
-    facts: ClusterFacts, name: str, keys: Iterable[str], field_path: str, reason: str
-) -> Problem | None:
+def _check_secret(facts: ClusterFacts, name: str, keys: Iterable[str], field_path: str, reason: str) -> Problem | None:
     data = facts.secrets.get(name)
     if data is None:
         return Problem("SecretNotFound", f"Secret {name!r} ({field_path}) does not exist in this namespace")
@@ -113,17 +111,13 @@ def check_secrets(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     problems = []
     if spec.auth is not None:
         ref = spec.auth.secret_ref
-        problem = _check_secret(
-            facts, ref.name, [ref.key or AUTH_FILE], "spec.auth.secretRef", "SecretKeyMissing"
-        )
+        problem = _check_secret(facts, ref.name, [ref.key or AUTH_FILE], "spec.auth.secretRef", "SecretKeyMissing")
         if problem:
             problems.append(problem)
     s3 = spec.l2.s3 if spec.l2 else None
     if s3 is not None and s3.secret_ref is not None:
         keys = [s3.secret_ref.key] if s3.secret_ref.key else list(S3_KEYS)
-        problem = _check_secret(
-            facts, s3.secret_ref.name, keys, "spec.l2.s3.secretRef", "S3CredentialsIncomplete"
-        )
+        problem = _check_secret(facts, s3.secret_ref.name, keys, "spec.l2.s3.secretRef", "S3CredentialsIncomplete")
         if problem:
             problems.append(problem)
     return problems
@@ -136,9 +130,7 @@ def check_existing_claim(spec: KVCacheTierSpec, facts: ClusterFacts) -> Problem 
         return None
     name = fs.pvc.claim_name
     if facts.existing_claim is None:
-        return Problem(
-            "PVCNotFound", f"PersistentVolumeClaim {name!r} (spec.l2.fs.pvc.claimName) does not exist"
-        )
+        return Problem("PVCNotFound", f"PersistentVolumeClaim {name!r} (spec.l2.fs.pvc.claimName) does not exist")
     modes = facts.existing_claim.get("spec", {}).get("accessModes") or []
     if "ReadWriteMany" not in modes:
         return Problem(
