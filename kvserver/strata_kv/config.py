@@ -105,7 +105,7 @@ class L1Config(_Model):
         description="prefix-lirs: share of L1 kept for new (not yet proven hot) chunks",
     )
     exists_grace_seconds: float = Field(
-        default=10.0,
+        default=2.0,
         ge=0,
         description="A key that EXISTS reported present is not evicted for this long "
         "(LMCache GETs after EXISTS "
