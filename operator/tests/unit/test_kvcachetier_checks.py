@@ -135,6 +135,8 @@ def test_all_ready() -> None:
     assert conditions["ConfigValid"] == ("True", "Valid")
     assert conditions["L2Reachable"] == ("True", "NotConfigured")
     assert conditions["Ready"] == ("True", "AllReady")
+    assert conditions["Reconciling"] == ("False", "Settled")
+    assert conditions["Stalled"] == ("False", "Valid")
     assert all(c["observedGeneration"] == 2 for c in status["conditions"])
 
 
@@ -144,6 +146,7 @@ def test_partial_readiness_and_rollout() -> None:
     assert conditions["AllInstancesReady"] == ("False", "InstancesNotReady")
     rolling = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, updated=1)), {}, now=T0))
     assert rolling["AllInstancesReady"] == ("False", "RollingOut")
+    assert rolling["Reconciling"] == ("True", "RollingOut")
     unsettled = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, settled=False)), {}, now=T0))
     assert unsettled["AllInstancesReady"] == ("False", "RollingOut")
 
@@ -157,6 +160,8 @@ def test_no_matching_nodes_and_invalid_config() -> None:
     assert conditions["ConfigValid"] == ("False", "SecretNotFound")
     assert conditions["Ready"] == ("False", "SecretNotFound")
     assert conditions["Available"] == ("False", "ConfigInvalid")
+    assert conditions["Stalled"] == ("True", "SecretNotFound")
+    assert conditions["Reconciling"] == ("False", "Settled")
 
 
 def test_l2_claim_must_be_bound() -> None:

@@ -20,7 +20,12 @@ ALL_INSTANCES_READY = "AllInstancesReady"
 CONFIG_VALID = "ConfigValid"
 L2_REACHABLE = "L2Reachable"
 READY = "Ready"
-"""kstatus' condition: `kubectl wait --for=condition=Ready` and GitOps tools read it."""
+"""`kubectl wait --for=condition=Ready` reads it."""
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+"""kstatus' abnormal-true pair (Flux, Argo CD, kpt): progressing, or stuck until the spec changes."""
+SUMMARY = (READY, RECONCILING, STALLED)
+"""Conditions that only restate others: no Events for them."""
 
 
 @dataclass
@@ -144,6 +149,8 @@ def compute_status(
         (ALL_INSTANCES_READY, all_ready),
         (L2_REACHABLE, l2),
         (READY, ready),
+        (RECONCILING, _reconciling(valid, all_ready)),
+        (STALLED, _stalled(valid)),
     ):
         conditions = set_condition(conditions, type_, status, reason, message, generation=tier.generation, now=now)
     status_obj: dict[str, Any] = {
@@ -160,6 +167,16 @@ def compute_status(
     if observed.config_hash:
         status_obj["configHash"] = observed.config_hash
     return status_obj
+
+
+def _reconciling(valid: tuple[bool, str, str], all_ready: tuple[bool, str, str]) -> tuple[bool, str, str]:
+    if valid[0] and not all_ready[0] and all_ready[1] != "NoMatchingNodes":
+        return True, all_ready[1], all_ready[2]
+    return False, "Settled", "nothing in progress"
+
+
+def _stalled(valid: tuple[bool, str, str]) -> tuple[bool, str, str]:
+    return (False, "Valid", "configuration accepted") if valid[0] else (True, valid[1], valid[2])
 
 
 def _not_ready(valid: tuple[bool, str, str], all_ready: tuple[bool, str, str]) -> tuple[str, str]:
@@ -183,7 +200,7 @@ def transition_events(
     events = []
     for condition in new:
         type_ = condition["type"]
-        if type_ == READY or before.get(type_) == (condition["status"], condition["reason"]):
+        if type_ in SUMMARY or before.get(type_) == (condition["status"], condition["reason"]):
             continue
         healthy = condition["status"] == "True" or type_ == ALL_INSTANCES_READY
         events.append(("Normal" if healthy else "Warning", condition["reason"], condition["message"]))
