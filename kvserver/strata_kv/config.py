@@ -12,7 +12,7 @@ import json
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
@@ -125,6 +125,11 @@ class L2FsConfig(_Model):
     high_watermark: float = Field(default=0.90, gt=0, le=1, description="Start evicting above this fill ratio")
     low_watermark: float = Field(default=0.80, gt=0, le=1, description="Evict down to this fill ratio")
     rank: int = Field(default=0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
+    rescan_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="Rescan the directory this often so chunks other nodes wrote count against capacity; 0 = never",
+    )
     fsync: bool = Field(default=False, description="fsync each block file before the rename (durability over speed)")
 
     @model_validator(mode="after")
@@ -144,6 +149,9 @@ class L2S3Config(_Model):
     endpoint_url: str | None = None
     region: str | None = None
     max_pool_connections: int = Field(default=16, ge=1)
+    addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="Bucket addressing; 'path' for most S3-compatible servers"
+    )
 
 
 class L2Config(_Model):

@@ -68,10 +68,13 @@ class FsTier:
         cfg_path = rank_dir / "config.json"
         if not cfg_path.exists():
             self._atomic_write_bytes(cfg_path, json.dumps(config, sort_keys=True, indent=1).encode())
-        self.rebuild_index()
+        self.rebuild_index(startup=True)
 
-    def rebuild_index(self) -> None:
-        """Scan every block file of this namespace (all ranks), oldest first; drop stale temp files."""
+    def rebuild_index(self, startup: bool = False) -> None:
+        """Scan every block file of this namespace (all ranks), oldest first; drop stale temp files.
+
+        At start-up our own temp files are leftovers of a killed process; later they are writes in flight.
+        """
         entries: list[tuple[float, str, int]] = []
         now = time.time()
         prefix = f"{self.namespace_dir}_r"
@@ -86,7 +89,7 @@ class FsTier:
                     except FileNotFoundError:
                         continue
                     if name.endswith(TMP_SUFFIX):
-                        if self._tmp_tag in name or now - st.st_mtime > STALE_TMP_SECONDS:
+                        if (startup and self._orphaned(name)) or now - st.st_mtime > STALE_TMP_SECONDS:
                             self._unlink(full)
                         continue
                     if name.endswith(".bin"):
@@ -97,6 +100,26 @@ class FsTier:
             self._index = OrderedDict((rel, size) for _t, rel, size in entries)
             self.used = sum(size for _t, _rel, size in entries)
         log.info("L2 fs index rebuilt: %d block files, %d bytes under %s", len(entries), self.used, self.root)
+
+    def _orphaned(self, tmp_name: str) -> bool:
+        """A temp file from this host whose writer process is gone (killed mid-write)."""
+        try:
+            tag = tmp_name[tmp_name.index(".bin.") + 5 : -len(TMP_SUFFIX)]  # .<hash>.bin.<tag>.tmp
+            host, pid_text, _rand = tag.rsplit("-", 2)
+            pid = int(pid_text)
+        except (IndexError, ValueError):
+            return False
+        if host != socket.gethostname():
+            return False  # another node may be writing it right now
+        if pid == os.getpid():
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
@@ -171,7 +194,7 @@ class FsTier:
             raise
 
     def _atomic_write_bytes(self, path: Path, data: bytes) -> None:
-        tmp = path.parent / f".{path.name}.{self._tmp_tag}{TMP_SUFFIX}"
+        tmp = path.parent / f".{path.name}.{self._tmp_tag}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
         tmp.write_bytes(data)
         os.rename(tmp, path)
 

@@ -27,7 +27,11 @@ class S3Tier:
             "s3",
             endpoint_url=cfg.endpoint_url,
             region_name=cfg.region,
-            config=Config(max_pool_connections=cfg.max_pool_connections, retries={"max_attempts": 3}),
+            config=Config(
+                max_pool_connections=cfg.max_pool_connections,
+                retries={"max_attempts": 3},
+                s3={"addressing_style": cfg.addressing_style},
+            ),
         )
         self.corrupt_removed = 0
         self.write_errors = 0

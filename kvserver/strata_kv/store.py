@@ -41,6 +41,7 @@ class TieredStore:
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
         self.ready = False
+        self._rescan_task: asyncio.Task[None] | None = None
 
     @property
     def has_l2(self) -> bool:
@@ -53,11 +54,26 @@ class TieredStore:
             await asyncio.to_thread(self.s3.check)
         if self.write_behind:
             self.write_behind.start()
+        if self.fs and self.fs.cfg.rescan_interval_seconds > 0:
+            self._rescan_task = asyncio.create_task(self._rescan_loop(self.fs.cfg.rescan_interval_seconds))
         self.ready = True
+
+    async def _rescan_loop(self, interval: float) -> None:
+        """Other nodes write into a shared L2 too: recount the directory now and then, then enforce capacity."""
+        assert self.fs is not None
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(self.fs.rebuild_index)
+                await asyncio.to_thread(self.fs.make_room, 0)
+            except OSError as e:
+                log.warning("L2 rescan failed: %s", e)
 
     async def close(self) -> bool:
         """Drain the write-behind queue (bounded by the configured timeout); True if fully drained."""
         self.ready = False
+        if self._rescan_task is not None:
+            self._rescan_task.cancel()
         if not self.write_behind:
             return True
         drained = await self.write_behind.close(self.cfg.write_behind.drain_timeout_seconds)
@@ -214,6 +230,7 @@ class TieredStore:
             "l1_capacity_bytes": self.l1.capacity,
             "l1_keys": len(self.l1),
             "l1_evictions": self.l1.evictions,
+            "l1_rejections": self.l1.rejections,
             "l1_policy": self.cfg.l1.eviction_policy.value,
         }
         for name in ("hits_l1", "hits_fs", "hits_s3", "misses", "sets", "bytes_in", "promotions"):

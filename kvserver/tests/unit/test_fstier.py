@@ -2,6 +2,8 @@
 
 import hashlib
 import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,16 +84,24 @@ def test_capacity_watermarks_evict_least_recently_used(tmp_path: Path) -> None:
     assert t.get(b"k0") is None
 
 
-def test_index_is_rebuilt_from_disk_and_stale_temp_files_are_cleaned(tmp_path: Path) -> None:
+def test_index_is_rebuilt_and_only_orphaned_temp_files_are_cleaned(tmp_path: Path) -> None:
     t = make(tmp_path)
     for i in range(10):
         t.put(b"k%d" % i, b"y" * 1000)
-    leftover = t.path(b"k0").parent / f".k0.bin.{t._tmp_tag}-dead.tmp"
+    host = socket.gethostname()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs: its temp file is a leftover of a killed writer
+    leftover = t.path(b"k0").parent / f".k0.bin.{host}-{dead.pid}-abcd1234.tmp"
     leftover.write_bytes(b"half written")
+    in_flight = t.path(b"k1").parent / f".k1.bin.{host}-1-abcd1234.tmp"  # pid 1 is alive: still writing
+    in_flight.write_bytes(b"being written")
+    other_node = t.path(b"k2").parent / f".k2.bin.other-node-{dead.pid}-abcd1234.tmp"
+    other_node.write_bytes(b"another node's write")
     again = make(tmp_path)
     assert again.stats()["files"] == 10
     assert again.used == t.used
     assert not leftover.exists()
+    assert in_flight.exists() and other_node.exists()
 
 
 def test_two_tiers_on_one_directory_see_each_others_blocks(tmp_path: Path) -> None:
