@@ -111,7 +111,7 @@ def test_single_replica_runs_standalone_and_is_recreated_not_rolled(helm, chart_
     assert not [o for o in objects if o["kind"].endswith("KopfPeering")]
 
 
-def test_replicas_elect_a_leader_through_a_cluster_peering(helm, chart_helpers, monkeypatch):
+def test_replicas_run_with_a_cluster_peering_object(helm, chart_helpers, monkeypatch):
     objects = helm.template({"replicaCount": 2})
     assert chart_helpers.find(objects, "ClusterKopfPeering", "strata")
     assert "strategy" not in chart_helpers.find(objects, "Deployment")["spec"]
