@@ -49,6 +49,12 @@ class HashAlgorithm(StrEnum):
     XXHASH_CBOR = "xxhash_cbor"
 
 
+class S3AddressingStyle(StrEnum):
+    AUTO = "auto"
+    PATH = "path"
+    VIRTUAL = "virtual"
+
+
 class UpdateStrategyType(StrEnum):
     ROLLING_UPDATE = "RollingUpdate"
     ON_DELETE = "OnDelete"
@@ -150,6 +156,9 @@ class L2S3(CRDModel):
         default=None, pattern=r"^https?://.+", description="S3-compatible endpoint; AWS when omitted."
     )
     region: str | None = None
+    addressing_style: S3AddressingStyle | None = Field(
+        default=None, description="Bucket addressing; `path` when an endpoint is set, else `auto`."
+    )
     secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; pod identity when omitted.",

@@ -119,6 +119,7 @@ def test_config_map_parses_back_with_the_servers_own_model() -> None:
     assert config.l2.fs.high_watermark == 0.95 and config.l2.fs.low_watermark == 0.80
     assert config.l2.fs.root_dir == "/var/lib/strata-kv/l2"
     assert config.l2.s3 is not None and config.l2.s3.endpoint_url == "http://minio:9000"
+    assert config.l2.s3.addressing_style == "path"
     assert config.chunk_tokens == 512
     assert (config.namespace.hash_algorithm, config.namespace.hash_seed) == ("xxhash", "42")
     assert config.tenancy.require_salt is True
