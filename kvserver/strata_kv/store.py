@@ -206,9 +206,11 @@ class TieredStore:
 
     async def delete(self, key: bytes) -> bool:
         found = self.l1.delete(key)
-        if self.write_behind and key in self.write_behind.pending:
-            self.write_behind.discard(key)
-            found = True
+        if self.write_behind:
+            if key in self.write_behind.pending:
+                self.write_behind.discard(key)
+                found = True
+            await self.write_behind.wait_written(key)
         if self.fs:
             found = await asyncio.to_thread(self.fs.delete, key) or found
         if self.s3:

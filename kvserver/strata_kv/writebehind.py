@@ -8,7 +8,6 @@ instead of growing memory without limit. Chunks still queued stay readable throu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +27,8 @@ class WriteBehind:
         self._workers_n = workers
         self.pending: dict[bytes, bytes] = {}
         self._order: deque[bytes] = deque()
+        self._queued: set[bytes] = set()  # keys in _order
+        self._writing: dict[bytes, asyncio.Event] = {}  # keys being written now -> set when done
         self._bytes = 0
         self._in_flight = 0
         self._work = asyncio.Event()  # something is queued (or we are closing)
@@ -63,17 +64,28 @@ class WriteBehind:
     def try_submit(self, key: bytes, value: bytes) -> bool:
         """Queue without waiting; False when the queue is full (then use `submit`)."""
         old = self.pending.get(key)
-        if old is not None:  # newer value replaces the queued one; keep its place in line
+        if old is not None:  # a newer value replaces the waiting one and keeps its place in line
             self.pending[key] = value
             self._bytes += len(value) - len(old)
+            if key not in self._queued:  # the old one is being written now: write the new one after
+                self._enqueue(key)
             return True
         if self._full(len(value)):
             return False
         self.pending[key] = value
-        self._order.append(key)
         self._bytes += len(value)
-        self._work.set()
+        self._enqueue(key)
         return True
+
+    def _enqueue(self, key: bytes) -> None:
+        self._order.append(key)
+        self._queued.add(key)
+        self._work.set()
+
+    async def wait_written(self, key: bytes) -> None:
+        """Return once no write of `key` is in flight (a DEL must not be undone by a late write)."""
+        while (done := self._writing.get(key)) is not None:
+            await done.wait()
 
     async def submit(self, key: bytes, value: bytes) -> None:
         """Queue, waiting while the queue is full: backpressure on the writer."""
@@ -91,7 +103,8 @@ class WriteBehind:
         value = self.pending.pop(key, None)
         if value is not None:
             self._bytes -= len(value)
-            with contextlib.suppress(ValueError):  # ValueError: being written right now
+            if key in self._queued:
+                self._queued.discard(key)
                 self._order.remove(key)
             self._space.set()
 
@@ -103,13 +116,19 @@ class WriteBehind:
                 self._work.clear()
                 await self._work.wait()
             key = self._order.popleft()
+            self._queued.discard(key)
+            while key in self._writing:  # an older value of this key is still being written
+                await self._writing[key].wait()
             value = self.pending.get(key)
+            done = self._writing[key] = asyncio.Event()
             self._in_flight += 1
             self._space.set()  # a slot is free: wake writers held back by backpressure
             try:
                 if value is not None:
                     await self._write(key, value)
             finally:
+                del self._writing[key]
+                done.set()
                 self._in_flight -= 1
                 if value is not None and self.pending.get(key) is value:
                     del self.pending[key]

@@ -61,3 +61,37 @@ async def test_pending_values_are_readable_until_written() -> None:
     gate.set()
     assert await wb.close(10)
     assert b"k" not in wb.pending
+
+
+async def test_overwrite_during_a_write_is_written_after_it() -> None:
+    gate = threading.Event()
+    log: list[bytes] = []
+
+    def sink(key: bytes, value: bytes) -> None:
+        gate.wait(10)
+        log.append(value)
+
+    wb = WriteBehind([("fs", sink)], max_items=10, max_bytes=10**6, workers=2)
+    wb.start()
+    await wb.submit(b"k", b"v1")
+    await asyncio.sleep(0.05)  # v1 is in flight now
+    await wb.submit(b"k", b"v2")
+    gate.set()
+    assert await wb.close(10)
+    assert log == [b"v1", b"v2"]
+    assert wb.pending == {} and wb.queued_bytes == 0
+
+
+async def test_delete_waits_for_the_write_in_flight() -> None:
+    gate = threading.Event()
+    wb = WriteBehind([("fs", lambda k, v: gate.wait(10))], max_items=10, max_bytes=10**6, workers=1)
+    wb.start()
+    await wb.submit(b"k", b"v")
+    await asyncio.sleep(0.05)
+    wb.discard(b"k")
+    waiter = asyncio.create_task(wb.wait_written(b"k"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    gate.set()
+    await asyncio.wait_for(waiter, 10)
+    assert await wb.close(10)
