@@ -139,5 +139,14 @@ def test_operator_builders_run_pods_as_the_images_user():
     assert jobs.RUN_AS_USER == NONROOT_UID
 
 
-def test_build_script_is_valid_bash():
-    subprocess.run(["bash", "-n", str(REPO / "images" / "build.sh")], check=True)
+SCRIPTS = [REPO / "images" / "build.sh", REPO / "hack" / "build-helm.sh", REPO / "e2e" / "gpu-node-setup.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_are_valid_bash_and_pass_shellcheck(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (Debian package shellcheck)")
+    result = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout
