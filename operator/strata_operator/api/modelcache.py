@@ -99,9 +99,7 @@ class ModelSource(CRDModel):
     include: list[str] = Field(
         default_factory=list, max_length=64, description="Globs on relative paths to copy; empty means all."
     )
-    exclude: list[str] = Field(
-        default_factory=list, max_length=64, description="Globs on relative paths to skip."
-    )
+    exclude: list[str] = Field(default_factory=list, max_length=64, description="Globs on relative paths to skip.")
     credentials: Credentials | None = None
     s3: S3Options | None = None
 
@@ -295,6 +293,5 @@ CRD = CRDSpec(
             reason="FieldValueInvalid",
         ),
     ),
-    description="A model's files made available to serving pods (shared PVC, node-local copies or image "
-    "volume).",
+    description="A model's files made available to serving pods (shared PVC, node-local copies or image volume).",
 )

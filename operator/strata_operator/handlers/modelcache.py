@@ -54,10 +54,7 @@ def uses_nodes(spec: Mapping[str, Any]) -> bool:
     storage = spec.get("storage") or {}
     return bool(
         storage.get("mode") == StorageMode.NODE_LOCAL
-        or (
-            storage.get("mode") == StorageMode.IMAGE_VOLUME
-            and (storage.get("imageVolume") or {}).get("prePull")
-        )
+        or (storage.get("mode") == StorageMode.IMAGE_VOLUME and (storage.get("imageVolume") or {}).get("prePull"))
     )
 
 
@@ -149,6 +146,4 @@ def modelcache_deleted(
     if running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(running)}", delay=2)
     if running:
-        kopf.warn(
-            body, reason="CleanupTimedOut", message=f"gave up waiting for clean-up on {', '.join(running)}"
-        )
+        kopf.warn(body, reason="CleanupTimedOut", message=f"gave up waiting for clean-up on {', '.join(running)}")

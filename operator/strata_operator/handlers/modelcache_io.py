@@ -52,11 +52,7 @@ def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
     """References a preloader pod would fail on silently (it would sit in CreateContainerConfigError)."""
     credentials = spec.source.credentials
     ns = owner.namespace
-    if (
-        credentials
-        and credentials.secret_ref
-        and kube.get("v1", "Secret", credentials.secret_ref.name, ns) is None
-    ):
+    if credentials and credentials.secret_ref and kube.get("v1", "Secret", credentials.secret_ref.name, ns) is None:
         return Problem(
             "SecretNotFound",
             f"Secret {credentials.secret_ref.name!r} (source.credentials.secretRef) does not exist in "
@@ -67,8 +63,7 @@ def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
     if sa and kube.get("v1", "ServiceAccount", sa, ns) is None:
         return Problem(
             "ServiceAccountNotFound",
-            f"ServiceAccount {sa!r} (source.credentials.serviceAccountName) does not exist in "
-            f"namespace {ns!r}",
+            f"ServiceAccount {sa!r} (source.credentials.serviceAccountName) does not exist in namespace {ns!r}",
         )
     if spec.source.uri.startswith("pvc://"):
         claim = spec.source.uri.removeprefix("pvc://").split("/", 1)[0]
@@ -90,9 +85,7 @@ def api_error_message(error: ApiException) -> str:
 
 def list_children(owner: Owner, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
     api = kube.dynamic_client().resources.get(api_version=api_version, kind=kind)
-    found = api.get(
-        namespace=owner.namespace, label_selector=selector({CACHE_LABEL: owner.name, ROLE_LABEL: role})
-    )
+    found = api.get(namespace=owner.namespace, label_selector=selector({CACHE_LABEL: owner.name, ROLE_LABEL: role}))
     return list(found.to_dict().get("items") or [])
 
 
@@ -136,9 +129,7 @@ def is_subset(desired: Any, live: Any) -> bool:
     return bool(desired == live)
 
 
-def job_result(
-    ctx: Context, job: dict[str, Any], *, succeeded: bool
-) -> tuple[FetchResult | None, str | None]:
+def job_result(ctx: Context, job: dict[str, Any], *, succeeded: bool) -> tuple[FetchResult | None, str | None]:
     """The preloader's FetchResult from its pod's termination message, verified; or why there is none."""
     name = job["metadata"]["name"]
     message = st.termination_message(job_pods(ctx.owner.namespace, name), CONTAINER, succeeded=succeeded)

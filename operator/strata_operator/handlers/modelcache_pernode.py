@@ -39,9 +39,7 @@ def selected_nodes(selector: dict[str, str]) -> tuple[dict[str, NodeInfo], dict[
     return nodes, {n: i for n, i in nodes.items() if i.ready and i.matches(selector)}
 
 
-def node_states(
-    ctx: Context, role: str, wanted: dict[str, NodeInfo], build: JobBuilder
-) -> list[dict[str, Any]]:
+def node_states(ctx: Context, role: str, wanted: dict[str, NodeInfo], build: JobBuilder) -> list[dict[str, Any]]:
     """One state per wanted node, creating the Jobs that are missing and deleting ours that are not wanted."""
     jobs = {j["metadata"]["name"]: j for j in list_children(ctx.owner, "batch/v1", "Job", role)}
     before = {n["name"]: n for n in ctx.previous.get("nodes") or []}
@@ -121,9 +119,7 @@ def reconcile_node_local(ctx: Context) -> Outcome:
     local = storage.node_local(spec)
     key = names.node_label_key(owner.namespace, owner.name)
     nodes, wanted = selected_nodes(local.node_selector)
-    states = node_states(
-        ctx, storage.ROLE_PRELOAD, wanted, lambda n, uid: storage.node_preload(owner, spec, n, uid)
-    )
+    states = node_states(ctx, storage.ROLE_PRELOAD, wanted, lambda n, uid: storage.node_preload(owner, spec, n, uid))
     sync_labels(ctx, nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
     revisions = [s.pop("revision") for s in states if "revision" in s]
     fields = node_fields(ctx, states, key)
@@ -174,9 +170,7 @@ def nodes_outcome(
     blocked = [s for s in states if s["phase"] == st.PHASE_PENDING]
     in_flight = total - ready - len(failed) - len(blocked)
     count = f"{ready}/{total} nodes ready"
-    progressing = (
-        (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
-    )
+    progressing = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
     degraded = (False, "AsExpected", "")
     if failed or blocked:
         worst = failed[0] if failed else blocked[0]
@@ -187,9 +181,7 @@ def nodes_outcome(
             f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
         )
     if ready == total:
-        return Outcome(
-            st.PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields
-        )
+        return Outcome(st.PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields)
     phase = st.PHASE_PRELOADING if in_flight else (st.PHASE_DEGRADED if ready else st.PHASE_FAILED)
     return Outcome(
         phase,
@@ -205,9 +197,7 @@ def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Out
     owner, spec = ctx.owner, ctx.spec
     pull = storage.image_volume(spec)
     _, wanted = selected_nodes(pull.node_selector)
-    states = node_states(
-        ctx, storage.ROLE_PREPULL, wanted, lambda n, uid: storage.node_prepull(owner, spec, n, uid)
-    )
+    states = node_states(ctx, storage.ROLE_PREPULL, wanted, lambda n, uid: storage.node_prepull(owner, spec, n, uid))
     fields.update(
         nodes=states,
         readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
@@ -219,9 +209,7 @@ def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Out
     return outcome
 
 
-def cleanup_node_copies(
-    owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]
-) -> tuple[list[str], list[str]]:
+def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]) -> tuple[list[str], list[str]]:
     """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy.
 
     Returns (nodes whose clean-up is still running, nodes whose clean-up failed).

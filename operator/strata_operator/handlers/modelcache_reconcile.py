@@ -77,11 +77,7 @@ def ensure_claim(ctx: Context) -> tuple[dict[str, Any] | None, Problem | None]:
     ):
         return live, None
     class_name = spec.storage.shared_pvc.storage_class_name if spec.storage.shared_pvc else None
-    if (
-        live is None
-        and class_name
-        and get_dict("storage.k8s.io/v1", "StorageClass", class_name, None) is None
-    ):
+    if live is None and class_name and get_dict("storage.k8s.io/v1", "StorageClass", class_name, None) is None:
         return None, Problem(
             "StorageClassNotFound",
             f"StorageClass {class_name!r} (storage.sharedPVC.storageClassName) does not exist: "
@@ -110,9 +106,7 @@ def reconcile_shared_pvc(ctx: Context) -> Outcome:
     fields.update(preloadHash=preload_hash, job=job_name)
     if previous.get("preloadHash") == preload_hash and previous.get("phase") == st.PHASE_READY:
         fields.update({k: previous.get(k) for k in CARRIED})
-        return st.ready_outcome(
-            fields, f"claim {fields['claimName']} holds a verified copy of {spec.source.uri}"
-        )
+        return st.ready_outcome(fields, f"claim {fields['claimName']} holds a verified copy of {spec.source.uri}")
     if previous.get("job") and previous["job"] != job_name and delete_job(owner.namespace, previous["job"]):
         ctx.event("Normal", "PreloadSuperseded", f"deleted Job {previous['job']}: the fetch request changed")
     live = get_dict("batch/v1", "Job", job_name, owner.namespace)
@@ -122,12 +116,8 @@ def reconcile_shared_pvc(ctx: Context) -> Outcome:
         try:
             kube.apply(job)
         except ApiException as error:
-            return st.blocked_outcome(
-                Problem("JobRejected", f"Job {job_name}: {api_error_message(error)}"), fields
-            )
-        ctx.event(
-            "Normal", "PreloadStarted", f"Job {job_name} copies {spec.source.uri} into {fields['claimName']}"
-        )
+            return st.blocked_outcome(Problem("JobRejected", f"Job {job_name}: {api_error_message(error)}"), fields)
+        ctx.event("Normal", "PreloadStarted", f"Job {job_name} copies {spec.source.uri} into {fields['claimName']}")
         return st.preloading_outcome(fields, f"Job {job_name} created")
     return shared_job_outcome(ctx, live, fields, claim_uid)
 
@@ -143,9 +133,7 @@ def shared_job_outcome(ctx: Context, job: dict[str, Any], fields: dict[str, Any]
         message = f"Job {name}: {error}. Fix the source or spec, or delete the Job to retry"
         return st.failed_outcome(fields, reason, message)
     fields.update(st.result_fields(result), claimUid=claim_uid)
-    return st.ready_outcome(
-        fields, f"claim {fields['claimName']} holds a verified copy of {ctx.spec.source.uri}"
-    )
+    return st.ready_outcome(fields, f"claim {fields['claimName']} holds a verified copy of {ctx.spec.source.uri}")
 
 
 def reconcile_image_volume(ctx: Context) -> Outcome:

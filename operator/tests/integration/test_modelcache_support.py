@@ -1,15 +1,17 @@
 """Helpers (no tests) for the ModelCache integration tests: creating caches, and standing in for the kubelet.
 
-No kubelet runs here, so a preloader pod never executes. Where kwok runs it moves pods to Running and Succeeded,
-but it cannot write the termination message `strata-loader fetch` leaves; the tests therefore write the pod's
-status through the API (the status subresource) with a real `FetchResult` JSON as the message, which is exactly
-what the kubelet would report. Everything else (Job controller, scheduler, garbage collector, CEL validation)
-is the real thing.
+No kubelet runs here, so a preloader pod never executes. kwok moves pods on its fake nodes to Running and
+Succeeded, but it cannot write the termination message `strata-loader fetch` leaves; the tests therefore write
+the pod's status through the API (the status subresource) with a real `FetchResult` JSON as the message, which
+is exactly what the kubelet would report. Between kwok's completion and that write the operator may briefly
+report "no termination message" for a node; it re-reads the pod when the message arrives. Everything else (Job
+controller, scheduler, garbage collector, CEL validation) is the real thing.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 from typing import Any
 
@@ -50,7 +52,11 @@ def wait_for_status(
     try:
         return dict(wait_for(check, timeout=timeout, what=what)["status"])
     except AssertionError as error:
-        raise AssertionError(f"{error}\nlast status: {get_cache(k8s, namespace, name).get('status')}") from None
+        pods = resource(k8s, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
+        seen = [(p["metadata"]["name"], p["status"].get("phase"), p["metadata"].get("deletionTimestamp")) for p in pods]
+        events = [(e["reason"], e["message"]) for e in resource(k8s, "v1", "Event").get(namespace=namespace).items]
+        cache = get_cache(k8s, namespace, name).get("status")
+        raise AssertionError(f"{error}\nlast status: {cache}\npods: {seen}\nevents: {events}") from None
 
 
 def cache_jobs(k8s: DynamicClient, namespace: str, name: str, role: str = "preload") -> list[dict[str, Any]]:
@@ -97,17 +103,34 @@ def _now() -> str:
 def job_pod(k8s: DynamicClient, namespace: str, job_name: str) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
         found = resource(k8s, "v1", "Pod").get(namespace=namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}")
-        items = found.to_dict()["items"]
-        return dict(items[0]) if items else None
+        live = [p for p in found.to_dict()["items"] if not p["metadata"].get("deletionTimestamp")]
+        live.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+        return dict(live[-1]) if live else None
 
     return wait_for(find, timeout=30, what=f"a pod of Job {job_name}")
+
+
+def settled_pod(k8s: DynamicClient, namespace: str, job_name: str, timeout: float = 20) -> dict[str, Any]:
+    """The Job's pod once nothing else will write its status: kwok has finished it (pods on kwok nodes run and
+    complete, but without a termination message), or it cannot be scheduled (e.g. its claim is unbound).
+    Writing earlier would race kwok, whose completion replaces the container statuses."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = job_pod(k8s, namespace, job_name)
+        status = pod.get("status") or {}
+        unschedulable = any(
+            c.get("type") == "PodScheduled" and c.get("status") == "False" for c in status.get("conditions") or []
+        )
+        if status.get("phase") in ("Succeeded", "Failed") or unschedulable or time.monotonic() > deadline:
+            return pod
+        time.sleep(0.2)
 
 
 def finish_job(
     k8s: DynamicClient, namespace: str, job_name: str, result: FetchResult | None, *, succeeded: bool = True
 ) -> None:
     """Report the Job's pod as ended, the way the kubelet does: phase plus the terminated container's message."""
-    pod = job_pod(k8s, namespace, job_name)
+    pod = settled_pod(k8s, namespace, job_name)
     now = _now()
     terminated: dict[str, Any] = {
         "exitCode": 0 if succeeded else 1,

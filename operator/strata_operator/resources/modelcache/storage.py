@@ -107,9 +107,7 @@ def node_copy_path(owner: Owner, spec: ModelCacheSpec) -> str:
 def _node_root_mounts(spec: ModelCacheSpec, base: PodMounts | None = None) -> PodMounts:
     mounts = base or PodMounts()
     # The root must exist (type Directory): kubelet would create a missing one owned by root, unwritable here.
-    mounts.add(
-        "node-root", {"hostPath": {"path": node_local(spec).path, "type": "Directory"}}, NODE_ROOT_MOUNT
-    )
+    mounts.add("node-root", {"hostPath": {"path": node_local(spec).path, "type": "Directory"}}, NODE_ROOT_MOUNT)
     return mounts
 
 
