@@ -71,6 +71,11 @@ class CorruptBlock(ValueError):
     """A block file whose header, length or checksum does not match: remove it, treat as a miss."""
 
 
+class ForeignBlock(ValueError):
+    """A block file without our header, e.g. written by vLLM into the shared directory: never served
+    (it carries no checksum), never removed by a read (it is not ours to judge)."""
+
+
 class KeyMismatch(LookupError):
     """A valid block file for another key sits at this key's path: a miss, but keep the file."""
 
@@ -89,7 +94,7 @@ def decode_header(blob: bytes) -> BlockHeader:
         raise CorruptBlock(f"block file is {len(blob)} bytes, shorter than its {HEADER_SIZE}-byte header")
     magic, version, _flags, _res, key_len, value_len, crc = HEADER.unpack_from(blob)
     if magic != MAGIC:
-        raise CorruptBlock(f"bad magic {magic!r}: not a Strata block file")
+        raise ForeignBlock(f"no Strata header (magic {magic!r}): a block another writer (vLLM) owns")
     if version != VERSION:
         raise CorruptBlock(f"block file version {version} unknown (this server reads {VERSION})")
     if len(blob) < HEADER_SIZE + key_len:

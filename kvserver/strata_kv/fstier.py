@@ -21,7 +21,17 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from .blockfile import HEADER_SIZE, CorruptBlock, KeyMismatch, decode_header, encode_header, locate
+from .blockfile import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    CorruptBlock,
+    ForeignBlock,
+    KeyMismatch,
+    decode_header,
+    encode_header,
+    locate,
+)
 from .config import L2FsConfig, NamespaceConfig
 
 log = logging.getLogger(__name__)
@@ -47,6 +57,7 @@ class FsTier:
         self._tmp_tag = f"{socket.gethostname()}-{os.getpid()}"
         self.used = 0
         self.corrupt_removed = 0
+        self.foreign_skipped = 0
         self.evictions = 0
         self.write_errors = 0
 
@@ -129,15 +140,25 @@ class FsTier:
         try:
             with open(full, "rb") as f:
                 head = f.read(HEADER_SIZE + len(key))
+                size = os.fstat(f.fileno()).st_size
+                if len(head) >= HEADER_SIZE and head[:4] == MAGIC:
+                    key_len = HEADER.unpack_from(head)[4]
+                    if key_len != len(key) and HEADER_SIZE + key_len <= size:
+                        raise KeyMismatch("block file holds a key of another length")
                 header = decode_header(head)
                 if header.key != key:
                     raise KeyMismatch("block file holds a different key")
+                if header.data_offset + header.value_len != size:  # checked before allocating the value
+                    raise CorruptBlock(f"block file is {size} bytes, its header says otherwise ({full})")
                 value = f.read(header.value_len)
-                if len(value) != header.value_len or f.read(1):
-                    raise CorruptBlock(f"block file length does not match its header ({full})")
+                if len(value) != header.value_len:
+                    raise CorruptBlock(f"block file shrank while being read ({full})")
             if zlib.crc32(value, zlib.crc32(key)) != header.crc:
                 raise CorruptBlock(f"block checksum mismatch ({full})")
         except (FileNotFoundError, NotADirectoryError, KeyMismatch):
+            return None
+        except ForeignBlock:  # vLLM's own block in the shared directory: not ours to serve or remove
+            self.foreign_skipped += 1
             return None
         except CorruptBlock as e:
             log.warning("removing corrupt L2 block %s: %s", full, e)

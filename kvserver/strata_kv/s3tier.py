@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .blockfile import CorruptBlock, KeyMismatch, decode_block, encode_header, locate
+from .blockfile import CorruptBlock, ForeignBlock, KeyMismatch, decode_block, encode_header, locate
 from .config import L2S3Config, NamespaceConfig
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class S3Tier:
             raise
         try:
             _key, value = decode_block(blob, expected_key=key)
-        except KeyMismatch:
+        except (KeyMismatch, ForeignBlock):
             return None
         except CorruptBlock as e:
             log.warning("removing corrupt S3 block s3://%s/%s: %s", self.cfg.bucket, name, e)

@@ -59,15 +59,19 @@ def test_corrupt_file_is_a_miss_and_is_removed(tmp_path: Path) -> None:
     assert t.corrupt_removed == 1
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+@pytest.mark.parametrize("damage", ["truncate", "flipped-length", "empty", "short"])
 def test_damaged_files_are_never_served(tmp_path: Path, damage: str) -> None:
     t = make(tmp_path)
     t.put(b"k", b"v" * 5000)
     path = t.path(b"k")
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:-1])
-    elif damage == "garbage":
-        path.write_bytes(os.urandom(5000))
+    elif damage == "flipped-length":
+        data = bytearray(path.read_bytes())
+        data[12] ^= 0x01  # value length field
+        path.write_bytes(bytes(data))
+    elif damage == "short":
+        path.write_bytes(b"STKV\x01")
     else:
         path.write_bytes(b"")
     assert t.get(b"k") is None
@@ -119,3 +123,24 @@ def test_block_of_another_key_at_the_same_path_is_a_miss_not_a_deletion(tmp_path
     os.link(t.path(b"k"), other)
     assert t.get(b"other") is None
     assert other.exists()
+
+
+def test_block_written_by_vllm_is_neither_served_nor_removed(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    key = hashlib.sha256(b"vllm block").digest() + (0).to_bytes(4, "big")
+    path = t.path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(4096))  # vLLM writes raw KV bytes, no header
+    assert t.get(key) is None
+    assert path.exists() and t.foreign_skipped == 1
+    assert t.contains(key)  # it still counts for capacity and prefix lookups
+
+
+def test_block_of_a_longer_key_at_the_same_path_is_kept(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    t.put(b"a-much-longer-key-than-k", b"1" * 10)
+    short = t.path(b"k")
+    short.parent.mkdir(parents=True, exist_ok=True)
+    os.link(t.path(b"a-much-longer-key-than-k"), short)
+    assert t.get(b"k") is None
+    assert short.exists() and t.corrupt_removed == 0
