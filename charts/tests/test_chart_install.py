@@ -400,7 +400,7 @@ def test_two_replicas_leave_exactly_one_active(k8s, control_plane, helm, tmp_pat
                 status = tiers.get(name="ha-kv", namespace=namespace).to_dict().get("status") or {}
                 return status.get("observedGeneration") == 1
 
-            wait_for(reconciled, timeout=30, what="the KVCacheTier reconciled by the active replica")
+            wait_for(reconciled, timeout=20, what="the KVCacheTier reconciled by the active replica")
             handled = [op for op in (first, second) if "[" + namespace + "/ha-kv] Handler" in op.output()]
             assert len(handled) == 1, f"{len(handled)} of 2 replicas reconciled"
     finally:
