@@ -206,3 +206,13 @@ def test_existing_service_account_needs_a_name(helm):
     assert "serviceAccount.name is required" in result.stderr
     objects = helm.template({"serviceAccount": {"create": False, "name": "mine"}})
     assert "ServiceAccount" not in {o["kind"] for o in objects}
+
+
+def test_packaged_chart_carries_the_crds_not_the_link(helm, chart_helpers, tmp_path):
+    """`helm package` resolves files/crds, so the released .tgz renders the same CRDs without the repo."""
+    helm.run("package", str(chart_helpers.chart), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("strata-*.tgz")
+    result = helm.run("template", "strata", str(archive), "--namespace", "strata-system")
+    packaged = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "CustomResourceDefinition"]
+    from_repo = [o for o in helm.template() if o["kind"] == "CustomResourceDefinition"]
+    assert packaged and packaged == from_repo
