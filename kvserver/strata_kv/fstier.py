@@ -169,7 +169,14 @@ class FsTier:
         return value
 
     def contains(self, key: bytes) -> bool:
-        return os.path.exists(self.root / self.relpath(key))
+        """Present on disk. Counts as a use: a chunk EXISTS reported is the last the watermark evicts."""
+        rel = self.relpath(key)
+        try:
+            size = os.stat(self.root / rel).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        self._touch(rel, size)
+        return True
 
     # -- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes, value: bytes) -> None:
