@@ -176,3 +176,39 @@ def test_operator_pods_are_admitted(k8s, restricted_namespace, case):
 def test_node_local_pods_need_a_privileged_namespace(k8s, restricted_namespace, case):
     reason = admit(k8s, restricted_namespace, case, NEEDS_PRIVILEGED_NAMESPACE[case]())
     assert reason is not None and "hostPath" in reason
+
+
+def load_e2e_conftest() -> Any:
+    """e2e/conftest.py as a plain module (its Job builder), without registering its fixtures."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "e2e" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("strata_e2e_support", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_end_to_end_suite_pods_are_admitted(k8s, restricted_namespace):
+    """The e2e suite runs in a restricted namespace on kind; its pods are checked here, where it cannot run."""
+    import yaml
+
+    e2e = load_e2e_conftest()
+    jobs = [
+        e2e.runtime_job("upload", "make_model.py", env_from=[{"secretRef": {"name": "s3-credentials"}}]),
+        e2e.runtime_job(
+            "gpu",
+            "gpu_load.py",
+            gpu=True,
+            volumes=[{"name": "m", "emptyDir": {}}],
+            mounts=[{"name": "m", "mountPath": "/m"}],
+        ),
+        e2e.runtime_job("kv", "kv_roundtrip.py", on_gpu_node=True),
+    ]
+    for job in jobs:
+        assert admit(k8s, restricted_namespace, job["metadata"]["name"], job["spec"]["template"]) is None
+    manifests = yaml.safe_load_all((e2e.E2E / "manifests" / "s3.yaml").read_text())
+    (s3,) = [m for m in manifests if m["kind"] == "Deployment"]
+    assert admit(k8s, restricted_namespace, "e2e s3 server", s3["spec"]["template"]) is None
