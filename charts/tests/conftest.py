@@ -87,14 +87,23 @@ class Helm:
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def missing(message: str) -> None:
+    """A tool the project installs is missing: under CI that fails (a skip would hide it); locally, skip."""
+    if _in_ci():
+        pytest.fail(f"{message} (CI=true: the chart tests must not be skipped)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def require_tool() -> Any:
+    return missing
+
+
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     binary = helm_path()
     if not os.access(binary, os.X_OK):
-        message = f"no Helm CLI at {binary}: run `bash hack/build-helm.sh` (builds it from helm.sh/helm/v3)"
-        if _in_ci():
-            pytest.fail(f"{message} (CI=true: the chart tests must not be skipped)", pytrace=False)
-        pytest.skip(message)
+        missing(f"no Helm CLI at {binary}: run `bash hack/build-helm.sh` (builds it from helm.sh/helm/v3)")
     return Helm(binary, tmp_path_factory.mktemp("helm"))
 
 

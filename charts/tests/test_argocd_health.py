@@ -11,7 +11,14 @@ import pytest
 import yaml
 
 README = Path(__file__).resolve().parents[1] / "strata" / "README.md"
-lupa = pytest.importorskip("lupa", reason="lupa (Lua for Python) not installed: pip install lupa")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lua(require_tool) -> None:
+    try:
+        import lupa  # noqa: F401
+    except ImportError:
+        require_tool("lupa (Lua for Python, in the dev extra) not installed")
 
 
 def health_scripts() -> dict[str, str]:
@@ -31,6 +38,8 @@ def to_lua(runtime: Any, value: Any) -> Any:
 
 
 def health(kind: str, obj: dict[str, Any]) -> tuple[str, str]:
+    import lupa
+
     runtime = lupa.LuaRuntime(unpack_returned_tuples=True)
     check = runtime.eval(f"function(obj)\n{health_scripts()[kind]}\nend")
     result = check(to_lua(runtime, obj))
