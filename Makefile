@@ -56,6 +56,8 @@ test: setup crds-check lint
 
 demo: setup
 	$(PY) hack/demo.py
+	$(PY) bench/loader_demo.py --size-gib 2
+	$(PY) bench/kv_demo.py
 
 bench: setup
 	$(PY) bench/loader_bench.py

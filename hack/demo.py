@@ -7,6 +7,7 @@ sample in samples/, print the children and status the operator produced, then st
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ sys.path.insert(0, str(REPO / "testsupport"))
 
 from strata_operator.api.registry import all_crds  # noqa: E402
 from strata_operator.localcluster import LocalCluster  # noqa: E402
+from strata_operator.localcluster.cluster import free_port  # noqa: E402
 from strata_testsupport.cluster import install_crds  # noqa: E402
 from strata_testsupport.kube import create_fake_node, new_dynamic_client, resource  # noqa: E402
 
@@ -75,14 +77,44 @@ def show_status(client: Any, namespace: str, applied: list[dict[str, Any]]) -> N
     for doc in applied:
         if not doc["apiVersion"].startswith("strata.dev/"):
             continue
-        obj = resource(client, doc["apiVersion"], doc["kind"]).get(
-            name=doc["metadata"]["name"], namespace=namespace
-        )
+        obj = resource(client, doc["apiVersion"], doc["kind"]).get(name=doc["metadata"]["name"], namespace=namespace)
         status = obj.to_dict().get("status") or {}
-        conditions = ", ".join(
-            f"{c['type']}={c['status']}({c['reason']})" for c in status.get("conditions", [])
-        )
+        conditions = ", ".join(f"{c['type']}={c['status']}({c['reason']})" for c in status.get("conditions", []))
         print(f"  {doc['kind']}/{doc['metadata']['name']}: phase={status.get('phase', '-')} {conditions}")
+        if status.get("volume"):
+            print("    volume for serving pods: " + json.dumps(status["volume"]))
+
+
+def show_connection(client: Any, namespace: str, applied: list[dict[str, Any]]) -> None:
+    """The `<tier>-connection` ConfigMap: what a vLLM pod passes as --kv-transfer-config, and its env."""
+    for doc in applied:
+        if doc["kind"] != "KVCacheTier":
+            continue
+        name = f"{doc['metadata']['name']}-connection"
+        configmap = resource(client, "v1", "ConfigMap").get(name=name, namespace=namespace)
+        for key, value in (configmap.data or {}).items():
+            print(f"  {name}[{key}]: {value}")
+
+
+def wait_for_status(client: Any, namespace: str, applied: list[dict[str, Any]], operator: Any) -> None:
+    """Wait (up to a minute) until every Strata resource has conditions, or the operator exits."""
+    deadline = time.monotonic() + 60
+    strata = [d for d in applied if d["apiVersion"].startswith("strata.dev/")]
+    while time.monotonic() < deadline and operator.poll() is None:
+        pending = [
+            d
+            for d in strata
+            if not (
+                resource(client, d["apiVersion"], d["kind"])
+                .get(name=d["metadata"]["name"], namespace=namespace)
+                .to_dict()
+                .get("status")
+                or {}
+            ).get("conditions")
+        ]
+        if not pending:
+            return
+        time.sleep(1)
 
 
 def main() -> int:
@@ -106,22 +138,32 @@ def main() -> int:
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
         log = (cluster.workdir / "operator.log").open("wb")
         operator = subprocess.Popen(
-            [sys.executable, "-m", "strata_operator.cli", "run", "--liveness=http://127.0.0.1:0/healthz"],
+            [sys.executable, "-m", "strata_operator.cli", "run", f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         try:
             applied = apply_samples(client, "demo")
-            time.sleep(8)
+            wait_for_status(client, "demo", applied, operator)
             banner("what the operator created in namespace demo")
             show_children(client, "demo")
             banner("status")
             show_status(client, "demo", applied)
+            print(
+                "  (no kubelet runs here: kwok marks pods running and Job pods complete without running the\n"
+                "   loader, so NodeLocal caches cannot verify a result and say so; no storage provisioner\n"
+                "   binds the shared PVC, so SharedPVC stays Preloading)"
+            )
+            banner("vLLM connection info")
+            show_connection(client, "demo", applied)
         finally:
             operator.terminate()
             operator.wait(20)
             log.close()
+            if operator.returncode not in (0, -15):
+                print((cluster.workdir / "operator.log").read_text()[-4000:])
+                raise SystemExit(f"the operator exited with {operator.returncode}")
         banner("stopping the control plane")
     print(f"demo finished in {time.monotonic() - started:.1f}s; everything stopped and removed")
     return 0
