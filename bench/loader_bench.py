@@ -53,7 +53,9 @@ def make_model(root: Path, size_gib: float, files: int) -> list[Path]:
 # ---- one measurement, run in a child process -------------------------------------------------------------
 
 def run_one(reader: str, paths: list[str]) -> dict[str, float]:
-    nbytes = sum(os.path.getsize(p) for p in paths)
+    from strata_loader.sources import open_reader
+
+    nbytes = sum(open_reader(p).size for p in paths)  # local files or s3:// objects
     t0 = time.perf_counter()
     if reader == "strata":
         import strata_loader
@@ -92,7 +94,7 @@ def run_one(reader: str, paths: list[str]) -> dict[str, float]:
         import numpy as np
 
         src = np.ones(nbytes, dtype=np.uint8)
-        dst = np.zeros(nbytes, dtype=np.uint8)
+        dst = np.ones(nbytes, dtype=np.uint8)  # both touched: the copy measures memory bandwidth only
         t0 = time.perf_counter()
         np.copyto(dst, src)
     elif reader.startswith("s3-strata"):
@@ -154,20 +156,21 @@ def bench_local(paths: list[Path], repeat: int) -> dict[str, dict[str, float]]:
     files = [str(p) for p in paths]
     results: dict[str, dict[str, float]] = {}
     can_cold = drop_caches()
+    runs: dict[tuple[str, str], list[float]] = {}
     for mode in ("warm", "cold") if can_cold else ("warm",):
-        for reader in [*LOCAL_READERS, "dd", "memcpy"]:
-            if (reader == "memcpy" and mode == "cold"):
-                continue
-            runs = []
-            for _ in range(repeat):
+        for _ in range(repeat):  # rounds interleave the readers, so load from elsewhere hits all alike
+            for reader in [*LOCAL_READERS, "dd", "memcpy"]:
+                if reader == "memcpy" and mode == "cold":
+                    continue
                 if mode == "cold":
                     drop_caches()
                 else:
                     warm(paths)
-                runs.append(measure(reader, files, reader_env(reader)))
-            results.setdefault(reader, {})[mode] = statistics.median(runs)
-            print(f"  {mode:4} {reader:22} {results[reader][mode]:6.2f} GB/s  runs={['%.2f' % r for r in runs]}",
-                  file=sys.stderr, flush=True)
+                gbps = measure(reader, files, reader_env(reader))
+                runs.setdefault((reader, mode), []).append(gbps)
+                print(f"  {mode:4} {reader:22} {gbps:6.2f} GB/s", file=sys.stderr, flush=True)
+    for (reader, mode), r in runs.items():
+        results.setdefault(reader, {})[mode] = statistics.median(r)
     return results
 
 
@@ -189,23 +192,29 @@ def bench_s3(paths: list[Path], repeat: int) -> dict[str, dict[str, float]]:
     return results
 
 
+def _ratio(x: float | None, y: float | None) -> str:
+    return f"{x / y:.2f}x" if x and y else "-"
+
+
+def _gbps(x: float | None) -> str:
+    return f"{x:.2f}" if x else "-"
+
+
 def table(local: dict[str, dict[str, float]], s3: dict[str, dict[str, float]], total_gib: float) -> str:
     peers = ["safetensors", "safetensors-pread", "runai", "runai-sync", "runai-sync-stream"]
-    lines = [f"Model: {total_gib:.2f} GiB of bf16 safetensors. GB/s (10^9 bytes/s), median of runs.", "",
-             "| reader | warm GB/s | cold GB/s | warm vs best peer | cold vs best peer | warm vs memcpy "
-             "| cold vs dd 16M |", "|---|---|---|---|---|---|---|"]
     best = {m: max((local[p].get(m, 0) for p in peers if p in local), default=0) for m in ("warm", "cold")}
+    memcpy, dd = local.get("memcpy", {}).get("warm"), local.get("dd", {}).get("cold")
+    lines = [
+        f"Model: {total_gib:.2f} GiB of bf16 safetensors in 4 files. GB/s = 10^9 bytes/s, median of the runs.",
+        "",
+        "| reader | warm GB/s | cold GB/s | warm / best peer | cold / best peer | warm / memcpy | cold / dd 16M |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for reader, r in local.items():
         w, c = r.get("warm"), r.get("cold")
-
-        def ratio(x: float | None, y: float | None) -> str:
-            return f"{x / y:.2f}x" if x and y else "-"
-
         lines.append(
-            f"| {reader} | {w:.2f} | {c:.2f} | {ratio(w, best['warm'])} | {ratio(c, best['cold'])} "
-            f"| {ratio(w, local.get('memcpy', {}).get('warm'))} | {ratio(c, local.get('dd', {}).get('cold'))} |"
-            .replace("| None |", "| - |").replace("None", "-") if c is not None else
-            f"| {reader} | {w:.2f} | - | {ratio(w, best['warm'])} | - | {ratio(w, local.get('memcpy', {}).get('warm'))} | - |"
+            f"| {reader} | {_gbps(w)} | {_gbps(c)} | {_ratio(w, best['warm'])} | {_ratio(c, best['cold'])} "
+            f"| {_ratio(w, memcpy)} | {_ratio(c, dd)} |"
         )
     if s3:
         lines += ["", "| S3 reader (moto server on loopback) | GB/s |", "|---|---|"]
@@ -224,7 +233,12 @@ def main() -> None:
     ap.add_argument("--s3", action="store_true", help="also read from a local S3 server (moto: slow)")
     ap.add_argument("--s3-files", type=int, default=1, help="how many of the files go through S3")
     ap.add_argument("--json", type=Path, default=None, help="also write raw results here")
+    ap.add_argument("--table-from", type=Path, default=None, help="print the table of an earlier --json")
     args = ap.parse_args()
+    if args.table_from:
+        saved = json.loads(args.table_from.read_text())
+        print(table(saved["local"], saved["s3"], args.size_gib))
+        return
     if args.one:
         print(json.dumps(run_one(args.one, args.paths)))
         return
@@ -232,7 +246,9 @@ def main() -> None:
     total = sum(p.stat().st_size for p in paths) / 2**30
     print(f"model: {len(paths)} files, {total:.2f} GiB in {args.dir}", file=sys.stderr)
     local = bench_local(paths, args.repeat)
-    s3 = bench_s3(paths[: args.s3_files], 1) if args.s3 else {}
+    if args.json:
+        args.json.write_text(json.dumps({"local": local, "s3": {}}, indent=1))
+    s3 = bench_s3(paths[: args.s3_files], args.repeat) if args.s3 else {}
     if args.json:
         args.json.write_text(json.dumps({"local": local, "s3": s3}, indent=1))
     print(table(local, s3, total))

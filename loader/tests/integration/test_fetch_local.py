@@ -244,3 +244,12 @@ def test_fetch_then_shard(tmp_path):
     fetch(req, progress_mode="none")
     names = sorted(p.name for p in (tmp_path / "dst" / "sharded").iterdir())
     assert names == ["model-rank-0-part-0.safetensors", "model-rank-1-part-0.safetensors"]
+
+
+def test_pvc_source_reads_the_mounted_claim(tmp_path, monkeypatch):
+    files = make_model(tmp_path / "mounts" / "weights-claim" / "llama")
+    monkeypatch.setenv("STRATA_PVC_MOUNT_ROOT", str(tmp_path / "mounts"))
+    fetch(FetchRequest(source="pvc://weights-claim/llama", dest=str(tmp_path / "dst")), progress_mode="none")
+    got = tree(tmp_path / "dst")
+    got.pop(MANIFEST_NAME)
+    assert got == files
