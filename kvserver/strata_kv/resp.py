@@ -22,6 +22,7 @@ _MAX_HEADER_LINE = 64 * 1024  # a '*<n>' or '$<n>' line longer than this is garb
 _MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
 _READ_CHUNK = 256 * 1024
 _JOIN_BELOW = 256 * 1024  # one send for small replies; larger values are written without a copy
+_BIG_VALUE = 256 * 1024  # values from this size get a buffer of their own, filled by recv_into
 _MAX_GROW = 64 * 1024 * 1024  # grow towards a huge announced value in steps, not all at once
 _SHRINK_ABOVE = 8 * 1024 * 1024  # give back a buffer grown for a huge value once it is consumed
 
@@ -54,6 +55,9 @@ class RequestParser:
         self._need = 0
         self._bulk = -1
         self._request_bytes = 0
+        self._big: bytearray | None = None  # a large value being received straight into its own buffer
+        self._big_filled = 0
+        self._crlf_pending = False
 
     @property
     def buffered(self) -> int:
@@ -62,6 +66,8 @@ class RequestParser:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
+        if self._big is not None:
+            return memoryview(self._big)[self._big_filled :]
         if self._pos == self._end:
             self._pos = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE:
@@ -80,7 +86,10 @@ class RequestParser:
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
+        if self._big is not None:
+            self._big_filled += nbytes
+        else:
+            self._end += nbytes
 
     def feed(self, data: bytes) -> None:
         """Copy `data` in (for callers that are not buffered protocols, and for tests)."""
@@ -137,7 +146,20 @@ class RequestParser:
                 continue
             self._args, self._need, self._bulk, self._request_bytes = [], n, -1, 0
         args = self._args
-        while len(args) < self._need:
+        while len(args) < self._need or self._crlf_pending:
+            if self._big is not None:
+                if self._big_filled < len(self._big):
+                    return None
+                args.append(self._big)  # type: ignore[arg-type]  # bytearray: kept as is, never resized
+                self._big, self._crlf_pending = None, True
+            if self._crlf_pending:
+                if self._end - self._pos < 2:
+                    return None
+                if buf[self._pos : self._pos + 2] != CRLF:
+                    raise ProtocolError("Protocol error: bulk string not terminated by CRLF")
+                self._pos += 2
+                self._crlf_pending = False
+                continue
             if self._bulk < 0:
                 if self._pos >= self._end:
                     return None
@@ -156,6 +178,14 @@ class RequestParser:
                     )
                 self._pos = nl + 2
                 self._bulk = n
+            if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own buffer
+                big = bytearray(self._bulk)
+                have = min(self._end - self._pos, self._bulk)
+                with memoryview(buf) as view:
+                    big[:have] = view[self._pos : self._pos + have]
+                self._pos += have
+                self._big, self._big_filled, self._bulk = big, have, -1
+                continue
             end = self._pos + self._bulk
             if self._end < end + 2:
                 return None

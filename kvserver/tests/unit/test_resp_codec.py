@@ -131,3 +131,30 @@ def test_large_bulk_reply_is_not_joined_but_byte_identical() -> None:
 
 def test_error_replies_cannot_break_the_stream() -> None:
     assert resp.error("bad\r\nthing") == b"-ERR bad  thing\r\n"
+
+
+@pytest.mark.parametrize("read_size", [1000, 65536, 262144, 1 << 20])
+def test_large_values_received_as_a_socket_would_deliver_them(read_size: int) -> None:
+    """get_buffer/buffer_updated as asyncio's BufferedProtocol calls them, parsing after every read."""
+    values = [bytes([i]) * (300_000 + i) for i in range(3)]
+    stream = b"".join(resp.command("SET", f"k{i}", v) for i, v in enumerate(values)) + resp.command("PING")
+    p = resp.RequestParser()
+    got: list[list[bytes]] = []
+    pos = 0
+    while pos < len(stream):
+        with p.get_buffer(-1) as free:
+            n = min(len(free), read_size, len(stream) - pos)
+            free[:n] = stream[pos : pos + n]
+        p.buffer_updated(n)
+        pos += n
+        while (cmd := p.get_command()) is not None:
+            got.append(cmd)
+    assert got == [[b"SET", b"k%d" % i, v] for i, v in enumerate(values)] + [[b"PING"]]
+    assert p.buffered == 0
+
+
+def test_large_value_without_its_crlf_is_a_protocol_error() -> None:
+    p = resp.RequestParser()
+    p.feed(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$300000\r\n" + b"x" * 300_000 + b"XX")
+    with pytest.raises(resp.ProtocolError, match="CRLF"):
+        p.get_command()
