@@ -25,6 +25,7 @@ EDGE_VALUES: dict[str, Any] = {
     "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
     "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
     "podAnnotations": {"example/annotation": "x"},
+    "extraEnv": [{"name": "STRATA_MODELCACHE_RESYNC_SECONDS", "value": "30"}],
 }
 
 
@@ -140,6 +141,7 @@ def test_edge_values_watch_only_listed_namespaces(helm, chart_helpers, monkeypat
     assert env["STRATA_RUNTIME_IMAGE"] == "registry.example/strata/runtime:1.2.3"
     assert env["STRATA_RUNTIME_IMAGE_PULL_POLICY"] == "Always"
     assert env["STRATA_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+    assert env["STRATA_MODELCACHE_RESYNC_SECONDS"] == "30"
     pod = chart_helpers.find(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
     assert pod["serviceAccountName"] == "strata-op"
@@ -191,6 +193,7 @@ def test_service_monitor_is_off_by_default(helm):
         ({"serviceMonitor": {"interval": "often"}}, "interval"),
         ({"crds": {"install": "yes"}}, "install"),
         ({"peering": {"name": "Not A Name"}}, "peering"),
+        ({"extraEnv": [{"value": "x"}]}, "extraEnv"),
     ],
 )
 def test_schema_rejects_wrong_values(helm, values, complaint):
