@@ -29,13 +29,15 @@ _MD5 = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One file to copy. `checksums` maps algorithm ('sha256', 'md5') to the hex digest the source vouches
-    for."""
+    """One file to copy. `checksums` maps algorithm ('sha256', 'md5') to the hex digest the source
+    vouches for; `version` changes whenever the content may have (ETag, blob hash, mtime), so stale bytes
+    are never reused."""
 
     relpath: str
     size: int
     open: Callable[[], RangeReader] = field(compare=False, repr=False)
     checksums: dict[str, str] = field(default_factory=dict)
+    version: str = ""
 
 
 class SourceError(RuntimeError):
@@ -84,7 +86,10 @@ def _list_dir(root: Path, checksum_of: Callable[[Path], dict[str, str]] | None =
         for n in names:
             p = Path(dirpath) / n
             rel = p.relative_to(root).as_posix()
-            out.append(SourceFile(rel, p.stat().st_size, _opener(p), checksum_of(p) if checksum_of else {}))
+            st = p.stat()
+            sums = checksum_of(p) if checksum_of else {}
+            version = f"sha256:{sums['sha256']}" if "sha256" in sums else f"mtime:{st.st_mtime_ns}"
+            out.append(SourceFile(rel, st.st_size, _opener(p), sums, version))
     return out
 
 
@@ -138,7 +143,8 @@ def _list_s3(uri: str, concurrency: int) -> list[SourceFile]:
         if not rel or rel.endswith("/"):
             continue
         sums = {"md5": o.etag} if _MD5.match(o.etag) else {}  # multipart ETags are not an MD5
-        out.append(SourceFile(rel, o.size, _s3_opener(bucket, o.key, o.size, concurrency), sums))
+        opener = _s3_opener(bucket, o.key, o.size, concurrency)
+        out.append(SourceFile(rel, o.size, opener, sums, f"etag:{o.etag}"))
     if not out:
         raise SourceError(f"no objects under {uri}; check the bucket, prefix and AWS_ENDPOINT_URL")
     return out

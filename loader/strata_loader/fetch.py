@@ -48,11 +48,12 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
     dest.mkdir(parents=True, exist_ok=True)
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
-    if old is not None and old.same_copy(req.source, revision, wanted):
+    if old is not None and old.same_copy(req.source, revision, wanted, [f.version for f in files]):
         return _result(req, revision, old, dest, t0, resumed=old.bytes)
     remove_manifest(dest)
+    known = {f.path: f.version for f in old.files} if old is not None and old.source == req.source else {}
 
-    states = [_FileState(f, dest, req.verify, req.block_size) for f in files]
+    states = [_FileState(f, dest, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
     _check_space(dest, remaining)
     progress = Progress(sum(f.size for f in files), len(files), progress_mode)
@@ -77,9 +78,12 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
         fsync_dir(d)
     manifest = Manifest(
         source=req.source, revision=revision, bytes=sum(f.size for f in files),
-        files=[ManifestFile(path=s.src.relpath, size=s.src.size, checksums=s.checksums) for s in states],
+        files=[ManifestFile(path=s.src.relpath, size=s.src.size, version=s.src.version, checksums=s.checksums)
+               for s in states],
     )
     write_manifest(dest, manifest)
+    for s in states:  # the manifest now vouches for every file: the per-file markers are done
+        s.marker.unlink(missing_ok=True)
     return _result(req, revision, manifest, dest, t0, resumed=sum(s.resumed for s in states))
 
 
@@ -105,7 +109,8 @@ def _check_space(dest: Path, needed: int) -> None:
 class _FileState:
     """One destination file: what is already there, the contiguous watermark, and completion."""
 
-    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode, block_size: int) -> None:
+    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode, block_size: int,
+                 manifest_version: str | None) -> None:
         self.src, self.verify = src, verify
         self.checkpoint_every = CHECKPOINT_BLOCKS * block_size
         self.final = dest / src.relpath
@@ -117,11 +122,14 @@ class _FileState:
         self.finished = 0
         self.start = 0
         self.complete = False
-        if self.final.is_file() and self.final.stat().st_size == src.size:
-            self.complete = True  # renamed into place by an earlier run: whole by construction
+        marker = _read_marker(self.marker)
+        same_source = marker.get("version") == src.version
+        if (self.final.is_file() and self.final.stat().st_size == src.size
+                and (manifest_version == src.version or (same_source and marker.get("complete")))):
+            self.complete = True  # renamed into place by an earlier run from the same source version
             self.start = src.size
-        elif self.partial.is_file():
-            self.start = min(_read_marker(self.marker), self.partial.stat().st_size, src.size)
+        elif self.partial.is_file() and same_source:
+            self.start = min(int(str(marker.get("contiguous_bytes", 0))), self.partial.stat().st_size, src.size)
         self.resumed = self.start
         self.watermark = self.start
         self.checkpointed = self.start
@@ -131,11 +139,18 @@ class _FileState:
         return self.src.size - self.start
 
 
-def _read_marker(marker: Path) -> int:
+def _read_marker(marker: Path) -> dict[str, object]:
     try:
-        return int(json.loads(marker.read_text())["contiguous_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        data = json.loads(marker.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_marker(s: _FileState, **fields: object) -> None:
+    tmp = s.marker.with_name(s.marker.name + ".tmp")
+    tmp.write_text(json.dumps({"version": s.src.version, **fields}))
+    os.replace(tmp, s.marker)
 
 
 def _copy_all(states: list[_FileState], req: FetchRequest, progress: Progress) -> None:
@@ -204,9 +219,7 @@ def _advance(s: _FileState) -> None:
     while s.watermark in s.ready:
         s.watermark += s.ready.pop(s.watermark)
     if s.watermark - s.checkpointed >= s.checkpoint_every:
-        tmp = s.marker.with_name(s.marker.name + ".tmp")
-        tmp.write_text(json.dumps({"contiguous_bytes": s.watermark}))
-        os.replace(tmp, s.marker)
+        _write_marker(s, contiguous_bytes=s.watermark)
         s.checkpointed = s.watermark
 
 
@@ -220,8 +233,8 @@ def _complete(s: _FileState, fd: int, progress: Progress) -> None:
         raise FetchError(f"{s.src.relpath}: copied {size} bytes but the source has {s.src.size}")
     if s.verify is VerifyMode.CHECKSUMS:
         _verify_file(s, s.partial)
+    _write_marker(s, complete=True)  # before the rename: a whole file is always vouched for
     os.replace(s.partial, s.final)
-    s.marker.unlink(missing_ok=True)
     progress.file_done()
 
 

@@ -22,6 +22,7 @@ MANIFEST_VERSION = 1
 class ManifestFile(BaseModel):
     path: str
     size: int
+    version: str = ""
     checksums: dict[str, str] = {}
 
 
@@ -33,12 +34,11 @@ class Manifest(BaseModel):
     bytes: int = 0
     files: list[ManifestFile]
 
-    def same_copy(self, source: str, revision: str | None, files: list[tuple[str, int]]) -> bool:
-        return (
-            self.source == source
-            and self.revision == revision
-            and sorted((f.path, f.size) for f in self.files) == sorted(files)
-        )
+    def same_copy(self, source: str, revision: str | None, files: list[tuple[str, int]],
+                  versions: list[str]) -> bool:
+        mine = sorted((f.path, f.size, f.version) for f in self.files)
+        theirs = sorted((p, n, v) for (p, n), v in zip(files, versions, strict=True))
+        return self.source == source and self.revision == revision and mine == theirs
 
 
 def read_manifest(dest: Path) -> Manifest | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from strata_loader.catalog import list_source
 from strata_loader.contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode
 from strata_loader.fetch import PROGRESS_SUFFIX, FetchError, fetch
 
@@ -75,14 +76,41 @@ def test_resume_continues_a_partial_file_from_its_recorded_point(tmp_path):
     done = 2 * 2**20
     # what an interrupted run leaves: a verified prefix, bytes past it from out-of-order blocks, a marker
     (dst / ("consolidated.pth" + PARTIAL_SUFFIX)).write_bytes(data[:done] + b"\xff" * 1000)
-    (dst / ("consolidated.pth" + PROGRESS_SUFFIX)).write_text(json.dumps({"contiguous_bytes": done}))
     req = FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst"), block_size="256Ki",
                        verify=VerifyMode.CHECKSUMS)
+    version = {f.relpath: f.version for f in list_source(req)[0]}["original/consolidated.pth"]
+    marker = {"contiguous_bytes": done, "version": version}
+    (dst / ("consolidated.pth" + PROGRESS_SUFFIX)).write_text(json.dumps(marker))
     res = fetch(req, progress_mode="none")
     assert res.bytes_resumed == done
     got = tree(tmp_path / "dst")
     got.pop(MANIFEST_NAME)
     assert got == files  # no partial or marker left, and the tail past the marker was rewritten
+
+
+def test_partial_from_another_source_version_is_not_resumed(tmp_path):
+    files = make_model(tmp_path / "src")
+    dst = tmp_path / "dst" / "original"
+    dst.mkdir(parents=True)
+    (dst / ("consolidated.pth" + PARTIAL_SUFFIX)).write_bytes(b"\x01" * 2**20)
+    marker = {"contiguous_bytes": 2**20, "version": "mtime:1"}
+    (dst / ("consolidated.pth" + PROGRESS_SUFFIX)).write_text(json.dumps(marker))
+    res = fetch(FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst")), progress_mode="none")
+    assert res.bytes_resumed == 0
+    assert (dst / "consolidated.pth").read_bytes() == files["original/consolidated.pth"]
+
+
+def test_same_size_change_in_the_source_is_copied_again(tmp_path):
+    make_model(tmp_path / "src")
+    req = FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst"))
+    fetch(req, progress_mode="none")
+    cfg = tmp_path / "src" / "config.json"
+    new = cfg.read_text().replace("llama", "LLAMA")
+    cfg.write_text(new)
+    os.utime(cfg, ns=(cfg.stat().st_atime_ns, cfg.stat().st_mtime_ns + 10**9))
+    res = fetch(req, progress_mode="none")
+    assert (tmp_path / "dst" / "config.json").read_text() == new
+    assert res.bytes_resumed == res.bytes - len(new)
 
 
 def test_source_change_makes_a_new_manifest(tmp_path):
