@@ -128,6 +128,12 @@ def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, nam
 def test_one_ready_server_per_gpu_node(
     k8s: DynamicClient, operator: Any, control_plane: Any, namespace: str, gpu_pool: dict[str, str]
 ) -> None:
+    # The API server's PodSecurity admission refuses any server pod that breaks the restricted profile.
+    resource(k8s, "v1", "Namespace").patch(
+        name=namespace,
+        body={"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+        content_type="application/merge-patch+json",
+    )
     create_tier(k8s, namespace, tier_body("kv", gpu_pool, chunkTokens=512, hash={"seed": "1234"}))
     ds = wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet kv")
     wait_for(
@@ -144,6 +150,11 @@ def test_one_ready_server_per_gpu_node(
     assert transfer["kv_connector_extra_config"]["lmcache.chunk_size"] == 512
     assert connection["PYTHONHASHSEED"] == "1234"
     assert ds.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    wait_for(
+        lambda: len(resource(k8s, "v1", "Pod").get(namespace=namespace).items) == 2,
+        timeout=60,
+        what="two server pods admitted under the restricted profile",
+    )
 
     require_kwok(control_plane)
     wait_condition(k8s, namespace, "kv", "AllInstancesReady", ("True", "AllReady"))
