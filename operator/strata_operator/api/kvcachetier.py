@@ -242,6 +242,25 @@ class NodeEndpoint(CRDModel):
     ready: bool = False
 
 
+class TierUsage(CRDModel):
+    tier: str = Field(description="l1, fs or s3.")
+    used_bytes: int = 0
+    capacity_bytes: int = 0
+    hits: int = 0
+    hit_ratio: str = Field(default="0.000", description="This tier's share of all lookups.")
+
+
+class Usage(CRDModel):
+    """Summed from the servers' metrics by the periodic scrape."""
+
+    scraped_instances: int = 0
+    unreachable_instances: int = 0
+    lookups: int = 0
+    misses: int = 0
+    hit_ratio: str = Field(default="0.000", description="Lookups answered from any tier.")
+    tiers: list[TierUsage] = Field(default_factory=list)
+
+
 class KVCacheTierStatus(CRDModel):
     observed_generation: int | None = None
     desired_instances: int | None = None
@@ -252,6 +271,7 @@ class KVCacheTierStatus(CRDModel):
     connection_config_map: str | None = Field(default=None, description="ConfigMap vLLM pods take envFrom.")
     service: str | None = None
     endpoints: list[NodeEndpoint] = Field(default_factory=list)
+    usage: Usage | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 

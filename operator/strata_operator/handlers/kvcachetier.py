@@ -14,7 +14,9 @@ from typing import Any, Literal
 import kopf
 
 from strata_operator.api import GROUP, VERSION
+from strata_operator.handlers import kvcachetier_io as io
 from strata_operator.handlers import kvcachetier_reconcile as reconciler
+from strata_operator.handlers import kvcachetier_usage as usage
 from strata_operator.kube import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
 
@@ -46,8 +48,14 @@ def tier_changed(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
-def tier_drift(body: kopf.Body, **_: Any) -> None:
+def tier_drift(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     _reconcile(body)
+    current = io.read_tier(body["metadata"]["name"], body["metadata"]["namespace"])
+    if current is not None:
+        try:
+            usage.refresh_usage(current)
+        except Exception:  # metrics are informative: a failed scrape never fails the reconcile
+            logger.exception("scraping the KV servers' metrics failed")
 
 
 def owning_tier(body: Mapping[str, Any]) -> str | None:

@@ -220,3 +220,23 @@ def test_terminating_and_unscheduled_pods_are_not_endpoints() -> None:
     assert endpoints([terminating, unscheduled, pod("kv-a", "n2", False, ip=None)], 6379) == [
         {"node": "n2", "pod": "kv-a", "ready": False}
     ]
+
+
+def test_usage_of_no_answering_server() -> None:
+    from strata_operator.resources.kvcachetier.usage import ServerUsage, summarize
+
+    assert summarize([], instances=3) == {
+        "scrapedInstances": 0,
+        "unreachableInstances": 3,
+        "lookups": 0,
+        "misses": 0,
+        "hitRatio": "0.000",
+        "tiers": [],
+    }
+    two = [ServerUsage(hits={"l1": 3, "fs": 1}, misses=4, used={"l1": 10, "fs": 5}, capacity={"l1": 100})] * 2
+    summary = summarize(two, instances=2)
+    assert summary["hitRatio"] == "0.500"
+    assert [(t["tier"], t["usedBytes"], t["hitRatio"]) for t in summary["tiers"]] == [
+        ("l1", 20, "0.375"),
+        ("fs", 10, "0.125"),
+    ]
