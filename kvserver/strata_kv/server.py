@@ -205,7 +205,7 @@ class KVServer:
             listen.bind,
             self.state.tcp_port,
             self.state.unix_socket or "-",
-            self.metrics.port,
+            self.metrics.port if self.cfg.metrics.port >= 0 else -1,
         )
 
     async def stop(self) -> None:

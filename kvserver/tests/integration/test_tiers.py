@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from strata_testsupport.kvserver import KVServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +163,32 @@ def test_without_l2_a_value_larger_than_l1_is_an_oom_error(kv_server_factory) ->
     with pytest.raises(redis.exceptions.OutOfMemoryError, match="larger than L1"):
         r.set("huge", b"x" * (2 * 1024 * 1024))
     assert r.ping()
+
+
+def test_two_servers_racing_on_the_same_keys_leave_only_whole_blocks(kv_server_factory, tmp_path: Path) -> None:
+    shared = {"l1": {"size": "1MiB"}, "l2": {"fs": {"root_dir": str(tmp_path / "race-l2")}}}
+    servers = [kv_server_factory(shared, name=f"racer-{i}") for i in range(2)]
+    keys = [f"race{i}" for i in range(30)]
+
+    def writer(server: KVServerProcess, salt: str) -> None:
+        c = server.client()
+        for _round in range(3):
+            for k in keys:
+                c.set(k, value_for(k + salt, 48 * 1024))
+        c.close()
+
+    threads = [threading.Thread(target=writer, args=(s, f"/{i}")) for i, s in enumerate(servers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in servers:
+        c = s.client()
+        assert wait_until(lambda c=c: c.stats()["write_behind_depth"] == 0)
+        c.close()
+    reader = kv_server_factory(shared, name="reader")  # cold L1: every GET comes from the shared files
+    c = reader.client()
+    for k in keys:
+        assert c.get(k) in (value_for(k + "/0", 48 * 1024), value_for(k + "/1", 48 * 1024))
+    assert not list((tmp_path / "race-l2").rglob("*.tmp"))
+    assert c.stats()["hits_fs"] == len(keys)
