@@ -1,17 +1,19 @@
 """Capacity used and hit ratios per tier, summed over the servers' Prometheus metrics.
 
-Pure: parsing and summing are tested on real server output; the scraping lives in the handler.
+Pure: parsing and summing are tested on real server output; the scraping lives in the handler. The
+text format is read here rather than with prometheus_client, which the operator image leaves out.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 TIERS = ("l1", "fs", "s3")
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_TIER_LABEL = re.compile(r'tier="([^"]*)"')
 
 
 @dataclass
@@ -27,18 +29,21 @@ class ServerUsage:
 def parse_metrics(text: str) -> ServerUsage:
     """Read the `strata_kv_*` families the server exports; anything else is ignored."""
     usage = ServerUsage()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            tier = sample.labels.get("tier", "")
-            value = int(sample.value)
-            if sample.name == "strata_kv_hits_total":
-                usage.hits[tier] = value
-            elif sample.name == "strata_kv_misses_total":
-                usage.misses = value
-            elif sample.name == "strata_kv_used_bytes":
-                usage.used[tier] = value
-            elif sample.name == "strata_kv_capacity_bytes":
-                usage.capacity[tier] = value
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:  # comments (# HELP, # TYPE) and blank lines
+            continue
+        tier_match = _TIER_LABEL.search(match.group("labels") or "")
+        tier = tier_match.group(1) if tier_match else ""
+        name, value = match.group("name"), int(float(match.group("value")))
+        if name == "strata_kv_hits_total":
+            usage.hits[tier] = value
+        elif name == "strata_kv_misses_total":
+            usage.misses = value
+        elif name == "strata_kv_used_bytes":
+            usage.used[tier] = value
+        elif name == "strata_kv_capacity_bytes":
+            usage.capacity[tier] = value
     return usage
 
 
