@@ -233,3 +233,13 @@ def test_strata_prefix_lookup_reports_leading_resident_chunks(kv_server: KVServe
     stats = c.stats()
     assert stats["l1_keys"] >= 3 and "hits_l1" in stats
     c.close()
+
+
+def test_tenancy_requiring_a_salt_refuses_unsalted_keys(kv_server_factory) -> None:
+    server = kv_server_factory({"tenancy": {"require_salt": True}}, l2_fs=False)
+    r = server.redis()
+    with pytest.raises(redis.ResponseError, match="tenant salt"):
+        r.set("llama@00000000@0@abcdef", b"v")
+    assert r.set("llama@00000000@0@abcdef@tenant-a", b"v")
+    assert r.get("llama@00000000@0@abcdef@tenant-a") == b"v"
+    assert r.get("llama@00000000@0@abcdef@tenant-b") is None

@@ -158,3 +158,26 @@ def test_large_value_without_its_crlf_is_a_protocol_error() -> None:
     p.feed(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$300000\r\n" + b"x" * 300_000 + b"XX")
     with pytest.raises(resp.ProtocolError, match="CRLF"):
         p.get_command()
+
+
+@given(st.binary(max_size=2000))
+def test_arbitrary_bytes_never_crash_the_parser(data: bytes) -> None:
+    """Hostile input ends in commands, a wait for more bytes, or ProtocolError; never anything else."""
+    p = resp.RequestParser(max_bulk=4096, max_args=64, max_request=8192)
+    p.feed(data)
+    try:
+        while p.get_command() is not None:
+            pass
+    except resp.ProtocolError:
+        pass
+
+
+@given(st.lists(st.sampled_from([b"*", b"$", b"\r\n", b"3", b"-1", b"0", b"GET", b"x", b"\n", b"99"]), max_size=60))
+def test_protocol_shaped_noise_never_crashes_the_parser(tokens: list[bytes]) -> None:
+    p = resp.RequestParser(max_bulk=4096, max_args=64, max_request=8192)
+    p.feed(b"".join(tokens))
+    try:
+        while p.get_command() is not None:
+            pass
+    except resp.ProtocolError:
+        pass
