@@ -100,7 +100,11 @@ class RespConnection(asyncio.BufferedProtocol):
         if not self.can_write.is_set():
             return False
         started = time.perf_counter()
-        reply = dispatch_nowait(self.server.state, self.session, cmd)
+        try:
+            reply = dispatch_nowait(self.server.state, self.session, cmd)
+        except Exception:  # the slow path runs it again and turns the failure into an error reply
+            log.debug("fast path failed for %r", cmd[0][:32], exc_info=True)
+            return False
         if reply is None:
             return False
         if isinstance(reply, bytes):
