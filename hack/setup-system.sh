@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and demo use (real servers and clients), only when missing.
 set -euo pipefail
-packages=(redis-server redis-tools)
+packages=(redis-server redis-tools shellcheck)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -369,11 +369,6 @@ def test_operator_reconciles_samples_with_only_the_charts_permissions(k8s, names
     chart_operator.assert_never_forbidden()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kopf peering pauses every peer of equal priority; the operator must give each replica its own "
-    "priority (e.g. from POD_ID) before replicaCount > 1 gives a hot standby",
-)
 def test_two_replicas_leave_exactly_one_active(k8s, control_plane, helm, tmp_path):
     """replicaCount: 2 as the chart renders it: one replica reconciles, the other stands by."""
     namespace = new_namespace(k8s)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import socket
 from typing import Any
 
 import kopf
@@ -16,6 +19,12 @@ WATCH_SERVER_TIMEOUT_SECONDS = 300
 WATCH_CLIENT_TIMEOUT_SECONDS = 330
 
 
+def peer_priority(pod_id: str) -> int:
+    """A stable priority per replica: kopf pauses every peer whose priority is equal or higher than its
+    own, so replicas with one shared priority would all stand by; distinct ones leave exactly one active."""
+    return 1 + int.from_bytes(hashlib.sha256(pod_id.encode()).digest()[:4], "big") % (2**30)
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """Apply Strata's settings; pure enough to unit-test against a fresh OperatorSettings."""
     settings.persistence.finalizer = FINALIZER
@@ -27,6 +36,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
     settings.watching.connect_timeout = 30
+    settings.peering.priority = peer_priority(os.environ.get("POD_ID") or socket.gethostname())
     settings.posting.enabled = True
     settings.posting.level = logging.INFO
     settings.execution.max_workers = 16

@@ -56,3 +56,15 @@ def test_settings_name_finalizer_and_bounded_watches() -> None:
     assert operator_settings.watching.server_timeout == settings.WATCH_SERVER_TIMEOUT_SECONDS
     assert operator_settings.watching.client_timeout > operator_settings.watching.server_timeout
     assert operator_settings.posting.enabled
+
+
+def test_each_replica_gets_its_own_stable_peering_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_ID", "strata-operator-abc")
+    first, again = kopf.OperatorSettings(), kopf.OperatorSettings()
+    settings.configure(first)
+    settings.configure(again)
+    assert first.peering.priority == again.peering.priority > 0
+    monkeypatch.setenv("POD_ID", "strata-operator-def")
+    other = kopf.OperatorSettings()
+    settings.configure(other)
+    assert other.peering.priority != first.peering.priority
