@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .commands import ServerState
+    from .state import ServerState
 
 
 def _sections(state: ServerState) -> dict[str, dict[str, object]]:

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .commands import ServerState
+    from .state import ServerState
 
 LATENCY_BUCKETS = (
     0.0001,

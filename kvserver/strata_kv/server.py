@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import resp
-from .commands import ServerState, Session, dispatch, dispatch_nowait
+from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .metrics import Metrics
+from .state import ServerState, Session
 from .store import TieredStore
 
 log = logging.getLogger(__name__)
