@@ -9,7 +9,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from strata_operator.handlers import kvcachetier_io as io
@@ -17,6 +17,9 @@ from strata_operator.resources.kvcachetier.usage import ServerUsage, parse_metri
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
 SCRAPE_CONCURRENCY = 16
+SCRAPE_DEADLINE_SECONDS = 10.0
+"""All scrapes of one tier together: servers that have not answered by then count as unreachable, so
+hundreds of unreachable pods cannot hold the timer for minutes."""
 
 
 def scrape(host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> ServerUsage | None:
@@ -28,12 +31,16 @@ def scrape(host: str, port: int, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> Ser
         return None
 
 
-def scrape_all(hosts: Iterable[str], port: int) -> list[ServerUsage | None]:
+def scrape_all(hosts: Iterable[str], port: int, deadline: float = SCRAPE_DEADLINE_SECONDS) -> list[ServerUsage | None]:
+    """Every host's usage in order, None for those that failed or missed the deadline."""
     hosts = list(hosts)
     if not hosts:
         return []
-    with ThreadPoolExecutor(max_workers=min(SCRAPE_CONCURRENCY, len(hosts))) as pool:
-        return list(pool.map(lambda host: scrape(host, port), hosts))
+    pool = ThreadPoolExecutor(max_workers=min(SCRAPE_CONCURRENCY, len(hosts)))
+    futures = [pool.submit(scrape, host, port) for host in hosts]
+    wait(futures, timeout=deadline)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return [f.result() if f.done() and not f.cancelled() else None for f in futures]
 
 
 def refresh_usage(tier_body: Mapping[str, Any]) -> dict[str, Any] | None:
