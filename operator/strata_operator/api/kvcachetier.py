@@ -116,7 +116,7 @@ class L2PVC(CRDModel):
 class HostPath(CRDModel):
     """Node-local NVMe: each node keeps its own L2 (needs a namespace that admits hostPath volumes)."""
 
-    path: str = Field(pattern=r"^/.+", description="Absolute directory on the node.")
+    path: str = Field(pattern=r"^/.+", description="An existing directory on the node, writable by UID 65532.")
 
 
 class L2FS(CRDModel):

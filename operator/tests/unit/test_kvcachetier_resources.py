@@ -143,7 +143,7 @@ def test_hash_seed_defaults_to_a_stable_value_per_resource() -> None:
         ({"fs": {"pvc": {"create": {"size": "1Ti"}}}}, {"persistentVolumeClaim": {"claimName": "kv-l2"}}),
         (
             {"fs": {"hostPath": {"path": "/mnt/nvme"}}},
-            {"hostPath": {"path": "/mnt/nvme", "type": "DirectoryOrCreate"}},
+            {"hostPath": {"path": "/mnt/nvme", "type": "Directory"}},
         ),
     ],
 )

@@ -92,7 +92,8 @@ def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]]
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None:
         if fs.host_path is not None:
-            volumes.append({"name": "l2", "hostPath": {"path": fs.host_path.path, "type": "DirectoryOrCreate"}})
+            # Directory, not DirectoryOrCreate: kubelet would create it owned by root, unwritable for the server.
+            volumes.append({"name": "l2", "hostPath": {"path": fs.host_path.path, "type": "Directory"}})
         elif fs.pvc is not None:
             claim = fs.pvc.claim_name or tier.created_pvc
             volumes.append({"name": "l2", "persistentVolumeClaim": {"claimName": claim}})
