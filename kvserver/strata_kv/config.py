@@ -174,23 +174,31 @@ class NamespaceConfig(_Model):
     hash_algorithm: str = "sha256_cbor"
     hash_seed: str | None = Field(default=None, description="PYTHONHASHSEED shared by every engine (xxhash variants)")
 
-    def layout_json(self) -> str:
-        return json.dumps(self.layout, sort_keys=True, separators=(",", ":"))
+    def run_config(self) -> dict[str, Any]:
+        """The content of the namespace's `config.json`, and what its directory digest is taken over.
+
+        With a `layout` (vLLM's FileMapper fields: model_name, hash_block_size, gpu_blocks_per_file,
+        tp/pp/pcp/dcp sizes, dtype, kv_cache_groups, inference_engine) it is exactly that, so the server
+        and unmodified vLLM instances pick the same directory. Without one (RESP-only use) the hash
+        settings are folded in, so engines with different seeds never share chunks.
+        """
+        material = dict(self.layout)
+        material.setdefault("model_name", self.model)
+        if not self.layout:
+            material["hash_algorithm"] = self.hash_algorithm
+            if self.hash_seed is not None:
+                material["hash_seed"] = self.hash_seed
+        return material
 
     @property
     def digest(self) -> str:
-        """First 12 hex of the sha256 of the sorted config JSON: the vLLM FS tier's directory suffix."""
-        material = dict(self.layout)
-        material.setdefault("model_name", self.model)
-        if self.hash_seed is not None:
-            material.setdefault("hash_seed", self.hash_seed)
-        material.setdefault("hash_algorithm", self.hash_algorithm)
-        blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+        """First 12 hex of the sha256 of the compact sorted config JSON (vLLM's `_compute_base_path`)."""
+        blob = json.dumps(self.run_config(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     @property
     def directory_name(self) -> str:
-        return f"{self.model.replace('/', '_')}_{self.digest}"
+        return f"{str(self.run_config()['model_name']).replace('/', '_')}_{self.digest}"
 
 
 class TenancyConfig(_Model):

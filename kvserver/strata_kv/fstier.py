@@ -70,15 +70,15 @@ class FsTier:
 
     # -- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create the namespace directory and its config.json, then rebuild the index from disk."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        config = dict(self.namespace.layout)
-        config.setdefault("model_name", self.namespace.model)
-        rank_dir = self.root / f"{self.namespace_dir}_r{self.cfg.rank}"
-        rank_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = rank_dir / "config.json"
+        """Create the namespace's directories and its config.json (where vLLM keeps it: in `<base>/`, the
+        blocks in `<base>_r<rank>/`), then rebuild the index from disk."""
+        base = self.root / self.namespace_dir
+        base.mkdir(parents=True, exist_ok=True)
+        (self.root / f"{self.namespace_dir}_r{self.cfg.rank}").mkdir(parents=True, exist_ok=True)
+        cfg_path = base / "config.json"
         if not cfg_path.exists():
-            self._atomic_write_bytes(cfg_path, json.dumps(config, sort_keys=True, indent=1).encode())
+            config = self.namespace.run_config()
+            self._atomic_write_bytes(cfg_path, json.dumps(config, indent=2, sort_keys=True).encode())
         self.rebuild_index(startup=True)
 
     def rebuild_index(self, startup: bool = False) -> None:

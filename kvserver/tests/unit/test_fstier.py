@@ -27,7 +27,7 @@ def test_layout_follows_vllm_file_mapper(tmp_path: Path) -> None:
     h = block_hash.hex()
     expected = tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}_r0" / h[:3] / f"{h[3:5]}_g1" / f"{h}.bin"
     assert t.path(key) == expected
-    assert (tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}_r0" / "config.json").is_file()
+    assert (tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}" / "config.json").is_file()
 
 
 def test_lmcache_keys_keep_rank_and_group_and_salt_separates_tenants() -> None:
@@ -144,3 +144,28 @@ def test_block_of_a_longer_key_at_the_same_path_is_kept(tmp_path: Path) -> None:
     os.link(t.path(b"a-much-longer-key-than-k"), short)
     assert t.get(b"k") is None
     assert short.exists() and t.corrupt_removed == 0
+
+
+def test_directory_matches_what_vllm_computes_for_the_same_run(tmp_path: Path) -> None:
+    import json
+
+    fields = {  # vLLM FileMapper fields for one run
+        "model_name": "meta-llama/Llama-3.1-8B",
+        "hash_block_size": 16,
+        "gpu_blocks_per_file": 1,
+        "tp_size": 1,
+        "pp_size": 1,
+        "pcp_size": 1,
+        "dcp_size": 1,
+        "dtype": "bfloat16",
+        "kv_cache_groups": [{"block_size": 16, "layer_names": ["model.layers.0.self_attn.attn"]}],
+        "inference_engine": "vllm",
+    }
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    expected = "meta-llama_Llama-3.1-8B_" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    ns = NamespaceConfig(model="meta-llama/Llama-3.1-8B", layout=fields, hash_seed="123")
+    assert ns.directory_name == expected
+    t = FsTier(L2FsConfig(root_dir=str(tmp_path)), ns)
+    t.prepare()
+    assert json.loads((tmp_path / expected / "config.json").read_text()) == fields
+    assert (tmp_path / f"{expected}_r0").is_dir()
