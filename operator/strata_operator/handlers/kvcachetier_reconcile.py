@@ -79,7 +79,8 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
         refs.append(spec.l2.s3.secret_ref.name)
     for name in refs:
         secret = io.read("v1", "Secret", name, tier.namespace)
-        facts.secrets[name] = None if secret is None else {**(secret.get("data") or {})}
+        # Only the key names: validation never needs the values, so they are not kept.
+        facts.secrets[name] = None if secret is None else dict.fromkeys(secret.get("data") or {}, "")
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None and fs.pvc is not None and fs.pvc.claim_name is not None:
         facts.existing_claim = io.read("v1", "PersistentVolumeClaim", fs.pvc.claim_name, tier.namespace)

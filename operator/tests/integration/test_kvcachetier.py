@@ -324,3 +324,20 @@ def test_existing_claim_that_is_not_read_write_many_is_reported(
     )
     create_tier(k8s, namespace, tier_body("kv", gpu_pool, l2={"fs": {"pvc": {"claimName": "local"}}}))
     wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "PVCNotReadWriteMany"))
+
+
+def test_a_change_the_api_server_refuses_for_a_child_is_reported(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool, l2={"fs": {"pvc": {"create": {"size": "2Gi"}}}}))
+    wait_for(lambda: get_or_none(k8s, "v1", "PersistentVolumeClaim", "kv-l2", namespace), timeout=60, what="claim")
+    wait_condition(k8s, namespace, "kv", "L2Reachable", ("False", "PVCNotBound"))  # no provisioner here
+    resource(k8s, API, KIND).patch(
+        body={"spec": {"l2": {"fs": {"pvc": {"create": {"size": "1Gi"}}}}}},
+        name="kv",
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "ChildRejected"))
+    claim = resource(k8s, "v1", "PersistentVolumeClaim").get(name="kv-l2", namespace=namespace)
+    assert claim.spec.resources.requests["storage"] == "2Gi"

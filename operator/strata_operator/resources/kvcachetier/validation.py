@@ -33,7 +33,7 @@ class ClusterFacts:
 
     nodes: Sequence[Mapping[str, Any]] = field(default_factory=list)
     secrets: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    """Secret name -> its `data` keys (values unused), None when the Secret does not exist."""
+    """Secret name -> its `data` keys (values blanked), None when the Secret does not exist."""
     existing_claim: Mapping[str, Any] | None = None
     claim_checked: bool = False
 
