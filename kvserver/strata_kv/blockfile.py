@@ -3,9 +3,11 @@
 Layout (vLLM `tiering/fs/file_mapper.py`, shared with llm-d):
 `<root>/<model>_<digest12>_r<rank>/<hash[:3]>/<hash[3:5]>_g<group>/<hash_hex>.bin`.
 
-File format: a 24-byte header + the key, then the value. The value sits at the end of the file, so
-readers that take a block from `file_size - bytes` (llm-d) read it unchanged; the header carries the
-key (for rebuilding the index) and a CRC32 over key + value (a corrupt file is a miss, never served).
+File format: the value first, then the key, then a 24-byte trailer (magic, version, key length,
+value length, CRC32 over key + value). vLLM reads a block from offset 0 (`load_block` reads
+`block_size` bytes), so it reads our value unchanged; the trailer lets us rebuild what the file
+holds and reject a damaged one (a corrupt file is a miss, never served). Files without the trailer
+are vLLM's own: never served (no checksum), never removed by a read.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import zlib
 from dataclasses import dataclass
 
 MAGIC = b"STKV"
-VERSION = 1
-HEADER = struct.Struct(">4sBBHIQI")  # magic, version, flags, reserved, key_len, value_len, crc32
-HEADER_SIZE = HEADER.size
+VERSION = 2
+TRAILER = struct.Struct(">4sBBHIQI")  # magic, version, flags, reserved, key_len, value_len, crc32
+TRAILER_SIZE = TRAILER.size
 
 _LMCACHE_KEY = re.compile(
     rb"^(?P<model>[^@]+)@(?P<rank>[0-9a-fA-F]{1,8})@(?P<group>[0-9a-fA-F]{1,8})"
@@ -62,17 +64,18 @@ def locate(key: bytes, default_rank: int = 0) -> BlockLocation:
     return BlockLocation(default_rank, 0, hashlib.sha256(key).hexdigest())
 
 
-def encode_header(key: bytes, value: bytes | memoryview) -> bytes:
+def encode_trailer(key: bytes, value: bytes | memoryview) -> bytes:
+    """What follows the value in a block file: the key and the trailer."""
     crc = zlib.crc32(value, zlib.crc32(key))
-    return HEADER.pack(MAGIC, VERSION, 0, 0, len(key), len(value), crc) + key
+    return key + TRAILER.pack(MAGIC, VERSION, 0, 0, len(key), len(value), crc)
 
 
 class CorruptBlock(ValueError):
-    """A block file whose header, length or checksum does not match: remove it, treat as a miss."""
+    """A block file whose trailer, length or checksum does not match: remove it, treat as a miss."""
 
 
 class ForeignBlock(ValueError):
-    """A block file without our header, e.g. written by vLLM into the shared directory: never served
+    """A block file without our trailer, e.g. written by vLLM into the shared directory: never served
     (it carries no checksum), never removed by a read (it is not ours to judge)."""
 
 
@@ -81,37 +84,39 @@ class KeyMismatch(LookupError):
 
 
 @dataclass(frozen=True)
-class BlockHeader:
-    key: bytes
+class BlockTrailer:
+    key_len: int
     value_len: int
     crc: int
-    data_offset: int
+
+    @property
+    def file_size(self) -> int:
+        return self.value_len + self.key_len + TRAILER_SIZE
 
 
-def decode_header(blob: bytes) -> BlockHeader:
-    """Parse the header at the start of `blob` (which must hold at least the header and key)."""
-    if len(blob) < HEADER_SIZE:
-        raise CorruptBlock(f"block file is {len(blob)} bytes, shorter than its {HEADER_SIZE}-byte header")
-    magic, version, _flags, _res, key_len, value_len, crc = HEADER.unpack_from(blob)
+def decode_trailer(tail: bytes, file_size: int) -> BlockTrailer:
+    """Parse the last TRAILER_SIZE bytes of a file of `file_size` bytes."""
+    if file_size < TRAILER_SIZE or len(tail) < TRAILER_SIZE:
+        raise CorruptBlock(f"block file is {file_size} bytes, shorter than its {TRAILER_SIZE}-byte trailer")
+    magic, version, _flags, _res, key_len, value_len, crc = TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
     if magic != MAGIC:
-        raise ForeignBlock(f"no Strata header (magic {magic!r}): a block another writer (vLLM) owns")
+        raise ForeignBlock(f"no Strata trailer (magic {magic!r}): a block another writer (vLLM) owns")
     if version != VERSION:
         raise CorruptBlock(f"block file version {version} unknown (this server reads {VERSION})")
-    if len(blob) < HEADER_SIZE + key_len:
-        raise CorruptBlock(f"block header announces a {key_len}-byte key but the file is truncated")
-    key = bytes(blob[HEADER_SIZE : HEADER_SIZE + key_len])
-    return BlockHeader(key, value_len, crc, HEADER_SIZE + key_len)
+    trailer = BlockTrailer(key_len, value_len, crc)
+    if trailer.file_size != file_size:
+        raise CorruptBlock(f"block file is {file_size} bytes, its trailer says {trailer.file_size}")
+    return trailer
 
 
 def decode_block(blob: bytes, expected_key: bytes | None = None) -> tuple[bytes, bytes]:
     """Return (key, value) from a whole block file, verifying length and checksum."""
-    header = decode_header(blob)
-    if expected_key is not None and header.key != expected_key:
+    trailer = decode_trailer(blob[-TRAILER_SIZE:], len(blob))
+    view = memoryview(blob)
+    key = bytes(view[trailer.value_len : trailer.value_len + trailer.key_len])
+    if expected_key is not None and key != expected_key:
         raise KeyMismatch("block file holds a different key (hash collision or misplaced file)")
-    end = header.data_offset + header.value_len
-    if len(blob) != end:
-        raise CorruptBlock(f"block file is {len(blob)} bytes, header says {end}")
-    view = memoryview(blob)[header.data_offset :]
-    if zlib.crc32(view, zlib.crc32(header.key)) != header.crc:
+    value = view[: trailer.value_len]
+    if zlib.crc32(value, zlib.crc32(key)) != trailer.crc:
         raise CorruptBlock("block checksum mismatch")
-    return header.key, bytes(view)
+    return key, bytes(value)

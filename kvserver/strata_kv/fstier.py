@@ -22,14 +22,12 @@ from collections import OrderedDict
 from pathlib import Path
 
 from .blockfile import (
-    HEADER,
-    HEADER_SIZE,
-    MAGIC,
+    TRAILER_SIZE,
     CorruptBlock,
     ForeignBlock,
     KeyMismatch,
-    decode_header,
-    encode_header,
+    decode_trailer,
+    encode_trailer,
     locate,
 )
 from .config import L2FsConfig, NamespaceConfig
@@ -139,21 +137,19 @@ class FsTier:
         full = self.root / rel
         try:
             with open(full, "rb") as f:
-                head = f.read(HEADER_SIZE + len(key))
                 size = os.fstat(f.fileno()).st_size
-                if len(head) >= HEADER_SIZE and head[:4] == MAGIC:
-                    key_len = HEADER.unpack_from(head)[4]
-                    if key_len != len(key) and HEADER_SIZE + key_len <= size:
-                        raise KeyMismatch("block file holds a key of another length")
-                header = decode_header(head)
-                if header.key != key:
-                    raise KeyMismatch("block file holds a different key")
-                if header.data_offset + header.value_len != size:  # checked before allocating the value
-                    raise CorruptBlock(f"block file is {size} bytes, its header says otherwise ({full})")
-                value = f.read(header.value_len)
-                if len(value) != header.value_len:
+                f.seek(max(0, size - TRAILER_SIZE))
+                trailer = decode_trailer(f.read(TRAILER_SIZE), size)  # lengths checked before allocating
+                if trailer.key_len != len(key):
+                    raise KeyMismatch("block file holds a key of another length")
+                f.seek(0)
+                value = f.read(trailer.value_len)
+                stored_key = f.read(trailer.key_len)
+                if len(value) != trailer.value_len or len(stored_key) != trailer.key_len:
                     raise CorruptBlock(f"block file shrank while being read ({full})")
-            if zlib.crc32(value, zlib.crc32(key)) != header.crc:
+            if stored_key != key:
+                raise KeyMismatch("block file holds a different key")
+            if zlib.crc32(value, zlib.crc32(key)) != trailer.crc:
                 raise CorruptBlock(f"block checksum mismatch ({full})")
         except (FileNotFoundError, NotADirectoryError, KeyMismatch):
             return None
@@ -165,7 +161,7 @@ class FsTier:
             self.corrupt_removed += 1
             self._remove(rel)
             return None
-        self._touch(rel, len(head) + len(value))
+        self._touch(rel, size)
         return value
 
     def contains(self, key: bytes) -> bool:
@@ -182,17 +178,17 @@ class FsTier:
     def put(self, key: bytes, value: bytes) -> None:
         """Write atomically; on a full disk, evict to the low watermark and retry once."""
         rel = self.relpath(key)
-        header = encode_header(key, value)
-        self.make_room(len(header) + len(value))
+        trailer = encode_trailer(key, value)
+        self.make_room(len(value) + len(trailer))
         try:
-            self._write(rel, header, value)
+            self._write(rel, value, trailer)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self.write_errors += 1
                 raise L2WriteError(e.errno, f"L2 write of {rel} failed: {e.strerror}") from e
             self.evict_to(self._capacity() * self.cfg.low_watermark)
             try:
-                self._write(rel, header, value)
+                self._write(rel, value, trailer)
             except OSError as e2:
                 self.write_errors += 1
                 raise L2WriteError(
@@ -202,17 +198,17 @@ class FsTier:
                 ) from e2
         with self._lock:
             old = self._index.pop(rel, 0)
-            self._index[rel] = len(header) + len(value)
-            self.used += len(header) + len(value) - old
+            self._index[rel] = len(value) + len(trailer)
+            self.used += len(value) + len(trailer) - old
 
-    def _write(self, rel: str, header: bytes, value: bytes) -> None:
+    def _write(self, rel: str, value: bytes, trailer: bytes) -> None:
         final = self.root / rel
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.{self._tmp_tag}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
         try:
             with open(tmp, "wb") as f:
-                f.write(header)
                 f.write(value)
+                f.write(trailer)
                 if self.cfg.fsync:
                     f.flush()
                     os.fsync(f.fileno())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .blockfile import CorruptBlock, ForeignBlock, KeyMismatch, decode_block, encode_header, locate
+from .blockfile import CorruptBlock, ForeignBlock, KeyMismatch, decode_block, encode_trailer, locate
 from .config import L2S3Config, NamespaceConfig
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class S3Tier:
         self._client.head_bucket(Bucket=self.cfg.bucket)
 
     def put(self, key: bytes, value: bytes) -> None:
-        body = encode_header(key, value) + value
+        body = bytes(value) + encode_trailer(key, value)
         try:
             self._client.put_object(Bucket=self.cfg.bucket, Key=self.object_key(key), Body=body)
         except Exception:

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from strata_kv.blockfile import HEADER_SIZE, locate
+from strata_kv.blockfile import TRAILER_SIZE, locate
 from strata_kv.config import L2FsConfig, NamespaceConfig
 from strata_kv.fstier import FsTier
 
@@ -43,7 +43,7 @@ def test_round_trip_and_value_sits_at_the_end_of_the_file(tmp_path: Path) -> Non
     t.put(b"k1", value)
     assert t.get(b"k1") == value
     raw = t.path(b"k1").read_bytes()
-    assert raw[-len(value) :] == value  # readers that take blocks from the file's end see the value
+    assert raw[: len(value)] == value  # vLLM reads a block from offset 0: it sees the value unchanged
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -52,30 +52,40 @@ def test_corrupt_file_is_a_miss_and_is_removed(tmp_path: Path) -> None:
     t.put(b"k", b"a" * 1000)
     path = t.path(b"k")
     data = bytearray(path.read_bytes())
-    data[HEADER_SIZE + 10] ^= 0xFF
+    data[10] ^= 0xFF
     path.write_bytes(bytes(data))
     assert t.get(b"k") is None
     assert not path.exists()
     assert t.corrupt_removed == 1
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flipped-length", "empty", "short"])
+@pytest.mark.parametrize("damage", ["torn-middle", "flipped-length", "empty", "short", "flipped-crc"])
 def test_damaged_files_are_never_served(tmp_path: Path, damage: str) -> None:
     t = make(tmp_path)
     t.put(b"k", b"v" * 5000)
     path = t.path(b"k")
-    if damage == "truncate":
-        path.write_bytes(path.read_bytes()[:-1])
-    elif damage == "flipped-length":
-        data = bytearray(path.read_bytes())
-        data[12] ^= 0x01  # value length field
+    data = bytearray(path.read_bytes())
+    if damage == "torn-middle":
+        data[2000:2600] = bytes(600)  # a block of zeros where a torn write left no data
+        path.write_bytes(bytes(data))
+    elif damage in ("flipped-length", "flipped-crc"):
+        field = 12 if damage == "flipped-length" else 20  # value length / crc32 in the trailer
+        data[len(data) - TRAILER_SIZE + field] ^= 0x01
         path.write_bytes(bytes(data))
     elif damage == "short":
-        path.write_bytes(b"STKV\x01")
+        path.write_bytes(b"STKV\x02")
     else:
         path.write_bytes(b"")
     assert t.get(b"k") is None
     assert not path.exists()
+
+
+def test_file_cut_short_is_never_served(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    t.put(b"k", b"v" * 5000)
+    path = t.path(b"k")
+    path.write_bytes(path.read_bytes()[:-7])  # trailer gone: indistinguishable from a vLLM block
+    assert t.get(b"k") is None
 
 
 def test_capacity_watermarks_evict_least_recently_used(tmp_path: Path) -> None:
