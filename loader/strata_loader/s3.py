@@ -21,8 +21,8 @@ import botocore.exceptions
 import urllib3.exceptions
 from botocore.config import Config
 
-RETRIES = max(1, int(os.environ.get("STRATA_S3_RETRIES", "6")))
-"""Attempts per request before giving up (botocore retries inside each attempt as well)."""
+RETRIES = max(1, int(os.environ.get("STRATA_S3_RETRIES", "8")))
+"""Attempts per request before giving up, with jittered exponential backoff (0.1 s doubling, 8 s cap)."""
 _TRANSIENT = (
     botocore.exceptions.ConnectionError,
     botocore.exceptions.HTTPClientError,
@@ -62,7 +62,7 @@ def client(max_connections: int = 64) -> Any:
 def _client(max_connections: int, env: tuple[str | None, ...]) -> Any:
     cfg = Config(
         max_pool_connections=max_connections,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"total_max_attempts": 1},  # retries are ours (also cover body reads), one backoff policy
         connect_timeout=10,
         read_timeout=60,
         tcp_keepalive=True,
@@ -84,8 +84,13 @@ def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
                 raise FileNotFoundError(f"{what}: no such bucket") from None
             if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 raise S3Error(f"{what}: access denied ({code}); check AWS_ACCESS_KEY_ID/SECRET") from None
-            if code not in _THROTTLE_CODES or attempt == RETRIES - 1:
+            if code not in _THROTTLE_CODES:
                 raise S3Error(f"{what}: {code or e}") from None
+            if attempt == RETRIES - 1:
+                raise S3Error(
+                    f"{what}: {code} after {RETRIES} attempts; the server is throttling or failing:"
+                    " lower the concurrency or retry later"
+                ) from None
         except _TRANSIENT as e:
             if attempt == RETRIES - 1:
                 raise S3Error(

@@ -123,6 +123,32 @@ def test_connections_reset_mid_body_are_retried(model_bucket, s3_env, monkeypatc
         proxy.close()
 
 
+def test_throttling_is_retried_with_backoff(model_bucket, s3_env, monkeypatch):
+    bucket, files = model_bucket
+    data = files["config.json"]
+    proxy = FaultyProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=4, throttle=True)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+        buf = bytearray(len(data))
+        S3Reader(bucket, "llama/config.json", len(data)).read_into(0, memoryview(buf))
+        assert bytes(buf) == data and proxy.reset_count == 4
+    finally:
+        proxy.close()
+
+
+def test_endless_throttling_ends_in_a_clear_error(model_bucket, s3_env, monkeypatch):
+    bucket, files = model_bucket
+    proxy = FaultyProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=-1, throttle=True)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+        monkeypatch.setattr("strata_loader.s3.RETRIES", 2)
+        r = S3Reader(bucket, "llama/config.json", len(files["config.json"]))
+        with pytest.raises(S3Error, match="SlowDown"):
+            r.read_into(0, memoryview(bytearray(len(files["config.json"]))))
+    finally:
+        proxy.close()
+
+
 def test_endless_resets_end_in_a_clear_error(model_bucket, s3_env, monkeypatch):
     bucket, files = model_bucket
     proxy = FaultyProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=-1)
