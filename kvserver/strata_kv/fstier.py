@@ -51,6 +51,7 @@ class FsTier:
         self.namespace = namespace
         self.namespace_dir = namespace.directory_name
         self._index: OrderedDict[str, int] = OrderedDict()  # relpath -> file size, oldest first
+        self._pins: dict[str, float] = {}  # relpath -> monotonic time until which eviction skips it
         self._lock = threading.Lock()
         self._tmp_tag = f"{socket.gethostname()}-{os.getpid()}"
         self.used = 0
@@ -164,14 +165,21 @@ class FsTier:
         self._touch(rel, size)
         return value
 
-    def contains(self, key: bytes) -> bool:
-        """Present on disk. Counts as a use: a chunk EXISTS reported is the last the watermark evicts."""
+    def contains(self, key: bytes, pin_seconds: float = 0.0) -> bool:
+        """Present on disk. Counts as a use, and `pin_seconds` keeps the watermark off it for that long
+        (LMCache GETs right after EXISTS and hangs on a miss)."""
         rel = self.relpath(key)
         try:
             size = os.stat(self.root / rel).st_size
         except (FileNotFoundError, NotADirectoryError):
             return False
         self._touch(rel, size)
+        if pin_seconds > 0:
+            with self._lock:
+                self._pins[rel] = time.monotonic() + pin_seconds
+                if len(self._pins) > 100_000:  # drop expired pins now and then
+                    now = time.monotonic()
+                    self._pins = {r: t for r, t in self._pins.items() if t > now}
         return True
 
     # -- writes -----------------------------------------------------------------------------------
@@ -247,11 +255,17 @@ class FsTier:
     def evict_to(self, target: float) -> int:
         """Remove least recently used block files until usage is at or below `target` bytes."""
         removed = 0
+        skipped = 0
         while self._fill() > target:
             with self._lock:
-                if not self._index:
+                if not self._index or skipped >= len(self._index):
                     break
                 rel, size = self._index.popitem(last=False)
+                if self._pins.get(rel, 0.0) > time.monotonic():  # EXISTS said yes moments ago: keep it
+                    self._index[rel] = size
+                    skipped += 1
+                    continue
+                self._pins.pop(rel, None)
                 self.used -= size
             self._unlink(str(self.root / rel))
             removed += 1

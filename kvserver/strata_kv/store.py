@@ -139,7 +139,8 @@ class TieredStore:
         """Which tier holds `key`: 'l1', 'fs', 's3' or '' for none."""
         if key in self.l1 or (self.write_behind and key in self.write_behind.pending):
             return "l1"
-        if self.fs is not None and await asyncio.to_thread(self.fs.contains, key):
+        grace = self.cfg.l1.exists_grace_seconds
+        if self.fs is not None and await asyncio.to_thread(self.fs.contains, key, grace):
             return "fs"
         if self.s3:
             try:

@@ -179,3 +179,13 @@ def test_directory_matches_what_vllm_computes_for_the_same_run(tmp_path: Path) -
     t.prepare()
     assert json.loads((tmp_path / expected / "config.json").read_text()) == fields
     assert (tmp_path / f"{expected}_r0").is_dir()
+
+
+def test_a_block_exists_reported_is_kept_by_the_watermark_for_the_grace_period(tmp_path: Path) -> None:
+    t = make(tmp_path, capacity=100_000, high_watermark=0.9, low_watermark=0.5)
+    t.put(b"asked", b"a" * 5_000)
+    assert t.contains(b"asked", pin_seconds=60)
+    for i in range(40):
+        t.put(b"k%d" % i, b"x" * 5_000)
+    assert t.get(b"asked") == b"a" * 5_000
+    assert t.evictions > 0
