@@ -189,3 +189,21 @@ def test_a_block_exists_reported_is_kept_by_the_watermark_for_the_grace_period(t
         t.put(b"k%d" % i, b"x" * 5_000)
     assert t.get(b"asked") == b"a" * 5_000
     assert t.evictions > 0
+
+
+def test_vllm_style_load_reads_a_block_the_server_wrote(tmp_path: Path) -> None:
+    """vLLM's load_block: open the mapped path and readv block_size bytes from offset 0."""
+    t = make(tmp_path)
+    block_hash = hashlib.sha256(b"prefix tokens").digest()
+    key = block_hash + (0).to_bytes(4, "big")
+    block = os.urandom(64 * 1024)
+    t.put(key, block)
+    h = block_hash.hex()
+    path = tmp_path / f"{NS.directory_name}_r0" / h[:3] / f"{h[3:5]}_g0" / f"{h}.bin"
+    buf = bytearray(len(block))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.readv(fd, [buf]) == len(block)
+    finally:
+        os.close(fd)
+    assert bytes(buf) == block
