@@ -47,13 +47,14 @@ def stream_batches(
 ) -> Iterator[tuple[Batch, torch.Tensor]]:
     """Yield (batch, buffer) in plan order while later batches are already being read.
 
-    With a pool, at most `pool.slots` batches are in memory; a batch larger than a slot gets its own fresh
-    buffer (the tensor must exist somewhere) that is never reused. Without a pool every buffer is fresh (safe
-    to keep) and at most `max_inflight_bytes` are being read ahead of the caller.
+    With a pool, at most `pool.slots` batches are in memory; a batch larger than a slot is read alone, into
+    one spare buffer that grows to the largest such batch and is reused. Without a pool every buffer is fresh
+    (safe to keep) and at most `max_inflight_bytes` are being read ahead of the caller.
     """
     ex = thread_pool(concurrency)
     pending: deque[tuple[Batch, torch.Tensor, list[Future[None]], bool]] = deque()
     todo = deque(batches)
+    spare: list[torch.Tensor] = []  # with a pool: the buffer of the last oversized batch
 
     def inflight() -> int:
         return sum(p[0].length for p in pending)
@@ -70,7 +71,11 @@ def stream_batches(
             keep = got
         elif pending and (pool is not None or inflight() + batch.length > max_inflight_bytes):
             return False  # waits until the pipeline drains, bounding memory
+        elif pool is not None and spare and spare[0].numel() >= batch.length:
+            keep = spare.pop()
+            buf = keep[: batch.length]
         else:
+            spare.clear()
             buf = keep = alloc_host(batch.length)
         todo.popleft()
         mv = writable_view(buf) if batch.length else memoryview(bytearray())
@@ -93,6 +98,8 @@ def stream_batches(
             finally:
                 if pooled and pool is not None:
                     pool.release(buf)
+                elif pool is not None:
+                    spare[:] = [buf]
     finally:
         for _, buf, futs, pooled in pending:
             for f in futs:
