@@ -15,7 +15,6 @@ from pydantic import ConfigDict, Field
 from strata_operator.api.base import Condition, CRDModel, SecretKeyRef, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
-DEFAULT_IMAGE = "ghcr.io/strata-dev/strata-runtime:0.1.0"
 QUANTITY_PATTERN = r"^([0-9]+)(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 """A non-negative Kubernetes quantity (bytes); the units are the API server's own."""
 
@@ -211,7 +210,11 @@ class KVCacheTierSpec(CRDModel):
         cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort")
     )
 
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1)
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The runtime image; defaults to the operator's configured runtime image (STRATA_RUNTIME_IMAGE).",
+    )
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 Tolerations.")

@@ -21,6 +21,7 @@ from strata_operator.resources.kvcachetier.names import (
     mebibytes,
     quantity_bytes,
 )
+from strata_operator.resources.runtime_image import default_runtime_image
 
 RUN_AS = 65532
 """The conventional nonroot uid/gid of distroless images; the runtime image runs as it."""
@@ -118,7 +119,7 @@ def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]
     env, env_from = _env(spec, tier)
     container: dict[str, Any] = {
         "name": "kvserver",
-        "image": spec.image,
+        "image": spec.image or default_runtime_image(),
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": ["strata-kv"],
         "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE_NAME}"],
