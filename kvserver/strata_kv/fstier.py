@@ -279,6 +279,7 @@ class FsTier:
             "files": len(self._index),
             "evictions": self.evictions,
             "corrupt_removed": self.corrupt_removed,
+            "foreign_skipped": self.foreign_skipped,
             "write_errors": self.write_errors,
         }
 
