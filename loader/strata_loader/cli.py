@@ -38,6 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(e: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):  # the field and the rule, without pydantic's boilerplate
+        return "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or 'request'}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
+        )
     text = str(e) or type(e).__name__
     if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
         text = f"{e.filename}: {text}"

@@ -91,6 +91,11 @@ def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
                     f"{what}: {code} after {RETRIES} attempts; the server is throttling or failing:"
                     " lower the concurrency or retry later"
                 ) from None
+        except botocore.exceptions.NoCredentialsError:
+            raise S3Error(
+                f"{what}: no AWS credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the ModelCache"
+                " secretRef) or give the pod a role"
+            ) from None
         except _TRANSIENT as e:
             if attempt == RETRIES - 1:
                 raise S3Error(

@@ -281,3 +281,9 @@ def test_pvc_source_reads_the_mounted_claim(tmp_path, monkeypatch):
     got = tree(tmp_path / "dst")
     got.pop(MANIFEST_NAME)
     assert got == files
+
+
+def test_cli_rejects_a_bad_request_in_one_plain_line(tmp_path):
+    r = run_cli("fetch", "ftp://host/model", str(tmp_path / "dst"), "--block-size", "lots")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "unsupported scheme" in r.stderr and "pydantic" not in r.stderr and "Traceback" not in r.stderr
