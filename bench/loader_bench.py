@@ -20,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strata" / "bench-model"
 
@@ -174,12 +176,59 @@ def bench_local(paths: list[Path], repeat: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def bench_s3(paths: list[Path], repeat: int) -> dict[str, dict[str, float]]:
+WEED = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strata" / "bin" / "seaweedfs" / "weed"
+
+
+@contextlib.contextmanager
+def running_weed_server() -> Iterator[Any]:
+    """SeaweedFS (`weed server -s3`, built from its Go module into the cache) on loopback, auth off."""
+    import socket
+    import urllib.request
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testsupport"))
+    from strata_testsupport.s3 import S3Server
+
+    def free_port() -> int:
+        while True:  # weed also listens on port + 10000 for gRPC
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port < 55000:
+                return port
+
+    ports = [free_port() for _ in range(4)]
+    with tempfile.TemporaryDirectory() as data:
+        proc = subprocess.Popen(
+            [str(WEED), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+             f"-master.port={ports[0]}", f"-volume.port={ports[1]}", f"-filer.port={ports[2]}",
+             f"-s3.port={ports[3]}", "-master.volumeSizeLimitMB=1024", "-volume.max=0"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "weed.log"), "wb"),  # noqa: SIM115
+        )
+        url = f"http://127.0.0.1:{ports[3]}"
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    urllib.request.urlopen(url, timeout=2)
+                    break
+                except urllib.error.HTTPError:
+                    break  # an S3 error reply: the gateway is up
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("seaweedfs did not start; see its log") from None
+                    time.sleep(0.5)
+            yield S3Server(endpoint_url=url, process=proc)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def bench_s3(paths: list[Path], repeat: int, server_kind: str = "moto") -> dict[str, dict[str, float]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testsupport"))
     from strata_testsupport.s3 import running_s3_server
 
     results: dict[str, dict[str, float]] = {}
-    with running_s3_server() as server:
+    with (running_weed_server() if server_kind == "seaweedfs" else running_s3_server()) as server:
         bucket = server.create_bucket("bench")
         c = server.client()
         for p in paths:
@@ -217,7 +266,7 @@ def table(local: dict[str, dict[str, float]], s3: dict[str, dict[str, float]], t
             f"| {_ratio(w, memcpy)} | {_ratio(c, dd)} |"
         )
     if s3:
-        lines += ["", "| S3 reader (moto server on loopback) | GB/s |", "|---|---|"]
+        lines += ["", "| S3 reader (S3 server on loopback) | GB/s |", "|---|---|"]
         lines += [f"| {k} | {v['warm']:.3f} |" for k, v in s3.items()]
     return "\n".join(lines)
 
@@ -232,6 +281,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--s3", action="store_true", help="also read from a local S3 server (moto: slow)")
     ap.add_argument("--s3-files", type=int, default=1, help="how many of the files go through S3")
+    ap.add_argument("--s3-server", choices=["moto", "seaweedfs"], default="moto",
+                    help=f"seaweedfs needs {WEED} (built from its Go module)")
     ap.add_argument("--json", type=Path, default=None, help="also write raw results here")
     ap.add_argument("--table-from", type=Path, default=None, help="print the table of an earlier --json")
     args = ap.parse_args()
@@ -248,7 +299,7 @@ def main() -> None:
     local = bench_local(paths, args.repeat)
     if args.json:
         args.json.write_text(json.dumps({"local": local, "s3": {}}, indent=1))
-    s3 = bench_s3(paths[: args.s3_files], args.repeat) if args.s3 else {}
+    s3 = bench_s3(paths[: args.s3_files], args.repeat, args.s3_server) if args.s3 else {}
     if args.json:
         args.json.write_text(json.dumps({"local": local, "s3": s3}, indent=1))
     print(table(local, s3, total))
