@@ -101,6 +101,8 @@ def iter_tensors(
                 with torch.cuda.stream(stream):
                     moved = [(n, v.to(dev, non_blocking=True)) for n, v in views]
                 stream.synchronize()  # the pinned buffer is reused after this batch
+                for _, t in moved:  # allocated on our stream, used on the caller's: tell the allocator
+                    t.record_stream(torch.cuda.current_stream(dev))
                 yield from moved
             else:
                 yield from views
