@@ -22,7 +22,7 @@ from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache_nodes import NODES
 from strata_operator.handlers.modelcache_pernode import cleanup_node_copies
 from strata_operator.handlers.modelcache_reconcile import reconcile
-from strata_operator.resources.modelcache.names import CACHE_LABEL
+from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import Owner
 
 PLURAL = "modelcaches"
@@ -108,18 +108,27 @@ async def modelcache_changed(body: kopf.Body, meta: kopf.Meta, status: kopf.Stat
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "pods", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
 async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], **_: Any) -> None:
     wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
+@kopf.on.event("", "v1", "pods", labels={CACHE_LABEL: kopf.PRESENT})
+async def pod_changed(
+    event: Mapping[str, Any], meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], **_: Any
+) -> None:
+    """Only an ended pod carries news (its termination message); a pending pod's scheduling retries do not."""
+    if event.get("type") == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
+        wake(meta.get("namespace"), labels.get(CACHE_LABEL))
+
+
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
-    if NODES.observe(body, deleted=event.get("type") == "DELETED"):
-        for waker in list(WAKERS.values()):
-            if waker.uses_nodes:
-                waker.event.set()
+    change = NODES.observe(body, deleted=event.get("type") == "DELETED")
+    for (namespace, name), waker in list(WAKERS.items()):
+        concerned = change.placement and waker.uses_nodes
+        if concerned or (change.model_labels and node_label_key(namespace, name) in change.model_labels):
+            waker.event.set()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

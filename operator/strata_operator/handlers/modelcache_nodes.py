@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator import kube
+from strata_operator.resources.modelcache.names import MODEL_LABEL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -20,21 +21,36 @@ class NodeInfo:
     uid: str
     ready: bool
     labels: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> NodeInfo:
         meta = body.get("metadata") or {}
         conditions = (body.get("status") or {}).get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        return cls(meta["name"], meta.get("uid", ""), ready, dict(meta.get("labels") or {}))
+        labels = dict(meta.get("labels") or {})
+        return cls(meta["name"], meta.get("uid", ""), ready, labels, str(meta.get("resourceVersion", "")))
 
     def placement_key(self) -> tuple[Any, ...]:
-        """What decides where copies go and which labels we own. Heartbeats are left out; our own label
-        writes are recorded by `set_label` first, so only someone else's edit of them wakes caches."""
-        return (self.uid, self.ready, tuple(sorted(self.labels.items())))
+        """What decides where copies go: identity, readiness and labels other than our model labels.
+        Heartbeats are left out, so a node's routine status updates wake nobody."""
+        labels = tuple(sorted((k, v) for k, v in self.labels.items() if not k.startswith(MODEL_LABEL_PREFIX)))
+        return (self.uid, self.ready, labels)
+
+    def model_labels(self) -> dict[str, str]:
+        return {k: v for k, v in self.labels.items() if k.startswith(MODEL_LABEL_PREFIX)}
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """`placement`: every node-using cache must look again; `model_labels`: only the caches owning these keys
+    (a label of ours edited by someone, or our own write seen on the watch before its answer came back)."""
+
+    placement: bool = False
+    model_labels: frozenset[str] = frozenset()
 
 
 class NodeCache:
@@ -45,27 +61,24 @@ class NodeCache:
         self._nodes: dict[str, NodeInfo] = {}
         self._primed = False
 
-    def observe(self, body: Mapping[str, Any], *, deleted: bool = False) -> bool:
-        """Record a watch event; True when placement may have changed."""
+    def observe(self, body: Mapping[str, Any], *, deleted: bool = False) -> NodeChange:
+        """Record a watch event or our own write's answer; say whom it concerns."""
         info = NodeInfo.from_body(body)
         with self._lock:
             before = self._nodes.get(info.name)
             if deleted:
                 self._nodes.pop(info.name, None)
-                return before is not None
+                return NodeChange(placement=before is not None)
+            if before is not None and _older(info.resource_version, before.resource_version):
+                return NodeChange()  # from before a write of ours that is already recorded
             self._nodes[info.name] = info
-        return before is None or before.placement_key() != info.placement_key()
-
-    def set_label(self, name: str, key: str, value: str | None) -> None:
-        """Reflect our own label write at once, so the next reconcile does not write it again."""
-        with self._lock:
-            node = self._nodes.get(name)
-            if node is None:
-                return
-            labels = {k: v for k, v in node.labels.items() if k != key}
-            if value is not None:
-                labels[key] = value
-            self._nodes[name] = NodeInfo(node.name, node.uid, node.ready, labels)
+        if before is None:
+            return NodeChange(placement=True)
+        old, new = before.model_labels(), info.model_labels()
+        return NodeChange(
+            placement=before.placement_key() != info.placement_key(),
+            model_labels=frozenset(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)),
+        )
 
     def snapshot(self) -> dict[str, NodeInfo]:
         """All known nodes; the first call LISTs once, so a fresh operator never mistakes 'not yet seen' for
@@ -89,9 +102,18 @@ NODES = NodeCache()
 def patch_node_label(name: str, key: str, value: str | None) -> None:
     """Merge patch (not server-side apply): apply would drop the labels of other caches we set earlier."""
     nodes = kube.dynamic_client().resources.get(api_version="v1", kind="Node")
-    nodes.patch(
+    patched = nodes.patch(
         name=name,
         body={"metadata": {"labels": {key: value}}},
         content_type="application/merge-patch+json",
     )
-    NODES.set_label(name, key, value)
+    NODES.observe(patched.to_dict())
+
+
+def _older(candidate: str, known: str) -> bool:
+    """Whether a node's resourceVersion predates the one we hold. They are etcd revisions: integers that only
+    grow for one object; anything else is treated as new, which at worst costs one extra reconcile."""
+    try:
+        return int(candidate) < int(known)
+    except ValueError:
+        return False

@@ -70,11 +70,7 @@ def ensure_claim(ctx: Context) -> tuple[dict[str, Any] | None, Problem | None]:
             )
         return live, None
     desired = storage.build_claim(owner, spec)
-    if (
-        live is not None
-        and is_subset(desired["metadata"].get("labels"), live["metadata"].get("labels"))
-        and (is_subset(desired["spec"]["resources"], live["spec"].get("resources")))
-    ):
+    if live is not None and claim_matches(desired, live, owner.uid):
         return live, None
     class_name = spec.storage.shared_pvc.storage_class_name if spec.storage.shared_pvc else None
     if live is None and class_name and get_dict("storage.k8s.io/v1", "StorageClass", class_name, None) is None:
@@ -89,6 +85,16 @@ def ensure_claim(ctx: Context) -> tuple[dict[str, Any] | None, Problem | None]:
         return live, Problem("ClaimRejected", f"claim {name!r}: {api_error_message(error)}")
     ctx.event("Normal", "ClaimCreated" if live is None else "ClaimRestored", f"PersistentVolumeClaim {name}")
     return applied, None
+
+
+def claim_matches(desired: dict[str, Any], live: dict[str, Any], owner_uid: str) -> bool:
+    """Our labels and size are in place, and we own the claim exactly when the deletion policy says Delete."""
+    owned = any(ref.get("uid") == owner_uid for ref in live["metadata"].get("ownerReferences") or [])
+    return (
+        is_subset(desired["metadata"].get("labels"), live["metadata"].get("labels"))
+        and is_subset(desired["spec"]["resources"], live["spec"].get("resources"))
+        and owned == ("ownerReferences" in desired["metadata"])
+    )
 
 
 def reconcile_shared_pvc(ctx: Context) -> Outcome:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
-from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.kube import get_or_none, resource, wait_for
 
 from .test_modelcache_support import (
     cache_jobs,
@@ -158,3 +158,23 @@ def test_a_missing_storage_class_is_reported(k8s: DynamicClient, operator: Any, 
     wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Failed", "phase Failed")
     degraded = condition(get_cache(k8s, namespace, name), "Degraded")
     assert degraded["reason"] == "StorageClassNotFound" and "no-such-class" in degraded["message"]
+
+
+def test_retain_policy_keeps_the_claim(k8s: DynamicClient, operator: Any, namespace: str) -> None:
+    name, _ = ready_cache(k8s, namespace, shared_spec())
+    claims = resource(k8s, "v1", "PersistentVolumeClaim")
+    caches = resource(k8s, "strata.dev/v1alpha1", "ModelCache")
+    caches.patch(
+        name=name,
+        namespace=namespace,
+        body={"spec": {"deletionPolicy": "Retain"}},
+        content_type="application/merge-patch+json",
+    )
+    wait_for(
+        lambda: not claims.get(name=f"{name}-model", namespace=namespace).metadata.ownerReferences,
+        what="the claim released from the cache",
+    )
+    caches.delete(name=name, namespace=namespace)
+    wait_for(lambda: get_or_none(k8s, "strata.dev/v1alpha1", "ModelCache", name, namespace) is None, what="deleted")
+    time.sleep(2)  # the garbage collector had its chance
+    assert claims.get(name=f"{name}-model", namespace=namespace).metadata.deletionTimestamp is None

@@ -20,6 +20,8 @@ NODE_LABEL = f"{GROUP}/node"
 PRELOAD_HASH_LABEL = f"{GROUP}/preload-hash"
 ROLE_LABEL = f"{GROUP}/role"
 NODE_LABEL_READY = "Ready"
+MODEL_LABEL_PREFIX = f"{GROUP}/model."
+"""Node labels Strata owns: `<prefix><namespace>.<name>` (see `node_label_key`)."""
 
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
