@@ -36,9 +36,7 @@ class SecretKeyRef(CRDModel):
     key: str | None = Field(default=None, description="Key inside the Secret; all keys when omitted.")
 
 
-def cel(
-    rule: str, message: str, *, field_path: str | None = None, reason: str | None = None
-) -> dict[str, str]:
+def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
     """One `x-kubernetes-validations` entry; the message is what `kubectl apply` shows the user."""
     entry = {"rule": rule, "message": message}
     if field_path:

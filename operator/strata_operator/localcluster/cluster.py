@@ -57,9 +57,7 @@ class LocalCluster:
         startup_timeout: float = 120.0,
     ) -> None:
         self.binaries = binaries or find_binaries()
-        self.want_controller_manager = (
-            controller_manager and self.binaries.kube_controller_manager is not None
-        )
+        self.want_controller_manager = controller_manager and self.binaries.kube_controller_manager is not None
         self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
         self.want_kwok = kwok and self.binaries.kwok is not None and self.binaries.kwok_stages is not None
         self.startup_timeout = startup_timeout
@@ -214,9 +212,7 @@ class LocalCluster:
             if ready():
                 return
             time.sleep(0.2)
-        raise ControlPlaneError(
-            f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}"
-        )
+        raise ControlPlaneError(f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}")
 
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki["ca_crt"]))
@@ -259,9 +255,7 @@ class LocalCluster:
                     },
                 }
             ],
-            "contexts": [
-                {"name": "strata-local", "context": {"cluster": "strata-local", "user": "strata-admin"}}
-            ],
+            "contexts": [{"name": "strata-local", "context": {"cluster": "strata-local", "user": "strata-admin"}}],
             "current-context": "strata-local",
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))

@@ -56,12 +56,14 @@ def _l2_config(l2: L2Spec | None) -> L2Config:
     s3 = None
     if l2.s3 is not None:
         style = l2.s3.addressing_style.value if l2.s3.addressing_style else ("path" if l2.s3.endpoint else "auto")
-        s3 = L2S3Config(
-            bucket=l2.s3.bucket,
-            prefix=l2.s3.prefix,
-            endpoint_url=l2.s3.endpoint,
-            region=l2.s3.region,
-            addressing_style=style,
+        s3 = L2S3Config.model_validate(
+            {
+                "bucket": l2.s3.bucket,
+                "prefix": l2.s3.prefix,
+                "endpoint_url": l2.s3.endpoint,
+                "region": l2.s3.region,
+                "addressing_style": style,
+            }
         )
     return L2Config(fs=fs, s3=s3)
 
