@@ -318,7 +318,7 @@ def run_phases(args: argparse.Namespace, client: Any, proc: Any, counts_file: Pa
 
     time.sleep(args.idle)
     t2, cpu2, counts2 = time.monotonic(), sum(proc.cpu_times()[:2]), read_counts(counts_file)
-    finished = finish_all(client)
+    finished = finish_all(client, args.timeout)
     t3 = time.monotonic()
     wait_for(
         lambda: all(s.get("phase") == "Ready" for s in statuses()), timeout=args.timeout, interval=0.5, what="all Ready"
@@ -335,46 +335,54 @@ def run_phases(args: argparse.Namespace, client: Any, proc: Any, counts_file: Pa
     return 0
 
 
-def finish_all(client: Any) -> int:
-    """Report every preloader pod as Succeeded with a real FetchResult message, as the kubelet would."""
-    from strata_loader.contract import FetchResult
+def finish_all(client: Any, timeout: float) -> int:
+    """Report every preloader pod as Succeeded with a real FetchResult message, as the kubelet would. The Job
+    controller creates pods at its own pace (kube-controller-manager's client is rate-limited), so repeat
+    until every Job's pod has been reported."""
     from strata_testsupport.kube import resource
 
-    pods = resource(client, "v1", "Pod")
+    pods, jobs = resource(client, "v1", "Pod"), resource(client, "batch/v1", "Job")
+    job_count = len(jobs.get(namespace=NAMESPACE, label_selector=CACHE_LABEL).to_dict()["items"])
+    done: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(done) < job_count and time.monotonic() < deadline:
+        for pod in pods.get(namespace=NAMESPACE, label_selector=CACHE_LABEL).to_dict()["items"]:
+            job = pod["metadata"]["labels"].get("batch.kubernetes.io/job-name", "")
+            if job and job not in done:
+                report_succeeded(pods, pod)
+                done.add(job)
+        time.sleep(0.5)
+    return len(done)
+
+
+def report_succeeded(pods: Any, pod: dict[str, Any]) -> None:
+    from strata_loader.contract import FetchResult
+
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    items = pods.get(namespace=NAMESPACE, label_selector=CACHE_LABEL).to_dict()["items"]
-    for pod in items:
-        cache = pod["metadata"]["labels"][CACHE_LABEL]
-        index = int(cache.rsplit("-", 1)[1])
-        result = FetchResult(source=f"s3://bench-models/model-{index}", bytes=16 * 2**30, files=9, seconds=60.0)
-        container = pod["spec"]["containers"][0]
-        terminated = {
-            "exitCode": 0,
-            "reason": "Completed",
-            "message": result.to_termination_message(),
-            "startedAt": now,
-            "finishedAt": now,
-        }
-        status = {
-            "phase": "Succeeded",
-            "containerStatuses": [
-                {
-                    "name": container["name"],
-                    "image": container["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {"terminated": terminated},
-                }
-            ],
-        }
-        pods.status.patch(
-            name=pod["metadata"]["name"],
-            namespace=NAMESPACE,
-            body={"status": status},
-            content_type="application/strategic-merge-patch+json",
-        )
-    return len(items)
+    index = int(pod["metadata"]["labels"][CACHE_LABEL].rsplit("-", 1)[1])
+    result = FetchResult(source=f"s3://bench-models/model-{index}", bytes=16 * 2**30, files=9, seconds=60.0)
+    container = pod["spec"]["containers"][0]
+    terminated = {"exitCode": 0, "reason": "Completed", "message": result.to_termination_message()}
+    state = {"terminated": {**terminated, "startedAt": now, "finishedAt": now}}
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": state,
+            }
+        ],
+    }
+    pods.status.patch(
+        name=pod["metadata"]["name"],
+        namespace=NAMESPACE,
+        body={"status": status},
+        content_type="application/strategic-merge-patch+json",
+    )
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def reconcile_node_local(ctx: Context) -> Outcome:
             (False, "NoMatchingNodes", message),
             fields=fields,
         )
-    return nodes_outcome(
+    return st.nodes_outcome(
         states,
         ready_reason="AllNodesReady",
         ready_message=f"pods select nodes with {key}=Ready",
@@ -161,37 +161,6 @@ def node_fields(ctx: Context, states: list[dict[str, Any]], key: str | None) -> 
     return fields
 
 
-def nodes_outcome(
-    states: list[dict[str, Any]], *, ready_reason: str, ready_message: str, fields: dict[str, Any]
-) -> Outcome:
-    total = len(states)
-    ready = sum(1 for s in states if s["phase"] == st.PHASE_READY)
-    failed = [s for s in states if s["phase"] == st.PHASE_FAILED]
-    blocked = [s for s in states if s["phase"] == st.PHASE_PENDING]
-    in_flight = total - ready - len(failed) - len(blocked)
-    count = f"{ready}/{total} nodes ready"
-    progressing = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
-    degraded = (False, "AsExpected", "")
-    if failed or blocked:
-        worst = failed[0] if failed else blocked[0]
-        reason = "NodePreloadFailed" if failed else "NodePreloadBlocked"
-        degraded = (
-            True,
-            reason,
-            f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
-        )
-    if ready == total:
-        return Outcome(st.PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields)
-    phase = st.PHASE_PRELOADING if in_flight else (st.PHASE_DEGRADED if ready else st.PHASE_FAILED)
-    return Outcome(
-        phase,
-        (False, degraded[1] if degraded[0] and not in_flight else "Preloading", count),
-        progressing,
-        degraded,
-        fields,
-    )
-
-
 def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Outcome:
     """The volume works without a pre-pull, so the cache is Ready at once; pulls show as Progressing."""
     owner, spec = ctx.owner, ctx.spec
@@ -203,7 +172,7 @@ def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Out
         readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
         desiredNodes=len(states),
     )
-    outcome = nodes_outcome(states, ready_reason="VolumeAvailable", ready_message=message, fields=fields)
+    outcome = st.nodes_outcome(states, ready_reason="VolumeAvailable", ready_message=message, fields=fields)
     outcome.ready = (True, "VolumeAvailable", message)
     outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
     return outcome

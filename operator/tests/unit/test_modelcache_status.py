@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from strata_loader.contract import FetchResult
-from strata_operator.handlers.modelcache_pernode import nodes_outcome
 from strata_operator.resources.modelcache import status as st
 
 RESULT = FetchResult(source="s3://models/llama", revision="main", bytes=3 * 2**30, files=4, seconds=12.5)
@@ -99,15 +98,15 @@ def test_node_events_when_a_node_settles() -> None:
     assert st.transition_events(before, after) == [("Normal", "NodeReady", "node a: verified copy: 4 files")]
 
 
-def test_nodes_outcome() -> None:
+def test_per_node_states_roll_up_into_phase_and_conditions() -> None:
     def states(*phases: str) -> list[dict[str, Any]]:
         return [{"name": f"n{i}", "phase": p, "message": "m"} for i, p in enumerate(phases)]
 
-    all_ready = nodes_outcome(states("Ready", "Ready"), ready_reason="AllNodesReady", ready_message="", fields={})
+    all_ready = st.nodes_outcome(states("Ready", "Ready"), ready_reason="AllNodesReady", ready_message="", fields={})
     assert all_ready.phase == "Ready" and all_ready.ready[0] and not all_ready.progressing[0]
-    partial = nodes_outcome(states("Ready", "Preloading"), ready_reason="R", ready_message="", fields={})
+    partial = st.nodes_outcome(states("Ready", "Preloading"), ready_reason="R", ready_message="", fields={})
     assert partial.phase == "Preloading" and partial.progressing[0] and not partial.ready[0]
-    some_failed = nodes_outcome(states("Ready", "Failed"), ready_reason="R", ready_message="", fields={})
+    some_failed = st.nodes_outcome(states("Ready", "Failed"), ready_reason="R", ready_message="", fields={})
     assert some_failed.phase == "Degraded" and some_failed.degraded[:2] == (True, "NodePreloadFailed")
-    all_failed = nodes_outcome(states("Failed"), ready_reason="R", ready_message="", fields={})
+    all_failed = st.nodes_outcome(states("Failed"), ready_reason="R", ready_message="", fields={})
     assert all_failed.phase == "Failed"

@@ -195,3 +195,35 @@ def failed_outcome(fields: dict[str, Any], reason: str, message: str) -> Outcome
         degraded=(True, reason, message),
         fields=fields,
     )
+
+
+def nodes_outcome(
+    states: list[dict[str, Any]], *, ready_reason: str, ready_message: str, fields: dict[str, Any]
+) -> Outcome:
+    """Per-node states rolled up: Ready when every node is, Degraded or Failed when some or all failed."""
+    total = len(states)
+    ready = sum(1 for s in states if s["phase"] == PHASE_READY)
+    failed = [s for s in states if s["phase"] == PHASE_FAILED]
+    blocked = [s for s in states if s["phase"] == PHASE_PENDING]
+    in_flight = total - ready - len(failed) - len(blocked)
+    count = f"{ready}/{total} nodes ready"
+    progressing = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
+    degraded = (False, "AsExpected", "")
+    if failed or blocked:
+        worst = failed[0] if failed else blocked[0]
+        reason = "NodePreloadFailed" if failed else "NodePreloadBlocked"
+        degraded = (
+            True,
+            reason,
+            f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
+        )
+    if ready == total:
+        return Outcome(PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields)
+    phase = PHASE_PRELOADING if in_flight else (PHASE_DEGRADED if ready else PHASE_FAILED)
+    return Outcome(
+        phase,
+        (False, degraded[1] if degraded[0] and not in_flight else "Preloading", count),
+        progressing,
+        degraded,
+        fields,
+    )

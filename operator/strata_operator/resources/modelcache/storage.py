@@ -5,6 +5,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from strata_loader import contract
+
 from strata_operator.api.modelcache import (
     DeletionPolicy,
     ImageVolumeStorage,
@@ -85,18 +87,12 @@ def shared_pvc_preload(owner: Owner, spec: ModelCacheSpec, claim_uid: str) -> tu
     shape = JobShape(
         name=names.preload_job_name(owner.name, preload_hash),
         role=ROLE_PRELOAD,
-        command=list(request_command()),
+        command=list(contract.COMMAND),
         args=request.to_args(),
         mounts=mounts,
         preload_hash=preload_hash,
     )
     return preload_hash, build_job(owner, spec, shape, request)
-
-
-def request_command() -> list[str]:
-    from strata_loader import contract
-
-    return list(contract.COMMAND)
 
 
 def node_copy_path(owner: Owner, spec: ModelCacheSpec) -> str:
@@ -119,7 +115,7 @@ def node_preload(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -
     shape = JobShape(
         name=names.node_job_name(owner.name, ROLE_PRELOAD, node_hash),
         role=ROLE_PRELOAD,
-        command=request_command(),
+        command=list(contract.COMMAND),
         args=request.to_args(),
         mounts=_node_root_mounts(spec, source_mounts(spec)),
         preload_hash=node_hash,
