@@ -27,6 +27,8 @@ from strata_operator.resources.modelcache.owner import Owner
 
 PLURAL = "modelcaches"
 RESYNC_SECONDS = float(os.environ.get("STRATA_MODELCACHE_RESYNC_SECONDS", "60"))
+DEBOUNCE_SECONDS = 0.5
+"""A finishing pod brings a burst of events (pod, Job, Job again): gather them into one reconcile."""
 CLEANUP_ATTEMPTS = 150
 """About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
 
@@ -85,19 +87,22 @@ async def modelcache_daemon(
             failures = 0
             for type_, reason, message in events:
                 kopf.event(body, type=type_, reason=reason, message=message)
-            await _sleep(waker.event, stopped, RESYNC_SECONDS)
+            if await _sleep(waker.event, stopped, RESYNC_SECONDS):
+                await stopped.wait(DEBOUNCE_SECONDS)
     finally:
         if WAKERS.get(key) is waker:
             del WAKERS[key]
 
 
-async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:
+    """Wait for a wake-up, the stop flag or the resync interval; True when it was a wake-up."""
     waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())]
     try:
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in waits:
             task.cancel()
+    return event.is_set()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
