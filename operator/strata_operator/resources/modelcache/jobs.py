@@ -6,9 +6,7 @@ model), so what the operator renders and what `strata-loader fetch` reads cannot
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any
 
 from strata_loader import contract
@@ -16,11 +14,10 @@ from strata_loader import contract
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL, short_hash
 from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.runtime_image import default_runtime_image
 
 CONTAINER = "fetch"
 RUN_AS_USER = 65532
-RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
-RUNTIME_IMAGE_REPOSITORY = "ghcr.io/strata-dev/strata-runtime"
 MODEL_MOUNT = "/strata/model"
 NODE_ROOT_MOUNT = "/strata/node"
 NODE_ANNOTATION = "strata.dev/node"
@@ -28,38 +25,35 @@ HF_HOME = "/tmp/hf"
 
 
 def runtime_image(spec: ModelCacheSpec) -> str:
-    """The spec's image, else the operator's configured default, else the release matching this operator."""
-    if spec.preload.image:
-        return spec.preload.image
-    if configured := os.environ.get(RUNTIME_IMAGE_ENV):
-        return configured
-    try:
-        version = metadata.version("strata")
-    except metadata.PackageNotFoundError:
-        version = "latest"
-    return f"{RUNTIME_IMAGE_REPOSITORY}:{version}"
+    """The spec's image, else the operator's configured runtime image."""
+    return spec.preload.image or default_runtime_image()
 
 
 def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
-    """The preloader's one run, as the loader's own contract model (validated on construction)."""
+    """The preloader's one run, as the loader's own contract model (validated on construction).
+
+    Sizes may be quantities ("16Mi"); the contract's validators parse them, hence `model_validate`.
+    """
     preload = spec.preload
     shard = None
     if preload.shard:
-        shard = contract.ShardOptions(
-            tensor_parallel_size=preload.shard.tensor_parallel_size,
-            max_part_bytes=preload.shard.max_part_bytes,
-        )
-    return contract.FetchRequest(
-        source=spec.source.uri,
-        dest=dest,
-        revision=spec.source.revision,
-        include=list(spec.source.include),
-        exclude=list(spec.source.exclude),
-        concurrency=preload.concurrency,
-        block_size=preload.block_size,
-        memory_limit=preload.memory_limit,
-        verify=contract.VerifyMode(preload.verify.value),
-        shard=shard,
+        shard = {
+            "tensor_parallel_size": preload.shard.tensor_parallel_size,
+            "max_part_bytes": preload.shard.max_part_bytes,
+        }
+    return contract.FetchRequest.model_validate(
+        {
+            "source": spec.source.uri,
+            "dest": dest,
+            "revision": spec.source.revision,
+            "include": list(spec.source.include),
+            "exclude": list(spec.source.exclude),
+            "concurrency": preload.concurrency,
+            "block_size": preload.block_size,
+            "memory_limit": preload.memory_limit,
+            "verify": contract.VerifyMode(preload.verify.value),
+            "shard": shard,
+        }
     )
 
 
