@@ -128,15 +128,12 @@ def test_chart_defaults_name_the_images_build_sh_makes():
 
 def test_operator_builders_run_pods_as_the_images_user():
     """...and default to the repository the images are published under."""
-    from strata_operator.resources import runtime_image
-    from strata_operator.resources.kvcachetier import daemonset
-    from strata_operator.resources.modelcache import jobs
+    from strata_operator.resources import runtime_image, security
 
     assert runtime_image.RUNTIME_IMAGE_REPOSITORY == "ghcr.io/strata-dev/strata-runtime"
     assert runtime_image.default_runtime_image().startswith("ghcr.io/strata-dev/strata-runtime:")
 
-    assert daemonset.RUN_AS == NONROOT_UID
-    assert jobs.RUN_AS_USER == NONROOT_UID
+    assert security.RUNTIME_UID == NONROOT_UID
 
 
 SCRIPTS = [REPO / "images" / "build.sh", REPO / "hack" / "build-helm.sh", REPO / "e2e" / "gpu-node-setup.sh"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +17,14 @@ class CRDModel(BaseModel):
     def to_k8s(self) -> dict[str, Any]:
         """The object as the API server stores it: camelCase keys, unset optionals left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class PullPolicy(StrEnum):
+    """core/v1 imagePullPolicy."""
+
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
 
 
 class Condition(CRDModel):

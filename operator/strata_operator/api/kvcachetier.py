@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from strata_operator.api.base import Condition, CRDModel, SecretKeyRef, cel
+from strata_operator.api.base import Condition, CRDModel, PullPolicy, SecretKeyRef, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^([0-9]+)(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -57,12 +57,6 @@ class S3AddressingStyle(StrEnum):
 class UpdateStrategyType(StrEnum):
     ROLLING_UPDATE = "RollingUpdate"
     ON_DELETE = "OnDelete"
-
-
-class PullPolicy(StrEnum):
-    ALWAYS = "Always"
-    IF_NOT_PRESENT = "IfNotPresent"
-    NEVER = "Never"
 
 
 class LogLevel(StrEnum):

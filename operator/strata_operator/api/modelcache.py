@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from strata_operator.api.base import Condition, CRDModel, cel
+from strata_operator.api.base import Condition, CRDModel, PullPolicy, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"
@@ -45,12 +45,6 @@ class VerifyMode(StrEnum):
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
     """`json_schema_extra` carrying CEL rules; crdgen copies them into the CRD as they are."""
     return {"x-kubernetes-validations": list(rules)}
-
-
-class PullPolicy(StrEnum):
-    ALWAYS = "Always"
-    IF_NOT_PRESENT = "IfNotPresent"
-    NEVER = "Never"
 
 
 class Credentials(CRDModel):

@@ -22,8 +22,8 @@ from strata_operator.resources.kvcachetier.names import (
     quantity_bytes,
 )
 from strata_operator.resources.runtime_image import default_runtime_image
+from strata_operator.resources.security import container_security_context, pod_security_context
 
-RUN_AS = 65532
 """The conventional nonroot uid/gid of distroless images; the runtime image runs as it."""
 CPU_REQUEST = "250m"
 MEMORY_LIMIT_FACTOR = 1.25
@@ -53,17 +53,6 @@ def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
 def memory_request_bytes(spec: KVCacheTierSpec) -> int:
     """What the scheduler must find free on a node for one server (used to validate against nodes)."""
     return quantity_bytes(build_resources(spec)["requests"]["memory"])
-
-
-def _container_security() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -131,7 +120,7 @@ def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]
         "resources": build_resources(spec),
         "readinessProbe": _probe("/readyz", 5, 3),
         "livenessProbe": _probe("/healthz", 10, 6),
-        "securityContext": _container_security(),
+        "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
     if env_from:
@@ -145,13 +134,7 @@ def _pod_spec(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "containers": [_container(spec, tier, mounts)],
         "volumes": volumes,
     }

@@ -15,9 +15,9 @@ from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL, short_hash
 from strata_operator.resources.modelcache.owner import Owner
 from strata_operator.resources.runtime_image import default_runtime_image
+from strata_operator.resources.security import container_security_context, pod_security_context
 
 CONTAINER = "fetch"
-RUN_AS_USER = 65532
 MODEL_MOUNT = "/strata/model"
 NODE_ROOT_MOUNT = "/strata/node"
 NODE_ANNOTATION = "strata.dev/node"
@@ -91,27 +91,6 @@ def source_mounts(spec: ModelCacheSpec) -> PodMounts:
             read_only=True,
         )
     return mounts
-
-
-def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def container_security_context() -> dict[str, Any]:
-    """What the `restricted` Pod Security Standard asks of every container."""
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 def loader_env(spec: ModelCacheSpec, request: contract.FetchRequest | None) -> list[dict[str, Any]]:
