@@ -99,24 +99,20 @@ class TieredStore:
         return value
 
     async def _get_l2(self, key: bytes) -> tuple[str, bytes | None]:
-        if self.fs:
+        """The first L2 tier that has `key`, nearest first; a failing tier counts an error and is a miss."""
+        # The fs tier fails with OSError; boto3 raises errors of its own.
+        tiers: tuple[tuple[str, Any, type[Exception]], ...] = (("fs", self.fs, OSError), ("s3", self.s3, Exception))
+        for name, tier, failure in tiers:
+            if tier is None:
+                continue
             try:
-                value = await asyncio.to_thread(self.fs.get, key)
-            except OSError as e:
-                self.counters["errors_fs"] += 1
-                log.warning("L2 fs read failed: %s", e)
-                value = None
+                value = await asyncio.to_thread(tier.get, key)
+            except failure as e:
+                self.counters[f"errors_{name}"] += 1
+                log.warning("L2 %s read failed: %s", name, e)
+                continue
             if value is not None:
-                return "fs", value
-        if self.s3:
-            try:
-                value = await asyncio.to_thread(self.s3.get, key)
-            except Exception as e:
-                self.counters["errors_s3"] += 1
-                log.warning("L2 s3 read failed: %s", e)
-                value = None
-            if value is not None:
-                return "s3", value
+                return name, value
         return "", None
 
     def _promote(self, key: bytes, value: bytes) -> None:
