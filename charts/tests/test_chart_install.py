@@ -21,6 +21,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.processes import stop_process
 
 pytestmark = pytest.mark.integration
 FIELD_MANAGER = "strata-chart-tests"
@@ -306,12 +307,7 @@ def operator_from_chart(
         wait_for(operator.healthy, timeout=60, what=f"{pod_id}'s /healthz")
         yield operator
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=20)
 
 
 @pytest.fixture(scope="module")

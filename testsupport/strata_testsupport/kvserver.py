@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
+from strata_testsupport.processes import stop_process
+
 _READY = re.compile(r"strata-kv ready tcp=\S+:(\d+) unix=(\S+) metrics=(-?\d+)")
 
 
@@ -250,12 +252,7 @@ def running_redis_server(maxmemory: str = "0") -> Iterator[RedisServer]:
             time.sleep(0.05)
         yield RedisServer(port, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, grace=10)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from strata_testsupport.processes import stop_process
+
 ACCESS_KEY = "strata-test"
 SECRET_KEY = "strata-test-secret"
 REGION = "us-east-1"
@@ -117,12 +119,7 @@ def running_s3_server() -> Iterator[S3Server]:
             raise RuntimeError(f"{problem}: {log.read()[-2000:].decode(errors='replace')}".strip())
         yield S3Server(endpoint_url=url, process=proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace=10)
         log.close()
 
 
