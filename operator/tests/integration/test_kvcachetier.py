@@ -246,12 +246,27 @@ def test_deleted_and_edited_children_are_restored_and_a_rerun_writes_nothing(
         what="DaemonSet image restored",
     )
 
+    # The image edit and its repair each rolled the pods; the world is settled once that rollout is done.
+    wait_for(lambda: _rolled_out(daemonset(k8s, namespace, "kv")), timeout=60, what="DaemonSet rollout finished")
     # Settled: one more reconcile changes nothing on the server.
     wait_for(lambda: reconciler.reconcile(tier(k8s, namespace, "kv")) is not None, timeout=10)
     before = _resource_versions(k8s, namespace)
     outcome = reconciler.reconcile(tier(k8s, namespace, "kv"))
     assert outcome is not None and outcome.applied and not outcome.status_written
     assert _resource_versions(k8s, namespace) == before
+
+
+def _rolled_out(ds: Any) -> bool:
+    """Every pod runs the current template and is available (what `kubectl rollout status` waits for)."""
+    status = ds.status
+    desired = status.desiredNumberScheduled or 0
+    return bool(
+        ds.metadata.generation == status.observedGeneration
+        and desired > 0
+        and status.updatedNumberScheduled == desired
+        and status.numberAvailable == desired
+        and not status.numberUnavailable
+    )
 
 
 def test_deleting_the_tier_removes_its_children(
