@@ -10,7 +10,9 @@
 #   IMAGE_TAG      overrides the tag
 #   KIND_CLUSTER   when set, also `kind load docker-image` both images into that kind cluster
 #   DOCKER         the docker CLI (default: docker)
-#   BUILD_ARGS     extra arguments for `docker build` (e.g. "--build-arg PIP_INDEX_URL=...")
+#   PYTHON_IMAGE   the Python 3.11 base (default: the Dockerfiles' python:3.11-slim-bookworm;
+#                  hack/images/build-base.sh builds a local one from Debian's packages)
+#   BUILD_ARGS     extra arguments for `docker build` (e.g. "--network host")
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,13 +30,19 @@ if ! "$docker" info >/dev/null 2>&1; then
   exit 1
 fi
 
+base_arg=()
+[[ -z "${PYTHON_IMAGE:-}" ]] || base_arg=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
+# BuildKit needs the buildx plugin with newer CLIs; without it, the classic builder builds these files the same.
+buildkit=1
+"$docker" buildx version >/dev/null 2>&1 || buildkit=0
+
 built=()
 for image in operator runtime; do
   ref="${prefix}strata-${image}:${tag}"
   echo "images: building $ref"
   # shellcheck disable=SC2086  # BUILD_ARGS is a list of words on purpose
-  DOCKER_BUILDKIT=1 "$docker" build --file "$root/images/$image/Dockerfile" --build-arg "VERSION=$tag" \
-    ${BUILD_ARGS:-} --tag "$ref" "$root"
+  DOCKER_BUILDKIT=$buildkit "$docker" build --file "$root/images/$image/Dockerfile" --build-arg "VERSION=$tag" \
+    "${base_arg[@]}" ${BUILD_ARGS:-} --tag "$ref" "$root"
   built+=("$ref")
 done
 
