@@ -4,4 +4,5 @@ pytest_plugins = [
     "strata_testsupport.cluster",
     "strata_testsupport.s3",
     "strata_testsupport.kvserver",
+    "strata_testsupport.realnode",
 ]

@@ -30,12 +30,12 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
 from strata_operator.api.registry import all_crds  # noqa: E402
 from strata_operator.handlers import kvcachetier_io as io  # noqa: E402
 from strata_operator.handlers import kvcachetier_reconcile as reconciler  # noqa: E402
-from strata_operator.localcluster import LocalCluster  # noqa: E402
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef  # noqa: E402
 from strata_operator.resources.kvcachetier.status import Observed, compute_status  # noqa: E402
 from strata_operator.resources.kvcachetier.validation import ClusterFacts, validate  # noqa: E402
 from strata_testsupport.cluster import install_crds  # noqa: E402
 from strata_testsupport.kube import fake_node, new_dynamic_client, resource, wait_for  # noqa: E402
+from strata_testsupport.localcluster import LocalCluster  # noqa: E402
 
 NAMESPACE = "bench"
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

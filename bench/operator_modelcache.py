@@ -237,9 +237,9 @@ def main() -> int:
 def bench(args: argparse.Namespace) -> int:
     import psutil
     from strata_operator.api.registry import all_crds
-    from strata_operator.localcluster import LocalCluster
     from strata_testsupport.cluster import install_crds
     from strata_testsupport.kube import new_dynamic_client, resource
+    from strata_testsupport.localcluster import LocalCluster
 
     pools = max(1, args.nodes // args.pool_size)
     with LocalCluster(kwok=False) as cluster, tempfile.TemporaryDirectory() as tmp:

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
 
 from strata_operator.api.registry import all_crds  # noqa: E402
-from strata_operator.localcluster import LocalCluster  # noqa: E402
-from strata_operator.localcluster.cluster import free_port  # noqa: E402
+from strata_testsupport.localcluster import LocalCluster  # noqa: E402
+from strata_testsupport.localcluster.cluster import free_port  # noqa: E402
 from strata_testsupport.cluster import install_crds  # noqa: E402
 from strata_testsupport.kube import create_fake_node, new_dynamic_client, resource  # noqa: E402
 

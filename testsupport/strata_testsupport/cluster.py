@@ -13,7 +13,7 @@ from kubernetes.dynamic import DynamicClient
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for
 
 
-def _missing(message: str) -> None:
+def missing(message: str) -> None:
     """Under CI a tier that can run here must run: a missing binary fails; locally it skips with a reason."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"{message} (CI=true: the integration tier must not be skipped)", pytrace=False)
@@ -23,12 +23,13 @@ def _missing(message: str) -> None:
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[Any]:
     from strata_operator import kube
-    from strata_operator.localcluster import BinariesNotFound, LocalCluster
+
+    from strata_testsupport.localcluster import BinariesNotFound, LocalCluster
 
     try:
         cluster = LocalCluster()
     except BinariesNotFound as error:
-        _missing(str(error))
+        missing(str(error))
     previous = os.environ.get("KUBECONFIG")
     with cluster:
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)

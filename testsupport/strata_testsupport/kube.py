@@ -27,9 +27,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float 
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what or predicate}: last value {last!r}"
-    )
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or predicate}: last value {last!r}")
 
 
 def resource(client: DynamicClient, api_version: str, kind: str) -> Any:
@@ -75,9 +73,7 @@ def create_fake_node(client: DynamicClient, name: str, **kwargs: Any) -> Any:
     return resource(client, "v1", "Node").create(body=fake_node(name, **kwargs))
 
 
-def delete_quietly(
-    client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None
-) -> None:
+def delete_quietly(client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None) -> None:
     with contextlib.suppress(NotFoundError):
         resource(client, api_version, kind).delete(name=name, namespace=namespace)
 

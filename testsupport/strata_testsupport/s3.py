@@ -96,18 +96,18 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) 
 
 
 @contextlib.contextmanager
-def running_s3_server() -> Iterator[S3Server]:
+def running_s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
     """Start a server process, yield it, stop it (also usable outside pytest, e.g. by benchmarks and
-    demos)."""
+    demos). `host` is loopback unless pods of the real node must reach it (its node address)."""
     try:
         import moto.server  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"moto[server] is not installed ({e}); pip install 'moto[server]'") from None
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     log = tempfile.TemporaryFile()  # noqa: SIM115 -- a pipe nobody drains would block the server
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=log,
         env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},

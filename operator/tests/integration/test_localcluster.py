@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from strata_operator.localcluster import BinariesNotFound, LocalCluster, find_binaries
+from strata_testsupport.localcluster import BinariesNotFound, LocalCluster, find_binaries
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_components_die_when_their_owner_is_killed(binaries_available: None, tmp
     """SIGKILL gives the owner no chance to clean up: the kernel's parent-death signal must do it."""
     script = (
         "import json, sys, time\n"
-        "from strata_operator.localcluster import LocalCluster\n"
+        "from strata_testsupport.localcluster import LocalCluster\n"
         "c = LocalCluster(controller_manager=False, scheduler=False, kwok=False)\n"
         "c.start()\n"
         "print(json.dumps({'pids': [p.process.pid for p in c.processes], 'workdir': str(c.workdir)}), flush=True)\n"

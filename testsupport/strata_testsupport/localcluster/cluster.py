@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from strata_operator.localcluster.binaries import ControlPlaneBinaries, find_binaries
-from strata_operator.localcluster.pki import write_pki
-from strata_operator.localcluster.processes import ManagedProcess
+from strata_testsupport.localcluster.binaries import ControlPlaneBinaries, find_binaries
+from strata_testsupport.localcluster.pki import write_pki
+from strata_testsupport.localcluster.processes import ManagedProcess
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -55,7 +55,9 @@ class LocalCluster:
         kwok: bool = True,
         binaries: ControlPlaneBinaries | None = None,
         startup_timeout: float = 120.0,
+        address: str = "127.0.0.1",
     ) -> None:
+        """`address` is where the API server listens: loopback, unless pods of a real node must reach it."""
         self.binaries = binaries or find_binaries()
         self.want_controller_manager = controller_manager and self.binaries.kube_controller_manager is not None
         self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
@@ -63,8 +65,9 @@ class LocalCluster:
         self.startup_timeout = startup_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="strata-cp-"))
         self.processes: list[ManagedProcess] = []
+        self.address = address
         self.api_port = free_port()
-        self.server = f"https://127.0.0.1:{self.api_port}"
+        self.server = f"https://{address}:{self.api_port}"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.pki: dict[str, Path] = {}
 
@@ -83,7 +86,7 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
-        self.pki = write_pki(self.workdir)
+        self.pki = write_pki(self.workdir, self.address)
         self._write_kubeconfig()
         self._start_etcd()
         self._start_apiserver()
@@ -132,12 +135,16 @@ class LocalCluster:
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={self.etcd_url}",
                 f"--secure-port={self.api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={self.pki['server_crt']}",
                 f"--tls-private-key-file={self.pki['server_key']}",
                 f"--client-ca-file={self.pki['ca_crt']}",
+                # Logs and exec on a real node's kubelet (which authorizes the admin identity).
+                f"--kubelet-client-certificate={self.pki['admin_crt']}",
+                f"--kubelet-client-key={self.pki['admin_key']}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={self.pki['sa_pub']}",
                 f"--service-account-signing-key-file={self.pki['sa_key']}",
@@ -145,8 +152,8 @@ class LocalCluster:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
-                # A loopback advertise address cannot back the `kubernetes` Service endpoints.
-                "--endpoint-reconciler-type=none",
+                # A loopback advertise address cannot back the `kubernetes` Service endpoints; any other can.
+                f"--endpoint-reconciler-type={'none' if self.address == '127.0.0.1' else 'lease'}",
                 "--profiling=false",
                 "--v=1",
             ],

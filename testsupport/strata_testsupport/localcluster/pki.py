@@ -22,7 +22,7 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def write_pki(directory: Path) -> dict[str, Path]:
+def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
     """Write the CA, a serving cert (127.0.0.1, localhost), an admin client cert and the service-account key."""
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2))
@@ -47,6 +47,8 @@ def write_pki(directory: Path) -> dict[str, Path]:
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
     ]
+    if address != "127.0.0.1":  # where pods on a real node reach the API server
+        sans.append(x509.IPAddress(ipaddress.ip_address(address)))
     server_cert = (
         x509.CertificateBuilder()
         .subject_name(_name("kube-apiserver"))

@@ -1,0 +1,481 @@
+"""A real node beside the control plane: containerd, a kubelet, kube-proxy (iptables) and CoreDNS, so the pods
+Strata renders run for real with the images built here (hack/node/build-images.sh).
+
+Networking stays on this machine. The node's address, `NODE_IP`, lives on the loopback device only: the API
+server, the kubelet, cluster DNS and the tests' servers (S3) listen there, so pods reach them through their
+bridge gateway while nothing outside the machine can. Pods get `POD_CIDR` on the bridge `BRIDGE`.
+
+Everything the node creates is found again by a sweep (processes by the paths in their command lines, cgroups
+under `CGROUP_ROOT`, mounts and network namespaces under `WORK_DIR`, the bridge, kube-proxy's chains, the
+loopback address), which runs before start and after stop, so an interrupted run leaves nothing for the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import yaml
+
+from strata_testsupport.localcluster.binaries import cache_dir
+from strata_testsupport.localcluster.cluster import ControlPlaneError, LocalCluster, free_port
+from strata_testsupport.localcluster.processes import ManagedProcess
+
+NODE_NAME = "strata-node"
+NODE_IP = "10.84.0.1"
+POD_CIDR = "10.85.0.0/24"
+BRIDGE = "strata0"
+WORK_DIR = Path("/var/lib/strata-node")
+CGROUP_ROOT = "strata-node"
+CLUSTER_DOMAIN = "cluster.local"
+PAUSE_IMAGE = "localhost/strata-pause:1"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+IMAGES_SCRIPT = REPO_ROOT / "hack" / "node" / "build-images.sh"
+CNI_BIN_DIR = Path("/usr/lib/cni")
+# Kernel settings a node needs for Services to reach pods on the same bridge; restored on stop.
+SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+
+
+class NodeUnavailable(RuntimeError):
+    """This machine cannot run the real node; the message says what is missing and how to get it."""
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
+    containerd: Path
+    ctr: Path
+
+
+def find_node_binaries() -> NodeBinaries:
+    """The node's programs: kubelet, kube-proxy, CoreDNS from the build cache; containerd and ctr from Debian."""
+    if os.geteuid() != 0:
+        raise NodeUnavailable("the real node needs root (containers, mounts, network namespaces, iptables)")
+    built = cache_dir()
+    missing = [name for name in ("kubelet", "kube-proxy", "coredns") if not os.access(built / name, os.X_OK)]
+    if missing:
+        raise NodeUnavailable(f"{', '.join(missing)} not in {built}; build with `make setup` (hack/build-node.sh)")
+    system = {name: shutil.which(name) for name in ("containerd", "ctr", "runc", "iptables")}
+    absent = [name for name, path in system.items() if path is None]
+    if absent or not (CNI_BIN_DIR / "bridge").exists():
+        what = ", ".join(absent + ([] if (CNI_BIN_DIR / "bridge").exists() else ["CNI plugins"]))
+        raise NodeUnavailable(f"{what} missing; `make setup` installs them (hack/setup-system.sh)")
+    return NodeBinaries(
+        kubelet=built / "kubelet",
+        kube_proxy=built / "kube-proxy",
+        coredns=built / "coredns",
+        containerd=Path(str(system["containerd"])),
+        ctr=Path(str(system["ctr"])),
+    )
+
+
+def node_images_archive() -> Path:
+    """The archive of the node's images for the tree as it is now, built when missing (minutes the first time)."""
+    result = subprocess.run(["bash", str(IMAGES_SCRIPT)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NodeUnavailable(f"building the node's images failed:\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _run(*argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check)
+
+
+# -- the sweep: whatever a node (this run's or an interrupted one's) left behind ---------------------------------
+def _kill_node_processes() -> None:
+    """containerd's shims outlive containerd (they detach on purpose); container processes sit in our cgroups."""
+    pids: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if str(WORK_DIR).encode() in (proc / "cmdline").read_bytes():
+                pids.add(int(proc.name))
+    for procs in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}/**/cgroup.procs"):
+        with contextlib.suppress(OSError):
+            pids.update(int(line) for line in procs.read_text().split())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+        time.sleep(0.1)
+
+
+def _unmount_under(root: Path) -> None:
+    prefix = str(root)
+    mounts = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == prefix or point.startswith(prefix + "/"):
+                mounts.append(point)
+    for point in sorted(mounts, key=len, reverse=True):  # deepest first
+        _run("umount", "--lazy", point)
+
+
+def _remove_cgroups() -> None:
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        top = controller / CGROUP_ROOT
+        if not top.is_dir():
+            continue
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+def _remove_kube_chains() -> None:
+    """The kubelet's own chains (KUBE-FIREWALL, canaries) and whatever `kube-proxy --cleanup` left."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            dump = _run(f"{tool}-save", "-t", table).stdout.splitlines()
+            chains = [line[1:].split()[0] for line in dump if line.startswith(":KUBE-")]
+            for line in dump:  # jumps from built-in chains first, then the chains themselves
+                words = shlex.split(line)
+                builtin_jump = words[:1] == ["-A"] and not words[1].startswith("KUBE-") and "-j" in words
+                if builtin_jump and words[words.index("-j") + 1].startswith("KUBE-"):
+                    _run(tool, "-t", table, "-D", *words[1:])
+            for chain in chains:
+                _run(tool, "-t", table, "-F", chain)
+            for chain in chains:
+                _run(tool, "-t", table, "-X", chain)
+
+
+def _create_cgroups() -> None:
+    """The kubelet wants its cgroup root in every v1 hierarchy; a new cpuset starts empty, so copy the parent's."""
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        if controller.name == "unified" or not controller.is_dir():
+            continue
+        top = controller / CGROUP_ROOT
+        top.mkdir(exist_ok=True)
+        if controller.name == "cpuset":
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                (top / knob).write_text((controller / knob).read_text())
+
+
+def sweep(kube_proxy: Path | None = None) -> None:
+    """Remove every trace of a node: processes, mounts, cgroups, the bridge, kube-proxy's rules, the address."""
+    _kill_node_processes()
+    _unmount_under(WORK_DIR)
+    _remove_cgroups()
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        _run("ip", "link", "delete", BRIDGE)
+    if kube_proxy is not None:
+        _run(str(kube_proxy), "--cleanup", "--v=0")
+    _remove_kube_chains()
+    _run("ip", "address", "delete", f"{NODE_IP}/32", "dev", "lo")
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+
+
+# -- the node --------------------------------------------------------------------------------------------------
+class RealNode:
+    """A control plane whose API server pods can reach, and one real node (`NODE_NAME`) registered with it.
+
+    Use as a context manager: `stop()` is idempotent and sweeps. `cluster` is the LocalCluster (kubeconfig,
+    server); kwok stays off here, so every pod scheduled in this cluster really runs.
+    """
+
+    def __init__(self, images: Path, *, binaries: NodeBinaries | None = None, startup_timeout: float = 180.0):
+        self.binaries = binaries or find_node_binaries()
+        self.images = images
+        self.startup_timeout = startup_timeout
+        self.cluster: LocalCluster | None = None
+        self.processes: list[ManagedProcess] = []
+        self.sysctls_before: dict[str, str] = {}
+        self.timings: dict[str, float] = {}
+
+    def __enter__(self) -> RealNode:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        sweep(self.binaries.kube_proxy)
+        for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes"):
+            (WORK_DIR / directory).mkdir(parents=True, exist_ok=True)
+        self._phase("network", self._host_network)
+        _create_cgroups()
+        self.cluster = LocalCluster(kwok=False, address=NODE_IP)
+        self._phase("control plane", self.cluster.start)
+        self._phase("containerd", self._start_containerd)
+        self._phase("images", self._import_images)
+        self._phase("kubelet", self._start_kubelet)
+        self._phase("kube-proxy", self._start_kube_proxy)
+        self._phase("dns", self._start_coredns)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        if self.cluster is not None:
+            self.cluster.stop()
+        sweep(self.binaries.kube_proxy)
+        for key, value in self.sysctls_before.items():
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", key).write_text(value)
+        self.sysctls_before.clear()
+
+    def _phase(self, name: str, step: object) -> None:
+        start = time.monotonic()
+        step()  # type: ignore[operator]
+        self.timings[name] = round(time.monotonic() - start, 2)
+
+    # -- components ------------------------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.cluster is not None
+        return self.cluster.kubeconfig
+
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, WORK_DIR / "logs" / f"{name}.log")
+        self.processes.append(process)
+        return process
+
+    def _host_network(self) -> None:
+        _run("ip", "address", "add", f"{NODE_IP}/32", "dev", "lo", check=True)
+        for key, value in SYSCTLS.items():
+            path = Path("/proc/sys", key)
+            try:
+                self.sysctls_before[key] = path.read_text().strip()
+                path.write_text(value)
+            except OSError as error:
+                raise NodeUnavailable(f"cannot set {key.replace('/', '.')}={value}: {error}") from error
+        conflist = {
+            "cniVersion": "1.0.0",
+            "name": "strata-pods",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "ipMasq": False,  # pods talk only to this machine: nothing to masquerade
+                    "hairpinMode": True,  # a pod reaching itself through its Service
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_CIDR}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(WORK_DIR / "cni" / "ipam"),
+                    },
+                }
+            ],
+        }
+        (WORK_DIR / "cni" / "net.d" / "10-strata.conflist").write_text(json.dumps(conflist, indent=2))
+
+    @property
+    def containerd_socket(self) -> Path:
+        return WORK_DIR / "run" / "containerd.sock"
+
+    def _start_containerd(self) -> None:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        config = f"""version = 2
+root = "{WORK_DIR / "containerd" / "root"}"
+state = "{WORK_DIR / "run" / "containerd"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{WORK_DIR / "containerd" / "opt"}"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # Processes here lack CAP_SYS_RESOURCE: a negative oom_score_adj would make runc fail.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{WORK_DIR / "cni" / "net.d"}"
+"""
+        path = WORK_DIR / "containerd.toml"
+        path.write_text(config)
+        containerd = self._spawn("containerd", [str(self.binaries.containerd), "--config", str(path)])
+        self._wait(containerd, lambda: self._ctr("version").returncode == 0)
+
+    def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return _run(str(self.binaries.ctr), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args)
+
+    def _import_images(self) -> None:
+        result = self._ctr("images", "import", "--no-unpack=false", str(self.images))
+        if result.returncode != 0:
+            result = self._ctr("images", "import", str(self.images))
+        if result.returncode != 0:
+            raise ControlPlaneError(f"ctr images import {self.images} failed: {result.stderr.strip()}")
+
+    def _start_kubelet(self) -> None:
+        assert self.cluster is not None
+        resolv = WORK_DIR / "resolv.conf"
+        resolv.write_text(f"nameserver {NODE_IP}\n")
+        self.kubelet_port = free_port()
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # These hosts are cgroup v1 (hybrid) and PID 1 is not systemd.
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{CGROUP_ROOT}",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": NODE_IP,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.cluster.pki["ca_crt"])},
+            },
+            "authorization": {"mode": "Webhook"},
+            "clusterDNS": [NODE_IP],
+            "clusterDomain": CLUSTER_DOMAIN,
+            "resolvConf": str(resolv),
+            "failSwapOn": False,
+            # The images were imported, not pulled: never garbage-collect them.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "200Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "serializeImagePulls": False,
+            "maxPods": 60,
+            "volumePluginDir": str(WORK_DIR / "volume-plugins"),
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+        }
+        path = WORK_DIR / "kubelet.yaml"
+        path.write_text(yaml.safe_dump(config))
+        kubelet = self._spawn(
+            "kubelet",
+            [
+                str(self.binaries.kubelet),
+                f"--config={path}",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--root-dir={WORK_DIR / 'kubelet'}",
+                f"--cert-dir={WORK_DIR / 'kubelet' / 'pki'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={NODE_IP}",
+                "--v=1",
+            ],
+        )
+        self._wait(kubelet, self._node_ready)
+
+    def _node_ready(self) -> bool:
+        assert self.cluster is not None
+        status, body = self.cluster.api_get(f"/api/v1/nodes/{NODE_NAME}")
+        if status != 200:
+            return False
+        conditions = json.loads(body).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def _start_kube_proxy(self) -> None:
+        assert self.cluster is not None
+        metrics, health = free_port(), free_port()
+        proxy = self._spawn(
+            "kube-proxy",
+            [
+                str(self.binaries.kube_proxy),
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                "--proxy-mode=iptables",
+                f"--cluster-cidr={POD_CIDR}",
+                f"--bind-address={NODE_IP}",
+                f"--metrics-bind-address=127.0.0.1:{metrics}",
+                f"--healthz-bind-address=127.0.0.1:{health}",
+                # Leave the host's conntrack and localhost settings alone.
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0s",
+                "--conntrack-tcp-timeout-close-wait=0s",
+                "--iptables-localhost-nodeports=false",
+                "--v=1",
+            ],
+        )
+        self._wait(proxy, lambda: _http_status(f"http://127.0.0.1:{health}/healthz") == 200)
+
+    def _start_coredns(self) -> None:
+        assert self.cluster is not None
+        health, ready = free_port(), free_port()
+        corefile = WORK_DIR / "Corefile"
+        corefile.write_text(
+            f""".:53 {{
+    bind {NODE_IP}
+    errors
+    health 127.0.0.1:{health}
+    ready 127.0.0.1:{ready}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.cluster.kubeconfig} strata-local
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 5
+}}
+"""
+        )
+        coredns = self._spawn("coredns", [str(self.binaries.coredns), "-conf", str(corefile)])
+        self._wait(coredns, lambda: _http_status(f"http://127.0.0.1:{ready}/ready") == 200)
+
+    def _wait(self, process: ManagedProcess, ready: object) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise ControlPlaneError(f"{process.name} exited during start-up:\n{process.log_tail()}")
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}")
+
+    def logs(self, name: str, lines: int = 50) -> str:
+        """The tail of one component's log (for failure messages)."""
+        for process in self.processes:
+            if process.name == name:
+                return process.log_tail(lines)
+        return ""
+
+
+def _http_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (TimeoutError, urllib.error.URLError, OSError):
+        return 0

@@ -1,0 +1,118 @@
+"""Session fixtures for the real-node tier: a control plane with one real node (containerd, kubelet,
+kube-proxy, CoreDNS), Strata's chart installed as a real operator pod from the image built here, an S3 server
+the pods can reach, and namespaces that enforce the `restricted` Pod Security level.
+
+Under CI=true a missing prerequisite fails the tier (it can run on this machine); elsewhere it skips with the
+reason and the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+
+from strata_testsupport.cluster import missing
+from strata_testsupport.helm import CHART, helm_path
+from strata_testsupport.kube import new_dynamic_client, resource, wait_for
+from strata_testsupport.localcluster.node import NODE_IP, NODE_NAME, NodeUnavailable, RealNode, find_node_binaries
+from strata_testsupport.localcluster.node import node_images_archive as build_node_images
+from strata_testsupport.s3 import S3Server, running_s3_server
+
+RELEASE_NAMESPACE = "strata-system"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[RealNode]:
+    try:
+        binaries = find_node_binaries()
+        images = build_node_images()
+    except NodeUnavailable as error:
+        missing(str(error))
+    with RealNode(images, binaries=binaries) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def node_k8s(real_node: RealNode) -> DynamicClient:
+    """Cluster admin on the real node's cluster."""
+    return new_dynamic_client(str(real_node.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def node_s3(real_node: RealNode) -> Iterator[S3Server]:
+    """A real S3 server on the node's address: reachable from its pods, not from outside the machine."""
+    with running_s3_server(host=NODE_IP) as server:
+        yield server
+
+
+def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = helm_path()
+    if not os.access(binary, os.X_OK):
+        missing(f"no Helm CLI at {binary}: run `bash hack/build-helm.sh`")
+    home = real_node.cluster.workdir / "helm" if real_node.cluster else Path("/tmp")
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(real_node.kubeconfig),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def node_operator(real_node: RealNode, node_k8s: DynamicClient) -> Iterator[dict[str, Any]]:
+    """`helm install` of charts/strata: the operator runs as a pod from its image, with only the chart's RBAC."""
+    started = time.monotonic()
+    result = helm_cli(
+        real_node,
+        "install",
+        "strata",
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"helm install failed:\n{result.stderr}\n{operator_diagnostics(real_node, node_k8s)}")
+    yield {"namespace": RELEASE_NAMESPACE, "seconds": round(time.monotonic() - started, 1)}
+    helm_cli(real_node, "uninstall", "strata", "--namespace", RELEASE_NAMESPACE, "--wait", "--timeout", "120s")
+
+
+def operator_diagnostics(real_node: RealNode, client: DynamicClient) -> str:
+    pods = resource(client, "v1", "Pod").get(namespace=RELEASE_NAMESPACE).to_dict()["items"]
+    states = [f"{p['metadata']['name']}: {p.get('status', {}).get('containerStatuses')}" for p in pods]
+    return "\n".join(states) + "\nkubelet:\n" + real_node.logs("kubelet", 30)
+
+
+@pytest.fixture
+def restricted_namespace(node_k8s: DynamicClient) -> Iterator[str]:
+    """A fresh namespace enforcing Pod Security `restricted`, deleted (and waited for) afterwards."""
+    name = f"rn-{uuid.uuid4().hex[:8]}"
+    namespaces = resource(node_k8s, "v1", "Namespace")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}})
+    wait_for(
+        lambda: bool(resource(node_k8s, "v1", "ServiceAccount").get(name="default", namespace=name)),
+        timeout=60,
+        what="the namespace's default service account",
+    )
+    yield name
+    namespaces.delete(name=name)
+
+
+__all__ = ["NODE_IP", "NODE_NAME", "RESTRICTED"]
