@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv system controlplane demo test test-unit test-integration lint crds crds-check bench images e2e clean
+.PHONY: help setup venv system controlplane node demo test test-unit test-integration lint crds crds-check bench images e2e clean
 
 help:
 	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
@@ -32,7 +32,13 @@ controlplane:
 	@bash hack/build-controlplane.sh
 	@bash hack/build-helm.sh >/dev/null
 
-setup: venv system controlplane
+# The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
+# local Debian base, no pull; rebuilt only when their inputs change).
+node: system controlplane
+	@bash hack/build-node.sh
+	@bash hack/node/build-images.sh >/dev/null
+
+setup: venv system controlplane node
 
 crds: venv
 	$(PY) -m strata_operator.cli crds --output-dir crds

@@ -6,4 +6,6 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	_ "k8s.io/kubernetes/cmd/kubelet/app"
+	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
 )
