@@ -65,16 +65,14 @@ def shard_directory(src: Path, out: Path, tp: int, max_part_bytes: int,
                 for name in sf.keys():  # noqa: SIM118 -- not a dict
                     info = sf.info(name)
                     dim = shard_dim(name, info.shape, tp, rules)
-                    if dim is None:
-                        t = sf.get_tensor(name)
-                    else:
-                        t = sf.shard(name, dim, rank, tp)
-                        dims[name] = dim
+                    t = sf.get_tensor(name) if dim is None else sf.shard(name, dim, rank, tp)
                     nbytes = t.numel() * t.element_size()
                     if tensors and size + nbytes > max_part_bytes:
                         written.append(_write(out, rank, part, tp, tensors, dims))
                         part, size, tensors, dims = part + 1, 0, {}, {}
                     tensors[name] = t
+                    if dim is not None:
+                        dims[name] = dim
                     size += nbytes
             written.append(_write(out, rank, part, tp, tensors, dims))
     finally:

@@ -1,6 +1,9 @@
 """Pre-sharded files: each rank's files hold exactly its slice of every split tensor, under the size cap."""
 
+import json
+
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file as reference_load_file
 from safetensors.torch import save_file
 from strata_loader import load_rank
@@ -42,3 +45,25 @@ def test_shards_reassemble_to_the_original(tmp_path):
         else:
             assert torch.equal(torch.cat([r[name] for r in ranks], dim=dim), t)
     assert len(rank_files(out, 0)) >= 2
+
+
+def test_metadata_names_the_split_dims_of_the_tensors_in_its_own_file(tmp_path):
+    gen = torch.Generator().manual_seed(6)
+    src = tmp_path / "model"
+    src.mkdir()
+    full = {
+        "model.embed_tokens.weight": torch.randn(8, 4, generator=gen),
+        "model.layers.0.mlp.down_proj.weight": torch.randn(4, 8, generator=gen),
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 4, generator=gen),
+        "model.norm.weight": torch.randn(4, generator=gen),
+    }
+    save_file(full, src / "model.safetensors")
+    files = shard_directory(src, tmp_path / "out", tp=2, max_part_bytes=1)  # one tensor per part
+    assert len(files) == 2 * len(full)
+    for f in files:
+        with safe_open(f, "pt") as sf:
+            meta, names = sf.metadata(), list(sf.keys())
+        assert len(names) == 1
+        want = {n: d for n in names if (d := shard_dim(n, full[n].shape, 2)) is not None}
+        assert json.loads(meta.pop("strata.shard_dims")) == want, f.name
+        assert meta == {"format": "pt", "strata.tp_size": "2", "strata.rank": f.name.split("-")[2]}
