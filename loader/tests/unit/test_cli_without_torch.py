@@ -126,3 +126,12 @@ def test_fetch_with_shard_and_verify_without_torch(tmp_path):
     assert attempts == []
     assert r.stdout.strip() == "ok: 4 safetensors file(s) valid"  # 2 copied, 2 rank parts
 
+
+def test_bench_without_torch_says_what_to_install_in_one_line(tmp_path):
+    make_model(tmp_path / "model")
+    r, attempts = run_blocked("bench", str(tmp_path / "model" / "model-00001-of-00002.safetensors"))
+    assert r.returncode == 1
+    assert attempts
+    assert r.stderr.count("\n") == 0 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("strata-loader bench: error: needs torch and safetensors")
+    assert "pip install 'strata[tensor]'" in r.stderr
