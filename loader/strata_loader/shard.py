@@ -164,7 +164,8 @@ def _write_part(out: Path, part: int, tp: int, items: Sequence[_Item], readers: 
     try:
         starts = []  # of each rank's data section: the headers differ in length with the rank's digits
         for rank, tmp in enumerate(tmps):
-            fds.append(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666))
+            tmp.unlink(missing_ok=True)  # a leftover, or a planted link: created afresh, never written through
+            fds.append(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
             meta = {"format": "pt", "strata.tp_size": str(tp), "strata.rank": str(rank), "strata.shard_dims": dims}
             header = encode_header(placed, meta)
             _pwrite(fds[rank], memoryview(header), 0)

@@ -169,3 +169,18 @@ def test_a_tensor_in_two_source_files_is_an_error(tmp_path):
     save_file({"w": torch.ones(2)}, src / "b.safetensors")
     with pytest.raises(ValueError, match="'w' is in both"):
         shard_directory(src, tmp_path / "out", tp=2, max_part_bytes=2**20)
+
+
+def test_a_link_planted_under_a_temporary_name_is_not_written_through(tmp_path):
+    src = tmp_path / "model"
+    src.mkdir()
+    save_file({"w": torch.zeros(2)}, src / "m.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (out / "model-rank-0-part-0.safetensors.tmp").symlink_to(victim)
+    shard_directory(src, out, tp=1, max_part_bytes=2**20)
+    assert victim.read_bytes() == b"keep"
+    assert sorted(p.name for p in out.iterdir()) == ["model-rank-0-part-0.safetensors"]
+    assert torch.equal(reference_load_file(out / "model-rank-0-part-0.safetensors")["w"], torch.zeros(2))
