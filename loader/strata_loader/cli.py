@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-part-bytes", default="5Gi")
     s.set_defaults(handler=_shard)
 
-    b = sub.add_parser("bench", help="load files with the streamer and with safetensors; print throughput")
+    b = sub.add_parser("bench", help="load files with the streamer and with safetensors; print throughput"
+                       " (needs torch)")
     b.add_argument("paths", nargs="+")
     b.add_argument("--concurrency", type=int, default=None)
     b.set_defaults(handler=_bench)
@@ -145,9 +146,15 @@ def _shard(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import time
 
-    import safetensors.torch
+    try:
+        import safetensors.torch
 
-    from .api import load_files
+        from .api import load_files
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.partition(".")[0] not in {"torch", "safetensors"}:
+            raise
+        raise RuntimeError(f"needs torch and safetensors ({e.name} is not installed):"
+                           " pip install 'strata[tensor]'") from None
     from .concurrency import concurrency_for
 
     total = sum(os.path.getsize(p) for p in args.paths)
