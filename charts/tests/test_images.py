@@ -65,10 +65,11 @@ def test_final_stage_is_non_root_and_has_no_build_tools(name):
     assert users == [f"{NONROOT_UID}:{NONROOT_UID}"], "numeric non-root USER, so runAsNonRoot can verify it"
 
 
-def pyproject_dependencies() -> list[str]:
+def extra_requirements(extra: str) -> list[str]:
+    """One optional-dependency list of pyproject.toml, as written."""
     text = (REPO / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
-    assert block, "pyproject.toml has no [project] dependencies"
+    block = re.search(rf"^{extra} = \[(.*?)^\]", text, re.S | re.M)
+    assert block, f"pyproject.toml has no [{extra}] extra"
     return re.findall(r'"([^"]+)"', block.group(1))
 
 
@@ -76,18 +77,24 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_operator_requirements_are_pyprojects_own_lines():
-    """One source for version bounds: every line of the operator image's requirements is in pyproject.toml."""
-    lines = (REPO / "images" / "operator" / "requirements.txt").read_text().splitlines()
-    requirements = [line for line in lines if line and not line.startswith("#")]
-    assert requirements and set(requirements) <= set(pyproject_dependencies())
+@pytest.mark.parametrize(("image", "extra"), [("operator", "operator"), ("runtime", "runtime")])
+def test_each_image_installs_its_own_extra(image, extra):
+    build = "\n".join(stages(DOCKERFILES[image])[0])
+    assert f"pip install --no-compile '.[{extra}]'" in build
+
+
+@pytest.mark.parametrize("extra", ["operator", "runtime"])
+def test_images_carry_no_torch(extra):
+    """A preloader Job must start fast on every node, and the operator imports two pydantic models."""
+    names = {requirement_name(r) for r in extra_requirements(extra)}
+    assert not names & {"torch", "strata"}, f"strata[{extra}] pulls in {sorted(names & {'torch', 'strata'})}"
 
 
 def test_operator_imports_none_of_the_dependencies_its_image_leaves_out():
     """The slim operator image works only while the operator never imports the runtime's dependencies."""
-    lines = (REPO / "images" / "operator" / "requirements.txt").read_text().splitlines()
-    kept = {requirement_name(line) for line in lines if line and not line.startswith("#")}
-    left_out = {requirement_name(r) for r in pyproject_dependencies()} - kept
+    kept = {requirement_name(r) for r in extra_requirements("operator")}
+    everything = {requirement_name(r) for extra in ("runtime", "tensor") for r in extra_requirements(extra)}
+    left_out = everything - kept - {"strata"}
     code = (
         "import sys, importlib.metadata as md\n"
         "import strata_operator.handlers, strata_operator.cli\n"
@@ -98,7 +105,7 @@ def test_operator_imports_none_of_the_dependencies_its_image_leaves_out():
     loaded = set(
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     )
-    assert not (left_out & loaded), f"the operator imports {sorted(left_out & loaded)}: add to requirements.txt"
+    assert not (left_out & loaded), f"the operator imports {sorted(left_out & loaded)}: add to the operator extra"
 
 
 def test_build_context_holds_exactly_what_the_dockerfiles_copy():
@@ -136,7 +143,14 @@ def test_operator_builders_run_pods_as_the_images_user():
     assert security.RUNTIME_UID == NONROOT_UID
 
 
-SCRIPTS = [REPO / "images" / "build.sh", REPO / "hack" / "build-helm.sh", REPO / "e2e" / "gpu-node-setup.sh"]
+SCRIPTS = [
+    REPO / "images" / "build.sh",
+    REPO / "hack" / "build-helm.sh",
+    REPO / "hack" / "build-node.sh",
+    REPO / "hack" / "node" / "build-images.sh",
+    REPO / "hack" / "images" / "build-base.sh",
+    REPO / "e2e" / "gpu-node-setup.sh",
+]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
