@@ -57,6 +57,13 @@ def node_s3(real_node: RealNode) -> Iterator[S3Server]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def node_s3_checking_credentials(real_node: RealNode) -> Iterator[S3Server]:
+    """Like node_s3, but the server checks every request's signature against its IAM users."""
+    with running_s3_server(host=NODE_IP, authenticate=True) as server:
+        yield server
+
+
 def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str]:
     binary = helm_path()
     if not os.access(binary, os.X_OK):

@@ -10,6 +10,7 @@ When the server cannot start, tests skip with the reason, except under CI=true w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -96,9 +97,13 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) 
 
 
 @contextlib.contextmanager
-def running_s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
+def running_s3_server(host: str = "127.0.0.1", *, authenticate: bool = False) -> Iterator[S3Server]:
     """Start a server process, yield it, stop it (also usable outside pytest, e.g. by benchmarks and
-    demos). `host` is loopback unless pods of the real node must reach it (its node address)."""
+    demos). `host` is loopback unless pods of the real node must reach it (its node address).
+
+    moto accepts any credentials unless told otherwise; with `authenticate` it checks every request against
+    its IAM, and the yielded server's keys are a real IAM user's (allowed everything), made before checks start.
+    """
     try:
         import moto.server  # noqa: F401
     except ImportError as e:
@@ -110,17 +115,46 @@ def running_s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
         [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=log,
-        env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
+        env={
+            **os.environ,
+            "MOTO_ALLOW_NONEXISTENT_REGION": "true",
+            # The three IAM calls below are the only ones let through unchecked.
+            **({"INITIAL_NO_AUTH_ACTION_COUNT": "3"} if authenticate else {}),
+        },
     )
     try:
         problem = _wait_ready(url, proc)
         if problem:
             log.seek(0)
             raise RuntimeError(f"{problem}: {log.read()[-2000:].decode(errors='replace')}".strip())
-        yield S3Server(endpoint_url=url, process=proc)
+        server = S3Server(endpoint_url=url, process=proc)
+        yield _with_iam_user(server) if authenticate else server
     finally:
         stop_process(proc, grace=10)
         log.close()
+
+
+def _with_iam_user(server: S3Server) -> S3Server:
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=server.endpoint_url,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name=server.region,
+    )
+    iam.create_user(UserName="strata")
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    iam.put_user_policy(UserName="strata", PolicyName="all", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="strata")["AccessKey"]
+    return S3Server(
+        endpoint_url=server.endpoint_url,
+        access_key=key["AccessKeyId"],
+        secret_key=key["SecretAccessKey"],
+        region=server.region,
+        process=server.process,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,211 @@
+"""Helpers for the real-node tests: pods run to completion with their logs, static volumes on the node, models
+generated and uploaded to the S3 server pods reach, ModelCaches waited on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+from kubernetes.dynamic import DynamicClient
+from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
+
+API = "strata.dev/v1alpha1"
+RUNTIME_IMAGE = "ghcr.io/strata-dev/strata-runtime:0.1.0"
+RUNTIME_UID = 65532
+STATIC_CLASS = "strata-node-static"
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": RUNTIME_UID,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+# Run inside a consumer pod from the runtime image (no torch there): every tensor's bytes through Strata's own
+# safetensors parser, hashed, so the test compares them with the source bit for bit.
+TENSOR_DIGESTS = """
+import hashlib, json, os, sys
+from strata_loader.format import parse_header, parse_header_size
+root, digests = sys.argv[1], {}
+for name in sorted(os.listdir(root)):
+    if not name.endswith(".safetensors"):
+        continue
+    data = open(os.path.join(root, name), "rb").read()
+    size = parse_header_size(data[:8], len(data))
+    header = parse_header(data[8 : 8 + size], len(data))
+    for t in header.tensors:
+        start = header.data_offset + t.start
+        digests[t.name] = hashlib.sha256(data[start : start + t.nbytes]).hexdigest()
+print(json.dumps(digests))
+"""
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def pod_log(client: DynamicClient, namespace: str, name: str, container: str | None = None) -> str:
+    # Raw bytes: the client would parse a log that looks like JSON into a dict.
+    kwargs = {"container": container} if container else {}
+    raw = CoreV1Api(client.client).read_namespaced_pod_log(
+        name=name, namespace=namespace, _preload_content=False, **kwargs
+    )
+    return str(raw.data.decode())
+
+
+def run_pod(
+    client: DynamicClient,
+    namespace: str,
+    name: str,
+    command: list[str],
+    *,
+    timeout: float = 180,
+    **spec: Any,
+) -> str:
+    """Run one restricted container from the runtime image to completion; return its log, fail with its state."""
+    containers = [
+        {
+            "name": "main",
+            "image": RUNTIME_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "command": command,
+            "securityContext": RESTRICTED_CONTAINER,
+            **spec.pop("container", {}),
+        }
+    ]
+    pods = resource(client, "v1", "Pod")
+    pods.create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "containers": containers, **spec},
+        },
+    )
+
+    def finished() -> str | None:
+        phase = pods.get(name=name, namespace=namespace).status.phase
+        return str(phase) if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=timeout, interval=0.5, what=f"pod {name} to finish")
+    text = pod_log(client, namespace, name)
+    if phase != "Succeeded":
+        state = pods.get(name=name, namespace=namespace).to_dict()["status"].get("containerStatuses")
+        raise AssertionError(f"pod {name} {phase}: {state}\n{text}")
+    return text
+
+
+def static_volume(client: DynamicClient, namespace: str, claim: str, size: str = "1Gi") -> Path:
+    """A ReadWriteMany PersistentVolume on the node, pre-bound to `claim`: the claim binds for real through the
+    PV controller. Its directory is under the node's work dir (swept), owned by the runtime image's user."""
+    resource(client, "storage.k8s.io/v1", "StorageClass").server_side_apply(
+        body={
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": STATIC_CLASS},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "Immediate",
+            "reclaimPolicy": "Retain",
+        },
+        name=STATIC_CLASS,
+        field_manager="strata-realnode-tests",
+    )
+    path = WORK_DIR / "volumes" / f"{namespace}-{claim}"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, RUNTIME_UID, RUNTIME_UID)
+    resource(client, "v1", "PersistentVolume").create(
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{namespace}-{claim}"},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": STATIC_CLASS,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "claimRef": {"namespace": namespace, "name": claim},
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+    )
+    return path
+
+
+def upload_model(s3: Any, bucket: str, prefix: str, files: int = 2, tensor_bytes: int = 1 << 20) -> dict[str, str]:
+    """A small generated safetensors model (several dtypes) in S3; returns each tensor's sha256."""
+    import torch
+    from safetensors.torch import save
+
+    client = s3.client()
+    digests: dict[str, str] = {}
+    generator = torch.Generator().manual_seed(7)
+    for index in range(files):
+        tensors = {
+            f"layers.{index}.weight": torch.randn(tensor_bytes // 2, generator=generator).to(torch.bfloat16),
+            f"layers.{index}.bias": torch.randn(tensor_bytes // 4, generator=generator),
+            f"layers.{index}.scale": torch.randint(0, 255, (4096,), dtype=torch.uint8, generator=generator),
+        }
+        for name, tensor in tensors.items():
+            digests[name] = hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        key = f"{prefix}/model-{index + 1:05d}-of-{files:05d}.safetensors"
+        client.put_object(Bucket=bucket, Key=key, Body=save(tensors))
+    client.put_object(Bucket=bucket, Key=f"{prefix}/config.json", Body=json.dumps({"model_type": "tiny"}).encode())
+    return digests
+
+
+def s3_secret(client: DynamicClient, namespace: str, name: str, access_key: str, secret_key: str) -> None:
+    resource(client, "v1", "Secret").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key},
+        },
+    )
+
+
+def model_cache(client: DynamicClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    resource(client, API, "ModelCache").create(
+        namespace=namespace, body={"apiVersion": API, "kind": "ModelCache", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+def cache_status(client: DynamicClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(resource(client, API, "ModelCache").get(name=name, namespace=namespace).to_dict().get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def wait_phase(client: DynamicClient, namespace: str, name: str, phases: set[str], timeout: float = 240) -> dict:
+    """Wait until the cache's phase is one of `phases`; the failure message carries the last status."""
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = cache_status(client, namespace, name)
+        if status.get("phase") in phases:
+            return status
+        time.sleep(1)
+    raise AssertionError(f"ModelCache {namespace}/{name} not in {phases} after {timeout:.0f}s: {status}")

@@ -1,0 +1,98 @@
+"""ModelCache on the real node, run by the operator the chart installed as a pod: a preloader Job's container
+really copies a model from S3 into a claim that really bound, the operator reads its termination message,
+and a consumer pod that pastes `status.volume` reads every tensor bit for bit. Bad credentials end Degraded
+with the loader's own one-line reason, and nothing half-written is marked Ready."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from strata_testsupport.kube import resource
+
+from .support import (
+    STATIC_CLASS,
+    TENSOR_DIGESTS,
+    cache_status,
+    condition,
+    model_cache,
+    run_pod,
+    s3_secret,
+    static_volume,
+    unique,
+    upload_model,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
+
+
+def shared_spec(node_s3, bucket: str, prefix: str, secret: str) -> dict:
+    return {
+        "source": {
+            "uri": f"s3://{bucket}/{prefix}",
+            "credentials": {"secretRef": {"name": secret}},
+            "s3": {"endpoint": node_s3.endpoint_url, "region": node_s3.region},
+        },
+        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "storageClassName": STATIC_CLASS}},
+        "preload": {"verify": "checksums"},
+    }
+
+
+def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(
+    node_k8s, node_operator, node_s3, restricted_namespace
+):
+    namespace, name = restricted_namespace, unique("tiny")
+    bucket = node_s3.create_bucket()
+    digests = upload_model(node_s3, bucket, "tiny")
+    s3_secret(node_k8s, namespace, "s3", node_s3.access_key, node_s3.secret_key)
+    static_volume(node_k8s, namespace, f"{name}-model")
+
+    started = time.monotonic()
+    model_cache(node_k8s, namespace, name, shared_spec(node_s3, bucket, "tiny", "s3"))
+    status = wait_phase(node_k8s, namespace, name, {"Ready", "Degraded", "Failed"})
+    seconds = time.monotonic() - started
+    assert status["phase"] == "Ready", status
+    assert condition(status, "Ready")["status"] == "True"
+    assert status["totalFiles"] == 3  # two safetensors files and config.json
+    claim = resource(node_k8s, "v1", "PersistentVolumeClaim").get(name=f"{name}-model", namespace=namespace)
+    assert claim.status.phase == "Bound" and claim.spec.volumeName == f"{namespace}-{name}-model"
+    print(f"apply -> Ready: {seconds:.1f}s")
+
+    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
+    out = run_pod(
+        node_k8s,
+        namespace,
+        "consumer",
+        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
+        volumes=[volume],
+        container={"volumeMounts": [mount]},
+    )
+    assert json.loads(out.strip().splitlines()[-1]) == digests
+
+
+def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(
+    node_k8s, node_operator, node_s3_checking_credentials, restricted_namespace
+):
+    node_s3 = node_s3_checking_credentials
+    namespace, name = restricted_namespace, unique("bad")
+    bucket = node_s3.create_bucket()
+    upload_model(node_s3, bucket, "tiny", files=1)
+    s3_secret(node_k8s, namespace, "wrong", "not-a-key", "not-a-secret")
+    path = static_volume(node_k8s, namespace, f"{name}-model")
+    spec = shared_spec(node_s3, bucket, "tiny", "wrong")
+    spec["preload"]["backoffLimit"] = 0
+    model_cache(node_k8s, namespace, name, spec)
+
+    status = wait_phase(node_k8s, namespace, name, {"Ready", "Degraded", "Failed"})
+    assert status["phase"] in ("Degraded", "Failed"), status
+    degraded = condition(status, "Degraded")
+    assert degraded["status"] == "True", status
+    message = degraded["message"]
+    print(f"Degraded: {message}")
+    assert "InvalidAccessKeyId" in message or "403" in message or "denied" in message.lower(), message
+    assert "\n" not in message and "Traceback" not in message
+    assert condition(status, "Ready").get("status") != "True"
+    assert not (path / ".strata-manifest.json").exists(), "a failed copy must never look complete"
+    assert cache_status(node_k8s, namespace, name)["phase"] != "Ready"
