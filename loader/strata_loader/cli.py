@@ -16,7 +16,6 @@ from pathlib import Path
 from .contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     ENV_TERMINATION_MESSAGE_PATH,
-    MANIFEST_NAME,
     FetchRequest,
     FetchResult,
     parse_bytes,
@@ -108,7 +107,7 @@ def write_termination_message(result: FetchResult) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     from .format import SafetensorsError
-    from .manifest import read_manifest
+    from .manifest import load_manifest
     from .sources import LocalReader, read_header
 
     checked = 0
@@ -116,9 +115,7 @@ def _verify(args: argparse.Namespace) -> int:
         p = Path(raw)
         targets = [p]
         if p.is_dir():
-            m = read_manifest(p)
-            if m is None:
-                raise SafetensorsError(f"{p}: no readable {MANIFEST_NAME}; the copy is incomplete")
+            m = load_manifest(p)
             for mf in m.files:
                 size = (p / mf.path).stat().st_size
                 if size != mf.size:

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 
 from .contract import MANIFEST_NAME, manifest_digest
+from .paths import UnsafePathError, safe_relative_path
 
 MANIFEST_VERSION = 1
 
@@ -24,6 +25,16 @@ class ManifestFile(BaseModel):
     size: int
     version: str = ""
     checksums: dict[str, str] = {}
+
+    @field_validator("path")
+    @classmethod
+    def _clean(cls, v: str) -> str:
+        """Readers join these paths onto DEST: a manifest naming anything but a clean relative path is not
+        written, and one read back with such a path is not trusted."""
+        try:
+            return safe_relative_path(v)
+        except UnsafePathError as e:
+            raise ValueError(f"path {e}") from None
 
 
 class Manifest(BaseModel):
@@ -41,11 +52,33 @@ class Manifest(BaseModel):
         return self.source == source and self.revision == revision and mine == theirs
 
 
-def read_manifest(dest: Path) -> Manifest | None:
-    """The manifest in `dest`, or None when absent or unreadable (an unreadable one counts as incomplete)."""
+class ManifestError(RuntimeError):
+    """DEST has no manifest, or one that cannot be trusted: either way the copy counts as incomplete."""
+
+
+def load_manifest(dest: Path) -> Manifest:
+    """The manifest in `dest`; `ManifestError` saying why when it is absent or invalid."""
+    path = dest / MANIFEST_NAME
     try:
-        return Manifest.model_validate_json((dest / MANIFEST_NAME).read_bytes())
-    except (FileNotFoundError, ValidationError, ValueError):
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{dest}: no {MANIFEST_NAME}; the copy is incomplete, run fetch") from None
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "manifest"
+        why = f"{where}: {err['msg'].removeprefix('Value error, ')}"
+    except ValueError as e:
+        why = str(e)
+    raise ManifestError(f"{path} is not a valid manifest ({why}); the copy is incomplete, re-run fetch")
+
+
+def read_manifest(dest: Path) -> Manifest | None:
+    """The manifest in `dest`, or None when absent or invalid (an invalid one counts as incomplete)."""
+    try:
+        return load_manifest(dest)
+    except ManifestError:
         return None
 
 
@@ -63,7 +96,8 @@ def write_manifest(dest: Path, manifest: Manifest) -> tuple[Path, str]:
     data = json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True).encode()
     path = dest / MANIFEST_NAME
     tmp = dest / (MANIFEST_NAME + ".tmp")
-    with open(tmp, "wb") as f:
+    tmp.unlink(missing_ok=True)  # a fresh file, never one a link planted under this name points to
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
