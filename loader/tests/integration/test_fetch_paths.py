@@ -3,6 +3,7 @@ object keys and names are refused, symlinks never lead out of the source, and li
 written through."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def test_s3_keys_that_break_the_path_rule_are_refused(bucket_with, tmp_path, rem
     key = "m/" + remainder
     bucket = bucket_with(key)
     dest = tmp_path / "a" / "b" / "dst"
-    with pytest.raises(SourceError, match=problem) as e:
+    with pytest.raises(SourceError, match=re.escape(problem)) as e:
         fetch_to(f"s3://{bucket}/m", dest)
     assert repr(key) in str(e.value) and "\n" not in str(e.value)
     assert files_outside(tmp_path, dest) == []
