@@ -89,6 +89,7 @@ def _write(out: Path, rank: int, part: int, tp: int, tensors: dict[str, torch.Te
     tmp = path.with_name(path.name + ".tmp")
     meta = {"format": "pt", "strata.tp_size": str(tp), "strata.rank": str(rank),
             "strata.shard_dims": json.dumps(dims, sort_keys=True)}
+    tmp.unlink(missing_ok=True)  # save_file opens by name: never through a link left under the temp name
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
     os.replace(tmp, path)
     return path

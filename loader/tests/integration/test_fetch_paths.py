@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from strata_loader.catalog import SourceError, list_source
 from strata_loader.contract import MANIFEST_NAME, FetchRequest
+from strata_loader.paths import UnsafePathError
 
 from .test_fetch_local import make_model, tree
 
@@ -197,3 +198,68 @@ def test_hf_ref_that_is_not_a_commit_is_refused(tmp_path, monkeypatch, outside):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(SourceError, match="not a commit hash"):
         list_source(FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "d")))
+
+
+# --- the writer: links planted inside DEST -------------------------------------------------------------------
+
+def untouched(outside: Path) -> bool:
+    return sorted(p.name for p in outside.rglob("*")) == ["secret.txt"] and \
+        (outside / "secret.txt").read_text() == "not part of the model"
+
+
+def test_directory_link_planted_in_dest_is_refused_not_written_through(tmp_path, outside):
+    make_model(tmp_path / "src")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "original").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match=r"dst/original is a symlink"):
+        fetch_to(str(tmp_path / "src"), tmp_path / "dst")
+    assert untouched(outside) and not (tmp_path / "dst" / MANIFEST_NAME).exists()
+
+
+@pytest.mark.parametrize("name", ["config.json.strata-partial", "config.json.strata-partial.progress.tmp"])
+def test_file_link_planted_under_a_name_the_writer_opens_is_refused(tmp_path, outside, name):
+    make_model(tmp_path / "src")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / name).symlink_to(outside / "secret.txt")
+    with pytest.raises(UnsafePathError, match="is a symlink"):
+        fetch_to(str(tmp_path / "src"), tmp_path / "dst")
+    assert untouched(outside)
+
+
+@pytest.mark.parametrize("name", ["config.json", "config.json.strata-partial.progress"])
+def test_link_planted_at_a_name_the_writer_renames_onto_is_replaced(tmp_path, outside, name):
+    files = make_model(tmp_path / "src")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / name).symlink_to(outside / "secret.txt")
+    fetch_to(str(tmp_path / "src"), tmp_path / "dst")
+    assert untouched(outside)
+    assert not any(p.is_symlink() for p in (tmp_path / "dst").iterdir())
+    assert (tmp_path / "dst" / "config.json").read_bytes() == files["config.json"]
+
+
+def test_shard_output_link_planted_in_dest_is_refused(tmp_path, outside):
+    make_model(tmp_path / "src")
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "sharded").symlink_to(outside)
+    req = FetchRequest.parse_args(["fetch", str(tmp_path / "src"), str(tmp_path / "dst"), "--shard-tp", "2"])
+    from strata_loader.fetch import fetch
+
+    with pytest.raises(UnsafePathError, match="sharded is a symlink"):
+        fetch(req, progress_mode="none")
+    assert untouched(outside)
+
+
+def test_writer_refuses_an_unsafe_path_even_if_a_source_lists_one(tmp_path, monkeypatch):
+    """Defence in depth: were a source to let `../x` through, the writer still would not write it."""
+    from strata_loader import fetch as fetch_module
+    from strata_loader.catalog import SourceFile
+    from strata_loader.sources import LocalReader
+
+    (tmp_path / "src").mkdir()
+    data = tmp_path / "src" / "data"
+    data.write_bytes(b"x" * 10)
+    rogue = SourceFile("../escaped", 10, lambda: LocalReader(data), {}, "v1")
+    monkeypatch.setattr(fetch_module, "list_source", lambda req: ([rogue], None))
+    with pytest.raises(UnsafePathError, match=r"'\.\.' segment"):
+        fetch_to(str(tmp_path / "src"), tmp_path / "dst")
+    assert not (tmp_path / "escaped").exists()
