@@ -2,20 +2,29 @@
 
 Readers (pods, the operator, a re-run of fetch) trust DEST only when the manifest is there and names the same
 source and revision; a fetch that starts over removes it first, so a half-updated copy never looks whole.
+The manifest vouches for what DEST held when it was written; `damage` checks that DEST still holds it (files
+can be deleted, truncated or flipped later), which is what `verify` and a re-run of `fetch` rely on.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError, field_validator
 
 from .contract import MANIFEST_NAME, manifest_digest
-from .paths import UnsafePathError, safe_relative_path
+from .paths import DestDir, UnsafePathError, safe_relative_path
+
+CHECKSUM_PREFERENCE = ("sha256", "md5")
+"""Strongest first: one of them is enough to tell whether a file's content changed."""
 
 MANIFEST_VERSION = 1
 
@@ -114,12 +123,53 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def strongest_checksum(checksums: dict[str, str]) -> tuple[str, str] | None:
+    """(algorithm, hex digest) of the strongest checksum recorded, or None when there is none."""
+    for algo in CHECKSUM_PREFERENCE:
+        if algo in checksums:
+            return algo, checksums[algo]
+    return None
+
+
 def manifest_checksums(manifest: Manifest) -> dict[str, Any]:
     """relative path -> 'algo:hex' with the strongest checksum known for each file."""
     out = {}
     for f in manifest.files:
-        for algo in ("sha256", "md5"):
-            if algo in f.checksums:
-                out[f.path] = f"{algo}:{f.checksums[algo]}"
-                break
+        best = strongest_checksum(f.checksums)
+        if best:
+            out[f.path] = f"{best[0]}:{best[1]}"
     return out
+
+
+def hash_file(f: io.RawIOBase, algos: Iterable[str]) -> dict[str, str]:
+    """Hex digests of everything `f` holds from its current position, every algorithm in one pass."""
+    hashers = {a: hashlib.new(a) for a in algos}
+    buf = bytearray(8 * 2**20)
+    mv = memoryview(buf)
+    while n := f.readinto(buf):
+        for h in hashers.values():
+            h.update(mv[:n])
+    return {a: h.hexdigest() for a, h in hashers.items()}
+
+
+def damage(tree: DestDir, entry: ManifestFile, checksums: bool = True) -> str | None:
+    """What differs between DEST's copy of `entry` and what the manifest recorded, or None when nothing does.
+
+    Presence, file type and size always (cheap: one `lstat`); with `checksums`, also the strongest checksum
+    the manifest recorded, which reads the whole file. A file without a recorded checksum is checked by size.
+    """
+    st = tree.lstat(entry.path)
+    if st is None:
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "a symlink, not the fetched file" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+    if st.st_size != entry.size:
+        return f"{st.st_size} bytes, the manifest says {entry.size}"
+    best = strongest_checksum(entry.checksums) if checksums else None
+    if best:
+        algo, want = best
+        with open(tree.open(entry.path, os.O_RDONLY), "rb", buffering=0) as f:
+            got = hash_file(f, [algo])[algo]
+        if got != want:
+            return f"content differs: {algo} {got}, the manifest says {want}"
+    return None
