@@ -11,10 +11,10 @@ catalog already refused unsafe ones) and no symlink inside DEST is ever followed
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +26,8 @@ from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, 
 from .manifest import (
     Manifest,
     ManifestFile,
+    damage,
+    hash_file,
     manifest_checksums,
     read_manifest,
     remove_manifest,
@@ -58,10 +60,16 @@ def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revis
     dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
+    damaged: dict[str, str] = {}
     if old is not None and old.same_copy(req.source, revision, wanted, [f.version for f in files]):
-        return _result(req, revision, old, dest, t0, resumed=old.bytes)
+        damaged = _damaged(tree, old, checksums=req.verify is VerifyMode.CHECKSUMS)
+        if not damaged:
+            return _result(req, revision, old, dest, t0, resumed=old.bytes)
+        for path, what in damaged.items():
+            print(f"strata-loader fetch: {dest / path}: {what}; fetching it again", file=sys.stderr, flush=True)
     remove_manifest(dest)
-    known = {f.path: f.version for f in old.files} if old is not None and old.source == req.source else {}
+    known = ({f.path: f.version for f in old.files if f.path not in damaged}
+             if old is not None and old.source == req.source else {})
 
     states = [_FileState(f, tree, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
@@ -96,6 +104,12 @@ def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revis
     for s in states:  # the manifest now vouches for every file: the per-file markers are done
         tree.unlink(s.marker)
     return _result(req, revision, manifest, dest, t0, resumed=sum(s.resumed for s in states))
+
+
+def _damaged(tree: DestDir, m: Manifest, checksums: bool) -> dict[str, str]:
+    """The files of a complete copy that DEST no longer holds as the manifest recorded them: the manifest is
+    trusted only after every file is confirmed present with its size (and, with checksums, its content)."""
+    return {f.path: what for f in m.files if (what := damage(tree, f, checksums)) is not None}
 
 
 def _result(req: FetchRequest, revision: str | None, m: Manifest, dest: Path, t0: float,
@@ -255,17 +269,10 @@ def _complete(s: _FileState, fd: int, progress: Progress) -> None:
 
 def _verify_file(s: _FileState, path: str) -> None:
     """Hash what landed on disk; compare with what the source vouches for (HF blob SHA-256, S3 MD5 ETag)."""
-    hashers = {"sha256": hashlib.sha256()}
-    if "md5" in s.src.checksums:
-        hashers["md5"] = hashlib.md5()
+    algos = ["sha256", "md5"] if "md5" in s.src.checksums else ["sha256"]
     with open(s.tree.open(path, os.O_RDONLY), "rb", buffering=0) as f:
-        buf = bytearray(8 * 2**20)
-        mv = memoryview(buf)
-        while n := f.readinto(buf):
-            for h in hashers.values():
-                h.update(mv[:n])
-    for algo, h in hashers.items():
-        got = h.hexdigest()
+        digests = hash_file(f, algos)
+    for algo, got in digests.items():
         want = s.src.checksums.get(algo)
         if want and got != want:
             s.tree.unlink(path)

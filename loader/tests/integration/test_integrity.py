@@ -90,3 +90,55 @@ def test_verify_refuses_a_manifest_with_a_dirty_path(fetched):
     (dst / MANIFEST_NAME).write_text(json.dumps(m))
     assert_one_line_failure(run_cli("verify", str(dst)), "not a valid manifest", "'..' segment")
 
+
+# --- fetch re-runs --------------------------------------------------------------------------------------------
+
+def test_rerun_fetches_a_deleted_file_again_and_rewrites_the_manifest(fetched):
+    req, files, dst = fetched
+    (dst / BIG).unlink()
+    res = fetch(req, progress_mode="none")
+    got = tree(dst)
+    got.pop(MANIFEST_NAME)
+    assert got == files
+    assert res.bytes_resumed == res.bytes - len(files[BIG])
+    assert run_cli("verify", str(dst)).returncode == 0
+
+
+def test_rerun_fetches_a_truncated_or_grown_file_again(fetched):
+    req, files, dst = fetched
+    (dst / BIG).write_bytes(files[BIG][:1000])
+    with open(dst / "config.json", "ab") as f:
+        f.write(b" ")
+    res = fetch(req.model_copy(update={"verify": VerifyMode.SIZES}), progress_mode="none")
+    assert (dst / BIG).read_bytes() == files[BIG] and (dst / "config.json").read_bytes() == files["config.json"]
+    assert res.bytes_resumed == res.bytes - len(files[BIG]) - len(files["config.json"])
+
+
+def test_rerun_with_checksums_repairs_a_flipped_byte(fetched):
+    req, files, dst = fetched
+    flip_byte(dst / BIG, 12345)
+    res = fetch(req, progress_mode="none")
+    assert (dst / BIG).read_bytes() == files[BIG]
+    assert res.bytes_resumed == res.bytes - len(files[BIG])
+    assert run_cli("verify", str(dst)).returncode == 0
+
+
+def test_rerun_with_sizes_trusts_an_intact_looking_copy_without_hashing(fetched):
+    """Sizes are the cheap check a re-run always makes; content damage needs --verify checksums (or verify)."""
+    req, _, dst = fetched
+    flip_byte(dst / BIG)
+    before = (dst / MANIFEST_NAME).stat().st_mtime_ns
+    res = fetch(req.model_copy(update={"verify": VerifyMode.SIZES}), progress_mode="none")
+    assert res.bytes_resumed == res.bytes
+    assert (dst / MANIFEST_NAME).stat().st_mtime_ns == before
+
+
+def test_cli_rerun_says_what_it_repairs_and_succeeds(fetched, tmp_path):
+    req, files, dst = fetched
+    (dst / "config.json").unlink()
+    term = tmp_path / "termination-log"
+    r = run_cli(*req.to_args(), env={"STRATA_TERMINATION_MESSAGE_PATH": str(term), "STRATA_PROGRESS": "none"})
+    assert r.returncode == 0, r.stderr
+    assert f"{dst / 'config.json'}: missing; fetching it again" in r.stderr
+    assert json.loads(term.read_text())["status"] == "Succeeded"
+    assert (dst / "config.json").read_bytes() == files["config.json"]
