@@ -67,8 +67,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class DestDir:
     """DEST, opened once; files below it are reached through directory descriptors opened one component at a
     time without following symlinks (`openat` with O_NOFOLLOW), so no link inside DEST, planted before the run
-    or swapped in during it, can send a read or a write outside. A link where a directory or a file we write
-    should be is refused with its name. DEST itself may be a symlink: its path is the caller's choice.
+    or swapped in during it, can send a read or a write outside. A link where a directory or a file we open
+    should be is refused with its name; a rename onto a name replaces a link there, never follows it. DEST
+    itself may be a symlink: its path is the caller's choice.
 
     Thread-safe; directory descriptors are cached per relative directory (a model has only a few)."""
 
@@ -122,7 +123,7 @@ class DestDir:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise self._refusal(rel, parent, name, "a directory") from None
                 raise
-        raise AssertionError("unreachable")
+        raise FileNotFoundError(errno.ENOENT, "directory removed while being created", str(self.root / rel))
 
     def _refusal(self, rel: str, parent: int, name: str, wanted: str) -> UnsafePathError:
         try:
