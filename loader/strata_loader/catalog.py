@@ -1,13 +1,19 @@
 """What a fetch source holds: the list of files with sizes, checksums the source already has, and a reader for
 each. Sources: local/shared filesystem paths, `pvc://` mounts, S3 prefixes, and the Hugging Face cache
-layout."""
+layout.
+
+Every relative path listed here obeys `paths.safe_relative_path`, and directory sources never leave their own
+tree through a symlink: a source that breaks either rule is refused as a whole, whatever the globs say, because
+copying it could write outside DEST or leak files the source does not own, and skipping the offending entry
+would land an incomplete model that looks complete.
+"""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +26,7 @@ from .contract import (
     PARTIAL_SUFFIX,
     FetchRequest,
 )
+from .paths import UnsafePathError, is_within, safe_relative_path
 from .sources import LocalReader, RangeReader
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -53,7 +60,13 @@ def list_source(req: FetchRequest) -> tuple[list[SourceFile], str | None]:
         files, revision = _list_hf(req.source, req.revision)
     elif kind == "pvc":
         claim, _, sub = req.source[len("pvc://") :].partition("/")
-        root = Path(os.environ.get(ENV_PVC_MOUNT_ROOT, DEFAULT_PVC_MOUNT_ROOT)) / claim / sub
+        mount = Path(os.environ.get(ENV_PVC_MOUNT_ROOT, DEFAULT_PVC_MOUNT_ROOT)) / claim
+        root = mount / sub
+        if not is_within(os.path.realpath(root), os.path.realpath(mount)):
+            raise SourceError(
+                f"{req.source}: {root} resolves to {os.path.realpath(root)}, outside the claim's mount {mount};"
+                " a pvc:// source is read only from its own claim"
+            )
         files, revision = _list_dir(root), req.revision
     else:
         files, revision = _list_dir(Path(req.source)), req.revision
@@ -78,19 +91,59 @@ def selected(relpath: str, include: Sequence[str], exclude: Sequence[str]) -> bo
     return (not include or hit(include)) and not hit(exclude)
 
 
-def _list_dir(root: Path, checksum_of: Callable[[Path], dict[str, str]] | None = None) -> list[SourceFile]:
+def _list_dir(root: Path, checksum_of: Callable[[Path], dict[str, str]] | None = None,
+              fence: Path | None = None) -> list[SourceFile]:
+    """Every regular file under `root`, read through its resolved path. `fence` (default: `root`) is the tree
+    symlinks may point into: the Hugging Face cache's snapshot links point into the repository's blobs."""
     if not root.is_dir():
         raise SourceError(f"source directory {root} does not exist or is not a directory")
     out = []
-    for dirpath, _dirs, names in os.walk(root, followlinks=True):
-        for n in names:
-            p = Path(dirpath) / n
-            rel = p.relative_to(root).as_posix()
-            st = p.stat()
-            sums = checksum_of(p) if checksum_of else {}
-            version = f"sha256:{sums['sha256']}" if "sha256" in sums else f"mtime:{st.st_mtime_ns}"
-            out.append(SourceFile(rel, st.st_size, _opener(p), sums, version))
+    for rel, real in _walk(root, os.path.realpath(fence or root)):
+        st = os.stat(real)
+        sums = checksum_of(Path(real)) if checksum_of else {}
+        version = f"sha256:{sums['sha256']}" if "sha256" in sums else f"mtime:{st.st_mtime_ns}"
+        out.append(SourceFile(rel, st.st_size, _opener(Path(real)), sums, version))
     return out
+
+
+def _walk(root: Path, fence: str) -> Iterator[tuple[str, str]]:
+    """(relative path, resolved path) of each regular file under `root`, without ever leaving `fence`.
+
+    Symlinks that resolve inside `fence` are followed (to files and to directories: the copy gets what they
+    point to, as plain files). One that resolves outside, dangles, or leads back into a directory being walked
+    (a loop) refuses the source, and so does a name that breaks the path rule or an entry that is neither a
+    file nor a directory (a FIFO would hang the copy).
+    """
+    top = os.path.realpath(root)
+    if not is_within(top, fence):
+        raise SourceError(f"source directory {root} resolves to {top}, outside {fence}")
+    stack: list[tuple[str, str, frozenset[str]]] = [(top, "", frozenset({top}))]
+    while stack:
+        real_dir, rel_dir, ancestors = stack.pop()
+        with os.scandir(real_dir) as entries:
+            for e in entries:
+                rel = rel_dir + e.name
+                shown = os.path.join(root, rel)
+                try:
+                    safe_relative_path(rel)
+                except UnsafePathError as err:
+                    raise SourceError(f"refusing {shown}: its relative path {err}; rename it") from None
+                real = os.path.realpath(e.path) if e.is_symlink() else e.path
+                if not is_within(real, fence):
+                    raise SourceError(
+                        f"refusing {shown}: a symlink to {real}, outside the source {fence}; strata-loader never"
+                        " follows links out of the source: copy the target into the source or fetch it directly"
+                    )
+                if os.path.isdir(real):
+                    if real in ancestors:
+                        raise SourceError(f"refusing {shown}: a symlink loop back to {real}; remove the link")
+                    stack.append((real, rel + "/", ancestors | {real}))
+                elif os.path.isfile(real):
+                    yield rel, real
+                elif not os.path.lexists(real):
+                    raise SourceError(f"refusing {shown}: a dangling symlink to {real}; fix or remove the link")
+                else:
+                    raise SourceError(f"refusing {shown}: not a regular file or directory; remove it")
 
 
 def _opener(p: Path) -> Callable[[], RangeReader]:
@@ -109,9 +162,15 @@ def hf_snapshot(repo_id: str, revision: str | None = None, cache: Path | None = 
     repo = (cache or hf_cache_root()) / ("models--" + repo_id.replace("/", "--"))
     rev = revision or "main"
     commit = rev if _HEX40.match(rev) else None
-    ref = repo / "refs" / rev
-    if commit is None and ref.is_file():
-        commit = ref.read_text().strip()
+    if commit is None:
+        try:  # a branch or tag names a file under refs/: it must not climb out of the repository
+            ref = repo / "refs" / safe_relative_path(rev)
+        except UnsafePathError as e:
+            raise SourceError(f"hf://{repo_id}: revision {e}; use a branch, tag or commit hash") from None
+        if ref.is_file():
+            commit = ref.read_text().strip()
+            if not _HEX40.match(commit):
+                raise SourceError(f"{ref} holds {commit[:80]!r}, not a commit hash; repair the Hugging Face cache")
     if commit is None or not (repo / "snapshots" / commit).is_dir():
         raise SourceError(
             f"hf://{repo_id} at revision {rev!r} is not in the Hugging Face cache {repo.parent};"
@@ -128,7 +187,8 @@ def _blob_checksum(p: Path) -> dict[str, str]:
 
 def _list_hf(uri: str, revision: str | None) -> tuple[list[SourceFile], str]:
     snapshot, commit = hf_snapshot(uri[len("hf://") :].strip("/"), revision)
-    return _list_dir(snapshot, _blob_checksum), commit
+    repo = snapshot.parent.parent  # snapshots link into ../../blobs: the whole repository is the source tree
+    return _list_dir(snapshot, _blob_checksum, fence=repo), commit
 
 
 def _list_s3(uri: str, concurrency: int) -> list[SourceFile]:
@@ -141,7 +201,14 @@ def _list_s3(uri: str, concurrency: int) -> list[SourceFile]:
     for o in s3.list_objects(bucket, prefix):
         rel = o.key[len(prefix) :]
         if not rel or rel.endswith("/"):
-            continue
+            continue  # a "folder" marker: nothing to write
+        try:
+            safe_relative_path(rel)
+        except UnsafePathError as e:
+            raise SourceError(
+                f"refusing object {o.key!r} in s3://{bucket}: its path below the prefix {e}, so it could land"
+                " outside DEST; rename the object or fetch a prefix that does not hold it"
+            ) from None
         sums = {"md5": o.etag} if _MD5.match(o.etag) else {}  # multipart ETags are not an MD5
         opener = _s3_opener(bucket, o.key, o.size, concurrency)
         out.append(SourceFile(rel, o.size, opener, sums, f"etag:{o.etag}"))

@@ -16,7 +16,6 @@ from pathlib import Path
 from .contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     ENV_TERMINATION_MESSAGE_PATH,
-    MANIFEST_NAME,
     FetchRequest,
     FetchResult,
     parse_bytes,
@@ -61,8 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: a bar on a terminal, JSON lines otherwise")
     f.set_defaults(handler=_fetch)
 
-    v = sub.add_parser("verify", help="validate safetensors headers and data bounds (files or directories)")
+    v = sub.add_parser("verify", help="check a fetched directory against its manifest (sizes, recorded checksums)"
+                                      " and validate safetensors headers and data bounds (files or directories)")
     v.add_argument("paths", nargs="+")
+    v.add_argument("--fast", action="store_true",
+                   help="check sizes only: do not hash the files whose checksums the manifest recorded")
     v.set_defaults(handler=_verify)
 
     s = sub.add_parser("shard", help="pre-shard a model for tensor-parallel ranks")
@@ -107,29 +109,36 @@ def write_termination_message(result: FetchResult) -> None:
         f.write(result.to_termination_message())
 
 
+class CopyDamaged(RuntimeError):
+    """A fetched directory no longer holds what its manifest recorded."""
+
+
 def _verify(args: argparse.Namespace) -> int:
-    from .format import SafetensorsError
-    from .manifest import read_manifest
+    from .manifest import damage, load_manifest
+    from .paths import DestDir
     from .sources import LocalReader, read_header
 
-    checked = 0
+    checked = matched = 0
     for raw in args.paths:
         p = Path(raw)
         targets = [p]
         if p.is_dir():
-            m = read_manifest(p)
-            if m is None:
-                raise SafetensorsError(f"{p}: no readable {MANIFEST_NAME}; the copy is incomplete")
-            for mf in m.files:
-                size = (p / mf.path).stat().st_size
-                if size != mf.size:
-                    raise SafetensorsError(f"{p / mf.path}: {size} bytes, manifest says {mf.size}")
+            m = load_manifest(p)
+            with DestDir(p) as tree:
+                bad = [(f.path, what) for f in m.files if (what := damage(tree, f, checksums=not args.fast))]
+            if bad:
+                path, what = bad[0]
+                more = f" (and {len(bad) - 1} more file(s) differ)" if len(bad) > 1 else ""
+                raise CopyDamaged(f"{p / path}: {what}{more}; re-run fetch to repair the copy"
+                                  " (with --verify checksums when only the content differs)")
+            matched += len(m.files)
             targets = sorted(p.rglob("*.safetensors"))
         for t in targets:
             with LocalReader(t) as r:
                 read_header(r)
             checked += 1
-    print(f"ok: {checked} safetensors file(s) valid")
+    what = "sizes" if args.fast else "sizes and recorded checksums"
+    print(f"ok: {matched} file(s) match their manifest ({what}); {checked} safetensors file(s) valid")
     return 0
 
 

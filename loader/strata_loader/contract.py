@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .paths import UnsafePathError, safe_relative_path
+
 MANIFEST_NAME = ".strata-manifest.json"
 """Written last, atomically, into DEST: its presence (and only its presence) means the copy is complete."""
 
@@ -113,9 +115,10 @@ class ShardOptions(BaseModel):
     @field_validator("output_subdir")
     @classmethod
     def _relative(cls, v: str) -> str:
-        if not v or v.startswith("/") or ".." in v.split("/"):
-            raise ValueError(f"output_subdir {v!r} must be a relative path inside DEST without '..'")
-        return v
+        try:
+            return safe_relative_path(v)
+        except UnsafePathError as e:
+            raise ValueError(f"output_subdir {e}; use a plain relative path inside DEST like 'sharded'") from None
 
 
 SourceKind = Literal["s3", "hf", "pvc", "local"]
@@ -152,8 +155,27 @@ class FetchRequest(BaseModel):
             raise ValueError(f"source {v!r}: expected hf://org/name")
         if kind == "pvc" and not re.match(r"^pvc://[a-z0-9][a-z0-9.\-]*(/.*)?$", v):
             raise ValueError(f"source {v!r}: expected pvc://claim[/path]")
+        if kind == "pvc" and (sub := v[len("pvc://") :].partition("/")[2].rstrip("/")):
+            try:  # the path is joined onto the claim's mount: it must not climb out to other claims
+                safe_relative_path(sub)
+            except UnsafePathError as e:
+                raise ValueError(f"source {v!r}: the path inside the claim {e}") from None
         if kind == "local" and not v.startswith("/"):
             raise ValueError(f"source {v!r}: use s3://, hf://, pvc:// or an absolute path")
+        return v
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _clean_globs(cls, v: list[str]) -> list[str]:
+        """Globs match clean relative paths only (the path rule in `paths`), so a glob that breaks the rule
+        can never match anything: it is a mistake or a probe, and it is refused rather than ignored."""
+        for g in v:
+            try:
+                safe_relative_path(g)
+            except UnsafePathError as e:
+                raise ValueError(
+                    f"glob {e}; globs match relative paths like '*.safetensors' or 'original/*'"
+                ) from None
         return v
 
     @field_validator("dest")

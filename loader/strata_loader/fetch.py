@@ -3,15 +3,18 @@
 Each file is written under a `.strata-partial` name; a small progress file beside it records how far the bytes
 are known to be contiguous, so a restarted Job continues there. A finished file is fsynced, verified, and
 renamed into place; the manifest comes after every file, so nothing half-done ever looks done.
+
+Every file in DEST is reached through `paths.DestDir`: relative paths are checked again (defence in depth: the
+catalog already refused unsafe ones) and no symlink inside DEST is ever followed.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,12 +26,14 @@ from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, 
 from .manifest import (
     Manifest,
     ManifestFile,
-    fsync_dir,
+    damage,
+    hash_file,
     manifest_checksums,
     read_manifest,
     remove_manifest,
     write_manifest,
 )
+from .paths import DestDir
 from .progress import Progress
 from .sources import RangeReader
 
@@ -46,20 +51,33 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
     files, revision = list_source(req)
     dest = Path(req.dest)
     dest.mkdir(parents=True, exist_ok=True)
+    with DestDir(dest) as tree:
+        return _fetch_into(tree, req, files, revision, t0, progress_mode)
+
+
+def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revision: str | None, t0: float,
+                progress_mode: str | None) -> FetchResult:
+    dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
+    damaged: dict[str, str] = {}
     if old is not None and old.same_copy(req.source, revision, wanted, [f.version for f in files]):
-        return _result(req, revision, old, dest, t0, resumed=old.bytes)
+        damaged = _damaged(tree, old, checksums=req.verify is VerifyMode.CHECKSUMS)
+        if not damaged:
+            return _result(req, revision, old, dest, t0, resumed=old.bytes)
+        for path, what in damaged.items():
+            print(f"strata-loader fetch: {dest / path}: {what}; fetching it again", file=sys.stderr, flush=True)
     remove_manifest(dest)
-    known = {f.path: f.version for f in old.files} if old is not None and old.source == req.source else {}
+    known = ({f.path: f.version for f in old.files if f.path not in damaged}
+             if old is not None and old.source == req.source else {})
 
-    states = [_FileState(f, dest, req.verify, req.block_size, known.get(f.relpath)) for f in files]
+    states = [_FileState(f, tree, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
     _check_space(dest, remaining)
     progress = Progress(sum(f.size for f in files), len(files), progress_mode)
     progress.add(sum(f.size for f in files) - remaining)
     try:
-        _copy_all(states, req, progress)
+        _copy_all(states, tree, req, progress)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise FetchError(
@@ -72,10 +90,11 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
     if req.shard:
         from .shard import shard_directory
 
+        tree.dir_fd(req.shard.output_subdir, create=True)  # refuses a link planted where the parts go
         shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size,
                         req.shard.max_part_bytes)
-    for d in {(dest / s.src.relpath).parent for s in states}:
-        fsync_dir(d)
+    for d in {s.src.relpath.rpartition("/")[0] for s in states}:
+        tree.fsync_dir(d)
     manifest = Manifest(
         source=req.source, revision=revision, bytes=sum(f.size for f in files),
         files=[ManifestFile(path=s.src.relpath, size=s.src.size, version=s.src.version, checksums=s.checksums)
@@ -83,8 +102,14 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
     )
     write_manifest(dest, manifest)
     for s in states:  # the manifest now vouches for every file: the per-file markers are done
-        s.marker.unlink(missing_ok=True)
+        tree.unlink(s.marker)
     return _result(req, revision, manifest, dest, t0, resumed=sum(s.resumed for s in states))
+
+
+def _damaged(tree: DestDir, m: Manifest, checksums: bool) -> dict[str, str]:
+    """The files of a complete copy that DEST no longer holds as the manifest recorded them: the manifest is
+    trusted only after every file is confirmed present with its size (and, with checksums, its content)."""
+    return {f.path: what for f in m.files if (what := damage(tree, f, checksums)) is not None}
 
 
 def _result(req: FetchRequest, revision: str | None, m: Manifest, dest: Path, t0: float,
@@ -109,27 +134,28 @@ def _check_space(dest: Path, needed: int) -> None:
 class _FileState:
     """One destination file: what is already there, the contiguous watermark, and completion."""
 
-    def __init__(self, src: SourceFile, dest: Path, verify: VerifyMode, block_size: int,
+    def __init__(self, src: SourceFile, tree: DestDir, verify: VerifyMode, block_size: int,
                  manifest_version: str | None) -> None:
-        self.src, self.verify = src, verify
+        self.src, self.tree, self.verify = src, tree, verify
         self.checkpoint_every = CHECKPOINT_BLOCKS * block_size
-        self.final = dest / src.relpath
-        self.partial = self.final.with_name(self.final.name + PARTIAL_SUFFIX)
-        self.marker = self.final.with_name(self.final.name + PROGRESS_SUFFIX)
+        self.final = src.relpath  # relative to DEST, like the two names beside it
+        self.partial = self.final + PARTIAL_SUFFIX
+        self.marker = self.final + PROGRESS_SUFFIX
         self.checksums = dict(src.checksums)
         self.lock = threading.Lock()
         self.ready: dict[int, int] = {}  # finished chunks past the watermark: offset -> length
         self.finished = 0
         self.start = 0
         self.complete = False
-        marker = _read_marker(self.marker)
+        marker = _read_marker(tree, self.marker)
         same_source = marker.get("version") == src.version
-        if (self.final.is_file() and self.final.stat().st_size == src.size
+        partial_size = tree.regular_size(self.partial)
+        if (tree.regular_size(self.final) == src.size
                 and (manifest_version == src.version or (same_source and marker.get("complete")))):
             self.complete = True  # renamed into place by an earlier run from the same source version
             self.start = src.size
-        elif self.partial.is_file() and same_source:
-            self.start = min(int(str(marker.get("contiguous_bytes", 0))), self.partial.stat().st_size, src.size)
+        elif partial_size is not None and same_source:
+            self.start = min(int(str(marker.get("contiguous_bytes", 0))), partial_size, src.size)
         self.resumed = self.start
         self.watermark = self.start
         self.checkpointed = self.start
@@ -139,21 +165,25 @@ class _FileState:
         return self.src.size - self.start
 
 
-def _read_marker(marker: Path) -> dict[str, object]:
+def _read_marker(tree: DestDir, marker: str) -> dict[str, object]:
+    if tree.regular_size(marker) is None:
+        return {}
     try:
-        data = json.loads(marker.read_text())
+        with open(tree.open(marker, os.O_RDONLY), "rb") as f:
+            data = json.loads(f.read())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def _write_marker(s: _FileState, **fields: object) -> None:
-    tmp = s.marker.with_name(s.marker.name + ".tmp")
-    tmp.write_text(json.dumps({"version": s.src.version, **fields}))
-    os.replace(tmp, s.marker)
+    tmp = s.marker + ".tmp"
+    with open(s.tree.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+        f.write(json.dumps({"version": s.src.version, **fields}))
+    s.tree.replace(tmp, s.marker)
 
 
-def _copy_all(states: list[_FileState], req: FetchRequest, progress: Progress) -> None:
+def _copy_all(states: list[_FileState], tree: DestDir, req: FetchRequest, progress: Progress) -> None:
     nbuf = max(1, min(req.memory_limit // req.block_size, 4 * req.concurrency))
     buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
     for _ in range(nbuf):
@@ -167,9 +197,8 @@ def _copy_all(states: list[_FileState], req: FetchRequest, progress: Progress) -
                     futures.append(ex.submit(_verify_file, s, s.final))
                 progress.file_done()
                 continue
-            s.final.parent.mkdir(parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_CREAT | (0 if s.start else os.O_TRUNC)
-            fd = os.open(s.partial, flags, 0o644)
+            fd = tree.open(s.partial, flags)
             bs = req.block_size
             chunks = [(o, min(bs, s.src.size - o)) for o in range(s.start, s.src.size, bs)]
             if not chunks:
@@ -234,26 +263,19 @@ def _complete(s: _FileState, fd: int, progress: Progress) -> None:
     if s.verify is VerifyMode.CHECKSUMS:
         _verify_file(s, s.partial)
     _write_marker(s, complete=True)  # before the rename: a whole file is always vouched for
-    os.replace(s.partial, s.final)
+    s.tree.replace(s.partial, s.final)
     progress.file_done()
 
 
-def _verify_file(s: _FileState, path: Path) -> None:
+def _verify_file(s: _FileState, path: str) -> None:
     """Hash what landed on disk; compare with what the source vouches for (HF blob SHA-256, S3 MD5 ETag)."""
-    hashers = {"sha256": hashlib.sha256()}
-    if "md5" in s.src.checksums:
-        hashers["md5"] = hashlib.md5()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 * 2**20)
-        mv = memoryview(buf)
-        while n := f.readinto(buf):
-            for h in hashers.values():
-                h.update(mv[:n])
-    for algo, h in hashers.items():
-        got = h.hexdigest()
+    algos = ["sha256", "md5"] if "md5" in s.src.checksums else ["sha256"]
+    with open(s.tree.open(path, os.O_RDONLY), "rb", buffering=0) as f:
+        digests = hash_file(f, algos)
+    for algo, got in digests.items():
         want = s.src.checksums.get(algo)
         if want and got != want:
-            path.unlink(missing_ok=True)
+            s.tree.unlink(path)
             raise FetchError(
                 f"{s.src.relpath}: {algo} {got} does not match the source's {want}; the copy was removed,"
                 " re-run to fetch it again"

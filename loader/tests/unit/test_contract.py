@@ -89,3 +89,35 @@ def test_garbage_termination_message_is_a_failure():
     res = FetchResult.from_termination_message("Traceback (most recent call last): ...")
     assert not res.succeeded
     assert "Traceback" in (res.error or "")
+
+
+@pytest.mark.parametrize("glob", ["../*", "a/../b", "/etc/*", "//x", "a\\*", "*\x00", "./x", "a//b", ""])
+@pytest.mark.parametrize("field", ["include", "exclude"])
+def test_globs_that_break_the_path_rule_are_refused(field, glob):
+    with pytest.raises(ValidationError, match="glob"):
+        FetchRequest(source="s3://bucket/p", dest="/d", **{field: ["*.json", glob]})
+    with pytest.raises(ValueError, match="glob"):
+        FetchRequest.parse_args(["fetch", "s3://bucket/p", "/d", f"--{field}", glob])
+
+
+@pytest.mark.parametrize("glob", ["*.safetensors", "original/*", "model-0000?-of-*.safetensors", "[!.]*", "**/x"])
+def test_ordinary_globs_are_accepted(glob):
+    assert FetchRequest(source="s3://bucket/p", dest="/d", include=[glob], exclude=[glob]).include == [glob]
+
+
+@pytest.mark.parametrize("source", ["pvc://claim/../other-claim", "pvc://claim/a/../../x", "pvc://claim//abs",
+                                    "pvc://claim/./x", "pvc://claim/a\\b"])
+def test_pvc_paths_that_climb_out_of_the_claim_are_refused(source):
+    with pytest.raises(ValidationError, match="inside the claim"):
+        FetchRequest(source=source, dest="/d")
+
+
+@pytest.mark.parametrize("source", ["pvc://claim", "pvc://claim/", "pvc://claim/llama", "pvc://claim/a/b/"])
+def test_plain_pvc_paths_are_accepted(source):
+    assert FetchRequest(source=source, dest="/d").source == source
+
+
+@pytest.mark.parametrize("subdir", ["../out", "/abs", "a/./b", "a//b", "", "a\\b"])
+def test_shard_output_subdir_follows_the_path_rule(subdir):
+    with pytest.raises(ValidationError, match="output_subdir"):
+        ShardOptions(tensor_parallel_size=2, output_subdir=subdir)
