@@ -1,171 +1,164 @@
-"""`make demo`: a real local control plane, the operator, Strata's samples, and what the operator made.
+"""`make demo`: Strata on a real node, end to end, with timings.
 
-Steps: start etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on loopback,
-install the CRDs, add fake GPU nodes (kwok), run `strata-operator run` as a real process, apply every
-sample in samples/, print the children and status the operator produced, then stop everything.
+Steps: build (once) and load the images; start a control plane and one real node (containerd, kubelet,
+kube-proxy, CoreDNS) on this machine; `helm install` the chart, so the operator runs as a pod; put a generated
+safetensors model into an S3 server the pods reach; a ModelCache preloads it into a ReadWriteMany claim and a
+consumer pod reads every tensor back bit for bit; a KVCacheTier runs its server on the node and a client pod
+round-trips chunks through the Service's DNS name; then everything stops and is swept.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
 
-from strata_operator.api.registry import all_crds  # noqa: E402
-from strata_testsupport.localcluster import LocalCluster  # noqa: E402
-from strata_testsupport.localcluster.cluster import free_port  # noqa: E402
-from strata_testsupport.cluster import install_crds  # noqa: E402
-from strata_testsupport.kube import create_fake_node, new_dynamic_client, resource  # noqa: E402
+from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # noqa: E402
+from strata_testsupport.localcluster.node import NODE_IP, NODE_NAME, RealNode, node_images_archive  # noqa: E402
+from strata_testsupport.pods import (  # noqa: E402
+    API,
+    KV_CLIENT,
+    STATIC_CLASS,
+    TENSOR_DIGESTS,
+    TOKEN,
+    kv_tier_spec,
+    model_cache,
+    run_pod,
+    s3_secret,
+    static_volume,
+    upload_model,
+    wait_phase,
+)
+from strata_testsupport.realnode import install_strata, pod_security_namespace  # noqa: E402
+from strata_testsupport.s3 import running_s3_server  # noqa: E402
 
-CHILD_KINDS = [
-    ("batch/v1", "Job"),
-    ("v1", "PersistentVolumeClaim"),
-    ("apps/v1", "DaemonSet"),
-    ("v1", "ConfigMap"),
-    ("v1", "Service"),
-    ("v1", "Pod"),
-]
+NAMESPACE_LEVEL = "restricted"
+MODEL = "tiny-llm"
+TIER = "kv"
 
 
 def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
-def apply_samples(client: Any, namespace: str) -> list[dict[str, Any]]:
-    applied = []
-    for path in sorted((REPO / "samples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            doc.setdefault("metadata", {})["namespace"] = namespace
-            api = resource(client, doc["apiVersion"], doc["kind"])
-            api.server_side_apply(
-                body=doc,
-                name=doc["metadata"]["name"],
-                namespace=namespace,
-                field_manager="strata-demo",
-                force_conflicts=True,
-            )
-            print(f"applied {doc['kind']}/{doc['metadata']['name']} from samples/{path.name}")
-            applied.append(doc)
-    return applied
+def step(what: str, started: float) -> None:
+    print(f"  {what}: {time.monotonic() - started:.1f}s", flush=True)
 
 
-def show_children(client: Any, namespace: str) -> None:
-    for api_version, kind in CHILD_KINDS:
-        items = resource(client, api_version, kind).get(namespace=namespace).items
-        managed = [
-            i
-            for i in items
-            if (i.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "strata" or kind == "Pod"
-        ]
-        for item in managed:
-            owners = ",".join(f"{o.kind}/{o.name}" for o in (item.metadata.ownerReferences or []))
-            print(f"  {kind:<22} {item.metadata.name:<48} owner={owners or '-'}")
+def preload(client: Any, namespace: str, s3: Any) -> None:
+    banner("ModelCache (SharedPVC) preloads a model from S3; a consumer pod reads it back")
+    bucket = s3.create_bucket("models")
+    started = time.monotonic()
+    digests = upload_model(s3, bucket, MODEL, files=4, tensor_bytes=32 << 20)
+    step(f"uploaded a generated model ({len(digests)} tensors, ~256 MiB) to {s3.endpoint_url}", started)
+    s3_secret(client, namespace, "s3-credentials", s3.access_key, s3.secret_key)
+    static_volume(client, namespace, f"{MODEL}-model")
+    spec = {
+        "source": {
+            "uri": f"s3://{bucket}/{MODEL}",
+            "credentials": {"secretRef": {"name": "s3-credentials"}},
+            "s3": {"endpoint": s3.endpoint_url, "region": s3.region},
+        },
+        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "storageClassName": STATIC_CLASS}},
+        "preload": {"verify": "checksums"},
+    }
+    started = time.monotonic()
+    model_cache(client, namespace, MODEL, spec)
+    status = wait_phase(client, namespace, MODEL, {"Ready", "Degraded", "Failed"}, timeout=600)
+    step(f"kubectl apply -> {status['phase']} ({status.get('size')}, {status.get('totalFiles')} files)", started)
+    if status["phase"] != "Ready":
+        raise SystemExit(f"the cache did not become Ready: {status.get('conditions')}")
+    print("  status.volume:", json.dumps(status["volume"]))
+    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
+    started = time.monotonic()
+    out = run_pod(
+        client,
+        namespace,
+        "consumer",
+        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
+        volumes=[volume],
+        container={"volumeMounts": [mount]},
+        timeout=300,
+    )
+    same = json.loads(out.strip().splitlines()[-1]) == digests
+    step(f"consumer pod read {len(digests)} tensors, bit for bit {'equal' if same else 'DIFFERENT'}", started)
+    if not same:
+        raise SystemExit("the consumer read different bytes")
 
 
-def show_status(client: Any, namespace: str, applied: list[dict[str, Any]]) -> None:
-    for doc in applied:
-        if not doc["apiVersion"].startswith("strata.dev/"):
-            continue
-        obj = resource(client, doc["apiVersion"], doc["kind"]).get(name=doc["metadata"]["name"], namespace=namespace)
-        status = obj.to_dict().get("status") or {}
-        conditions = ", ".join(f"{c['type']}={c['status']}({c['reason']})" for c in status.get("conditions", []))
-        print(f"  {doc['kind']}/{doc['metadata']['name']}: phase={status.get('phase', '-')} {conditions}")
-        if status.get("volume"):
-            print("    volume for serving pods: " + json.dumps(status["volume"]))
+def kv_round_trip(client: Any, namespace: str) -> None:
+    banner("KVCacheTier: a server on the node, chunks through the Service's DNS name")
+    resource(client, "v1", "Secret").create(
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-token"}, "stringData": {"token": TOKEN}},
+    )
+    claim = f"{TIER}-l2"
+    static_volume(client, namespace, claim)
+    resource(client, "v1", "PersistentVolumeClaim").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": STATIC_CLASS,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    started = time.monotonic()
+    resource(client, API, "KVCacheTier").create(
+        namespace=namespace,
+        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": TIER}, "spec": kv_tier_spec(claim)},
+    )
 
+    def ready() -> bool:
+        status = resource(client, API, "KVCacheTier").get(name=TIER, namespace=namespace).to_dict().get("status")
+        return bool(status and status.get("readyInstances") == 1)
 
-def show_connection(client: Any, namespace: str, applied: list[dict[str, Any]]) -> None:
-    """The `<tier>-connection` ConfigMap: what a vLLM pod passes as --kv-transfer-config, and its env."""
-    for doc in applied:
-        if doc["kind"] != "KVCacheTier":
-            continue
-        name = f"{doc['metadata']['name']}-connection"
-        configmap = resource(client, "v1", "ConfigMap").get(name=name, namespace=namespace)
-        for key, value in (configmap.data or {}).items():
-            print(f"  {name}[{key}]: {value}")
-
-
-def wait_for_status(client: Any, namespace: str, applied: list[dict[str, Any]], operator: Any) -> None:
-    """Wait (up to a minute) until every Strata resource has conditions, or the operator exits."""
-    deadline = time.monotonic() + 60
-    strata = [d for d in applied if d["apiVersion"].startswith("strata.dev/")]
-    while time.monotonic() < deadline and operator.poll() is None:
-        pending = [
-            d
-            for d in strata
-            if not (
-                resource(client, d["apiVersion"], d["kind"])
-                .get(name=d["metadata"]["name"], namespace=namespace)
-                .to_dict()
-                .get("status")
-                or {}
-            ).get("conditions")
-        ]
-        if not pending:
-            return
-        time.sleep(1)
+    wait_for(ready, timeout=300, interval=1, what="the KV server pod")
+    step("kubectl apply -> server pod ready on the node", started)
+    env = {
+        "envFrom": [{"configMapRef": {"name": f"{TIER}-connection"}}],
+        "env": [{"name": "KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-token", "key": "token"}}}],
+    }
+    for mode in ("write", "read"):
+        started = time.monotonic()
+        out = json.loads(
+            run_pod(client, namespace, f"kv-{mode}", ["python", "-c", KV_CLIENT, mode, "40"], container=env)
+            .strip()
+            .splitlines()[-1]
+        )
+        hits = sum(1 for k, v in out.items() if k.startswith("chunk-") and v)
+        what = "wrote 40 chunks of 256 KiB" if mode == "write" else f"read back {hits}/40 chunks intact"
+        step(f"client pod {what} via {out['host']}", started)
 
 
 def main() -> int:
+    banner("Images (built once from a local Debian base, no registry)")
     started = time.monotonic()
-    banner("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)")
-    with LocalCluster() as cluster:
-        print(
-            f"API server {cluster.server} ready in {time.monotonic() - started:.1f}s; kubeconfig {cluster.kubeconfig}"
-        )
-        client = new_dynamic_client(str(cluster.kubeconfig))
-        install_crds(client, all_crds())
-        print("CRDs installed: " + ", ".join(c["metadata"]["name"] for c in all_crds()))
-        for index in range(2):
-            create_fake_node(client, f"gpu-node-{index}", labels={"nvidia.com/gpu.present": "true"})
-        print("fake GPU nodes (kwok): gpu-node-0, gpu-node-1")
-        resource(client, "v1", "Namespace").create(
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}
-        )
-
-        banner("running the operator: strata-operator run")
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-        log = (cluster.workdir / "operator.log").open("wb")
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "strata_operator.cli", "run", f"--liveness=http://127.0.0.1:{free_port()}/healthz"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            applied = apply_samples(client, "demo")
-            wait_for_status(client, "demo", applied, operator)
-            banner("what the operator created in namespace demo")
-            show_children(client, "demo")
-            banner("status")
-            show_status(client, "demo", applied)
-            print(
-                "  (no kubelet runs here: kwok marks pods running and Job pods complete without running the\n"
-                "   loader, so NodeLocal caches cannot verify a result and say so; no storage provisioner\n"
-                "   binds the shared PVC, so SharedPVC stays Preloading)"
-            )
-            banner("vLLM connection info")
-            show_connection(client, "demo", applied)
-        finally:
-            operator.terminate()
-            operator.wait(20)
-            log.close()
-            if operator.returncode not in (0, -15):
-                print((cluster.workdir / "operator.log").read_text()[-4000:])
-                raise SystemExit(f"the operator exited with {operator.returncode}")
-        banner("stopping the control plane")
-    print(f"demo finished in {time.monotonic() - started:.1f}s; everything stopped and removed")
+    images = node_images_archive()
+    step(f"{images.name}", started)
+    banner(f"A control plane and one real node ({NODE_NAME} at {NODE_IP}, reachable only from this machine)")
+    started = time.monotonic()
+    with RealNode(images) as node:
+        step(f"node Ready ({', '.join(f'{k} {v}s' for k, v in node.timings.items())})", started)
+        client = new_dynamic_client(str(node.kubeconfig))
+        banner("helm install charts/strata: the operator runs as a pod from its image")
+        print(f"  operator pod ready after {install_strata(node, client)}s")
+        with running_s3_server(host=NODE_IP) as s3:
+            for namespace in pod_security_namespace(client, NAMESPACE_LEVEL):
+                print(f"  namespace {namespace} enforces Pod Security '{NAMESPACE_LEVEL}'")
+                preload(client, namespace, s3)
+                kv_round_trip(client, namespace)
+        banner("Stopping")
+    print("  control plane, node, pods, mounts, bridge and iptables chains removed")
     return 0
 
 

@@ -11,39 +11,19 @@ import time
 import pytest
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME
-
-from .support import API, RUNTIME_UID, STATIC_CLASS, run_pod, static_volume, unique
+from strata_testsupport.pods import (
+    API,
+    KV_CLIENT,
+    RUNTIME_UID,
+    STATIC_CLASS,
+    TOKEN,
+    kv_tier_spec,
+    run_pod,
+    static_volume,
+    unique,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
-TOKEN = "a-token-of-more-than-sixteen-bytes"
-
-# Run in a client pod: the connection ConfigMap's URL, the token from the Secret, chunks written or read back.
-KV_CLIENT = """
-import hashlib, json, os, sys, urllib.parse
-from strata_kv.client import KVClient
-url = urllib.parse.urlparse(os.environ["STRATA_KV_URL"])
-mode, count = sys.argv[1], int(sys.argv[2])
-with KVClient(url.hostname, url.port, token=os.environ["KV_TOKEN"], timeout=20) as kv:
-    result = {"host": url.hostname}
-    for i in range(count):
-        key = f"chunk-{i:04d}".encode()
-        value = hashlib.sha256(key).digest() * 8192  # 256 KiB
-        if mode == "write":
-            kv.set(key, value)
-        else:
-            result[key.decode()] = kv.get(key) == value
-print(json.dumps(result))
-"""
-
-
-def tier_spec(claim: str) -> dict:
-    return {
-        "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
-        "l1": {"size": "64Mi"},
-        "l2": {"fs": {"pvc": {"claimName": claim}, "capacity": "512Mi"}},
-        "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
-        "resources": {"requests": {"cpu": "50m"}},
-    }
 
 
 def client_pod(node_k8s, namespace: str, tier: str, name: str, mode: str, count: int) -> dict:
@@ -102,7 +82,7 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(
     started = time.monotonic()
     resource(node_k8s, API, "KVCacheTier").create(
         namespace=namespace,
-        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(claim)},
+        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": kv_tier_spec(claim)},
     )
     first = ready_server(node_k8s, namespace, tier)
     print(f"KVCacheTier apply -> server ready: {time.monotonic() - started:.1f}s")

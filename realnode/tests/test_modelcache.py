@@ -6,12 +6,15 @@ with the loader's own one-line reason, and nothing half-written is marked Ready.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
-from strata_testsupport.kube import resource
-
-from .support import (
+from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
+from strata_testsupport.pods import (
+    API,
+    RUNTIME_UID,
     STATIC_CLASS,
     TENSOR_DIGESTS,
     cache_status,
@@ -96,3 +99,54 @@ def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(
     assert condition(status, "Ready").get("status") != "True"
     assert not (path / ".strata-manifest.json").exists(), "a failed copy must never look complete"
     assert cache_status(node_k8s, namespace, name)["phase"] != "Ready"
+
+
+def test_node_local_copy_lands_on_the_node_is_labelled_and_is_removed_with_the_cache(
+    node_k8s, node_operator, node_s3, privileged_namespace
+):
+    namespace, name = privileged_namespace, unique("local")
+    bucket = node_s3.create_bucket()
+    digests = upload_model(node_s3, bucket, "tiny", files=1)
+    s3_secret(node_k8s, namespace, "s3", node_s3.access_key, node_s3.secret_key)
+    root = WORK_DIR / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chown(root, RUNTIME_UID, RUNTIME_UID)
+    spec = shared_spec(node_s3, bucket, "tiny", "s3")
+    spec["storage"] = {
+        "mode": "NodeLocal",
+        "nodeLocal": {"path": str(root), "nodeSelector": {"kubernetes.io/hostname": NODE_NAME}},
+    }
+    model_cache(node_k8s, namespace, name, spec)
+
+    status = wait_phase(node_k8s, namespace, name, {"Ready", "Degraded", "Failed"})
+    assert status["phase"] == "Ready", status
+    copy = root / namespace / name
+    assert sorted(p.name for p in copy.iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        "model-00001-of-00001.safetensors",
+    ]
+    label = status["nodeLabel"] if "nodeLabel" in status else next(iter(status["volume"]["nodeSelector"]))
+    node = resource(node_k8s, "v1", "Node").get(name=NODE_NAME)
+    assert node.metadata.labels[label] == "Ready"
+
+    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
+    out = run_pod(
+        node_k8s,
+        namespace,
+        "consumer",
+        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
+        volumes=[volume],
+        nodeSelector=status["volume"]["nodeSelector"],
+        container={"volumeMounts": [mount]},
+    )
+    assert json.loads(out.strip().splitlines()[-1]) == digests
+
+    resource(node_k8s, API, "ModelCache").delete(name=name, namespace=namespace)
+    wait_for(
+        lambda: not resource(node_k8s, API, "ModelCache").get(namespace=namespace).items,
+        timeout=180,
+        interval=1,
+        what="the cache to be deleted after its clean-up Job",
+    )
+    assert not copy.exists(), "the clean-up Job removes the node's copy"
+    assert label not in (resource(node_k8s, "v1", "Node").get(name=NODE_NAME).metadata.labels or {})

@@ -13,7 +13,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,7 @@ from strata_testsupport.localcluster.node import node_images_archive as build_no
 from strata_testsupport.s3 import S3Server, running_s3_server
 
 RELEASE_NAMESPACE = "strata-system"
-RESTRICTED = {
-    "pod-security.kubernetes.io/enforce": "restricted",
-    "pod-security.kubernetes.io/enforce-version": "latest",
-}
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
 @pytest.fixture(scope="session")
@@ -65,10 +61,11 @@ def node_s3_checking_credentials(real_node: RealNode) -> Iterator[S3Server]:
 
 
 def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str]:
+    """The Helm CLI built here, against the real node's cluster, with homes of its own (nothing leaks in)."""
     binary = helm_path()
     if not os.access(binary, os.X_OK):
-        missing(f"no Helm CLI at {binary}: run `bash hack/build-helm.sh`")
-    home = real_node.cluster.workdir / "helm" if real_node.cluster else Path("/tmp")
+        raise NodeUnavailable(f"no Helm CLI at {binary}: run `bash hack/build-helm.sh`")
+    home = real_node.kubeconfig.parent / "helm"
     env = {
         **os.environ,
         "KUBECONFIG": str(real_node.kubeconfig),
@@ -79,25 +76,27 @@ def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str
     return subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.fixture(scope="session")
-def node_operator(real_node: RealNode, node_k8s: DynamicClient) -> Iterator[dict[str, Any]]:
-    """`helm install` of charts/strata: the operator runs as a pod from its image, with only the chart's RBAC."""
+def install_strata(real_node: RealNode, client: DynamicClient) -> float:
+    """`helm install` of charts/strata with its defaults; returns the seconds until the operator pod is ready."""
     started = time.monotonic()
     result = helm_cli(
         real_node,
-        "install",
-        "strata",
-        str(CHART),
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "180s",
+        *("install", "strata", str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace"),
+        *("--wait", "--timeout", "180s"),
     )
     if result.returncode != 0:
-        raise AssertionError(f"helm install failed:\n{result.stderr}\n{operator_diagnostics(real_node, node_k8s)}")
-    yield {"namespace": RELEASE_NAMESPACE, "seconds": round(time.monotonic() - started, 1)}
+        raise AssertionError(f"helm install failed:\n{result.stderr}\n{operator_diagnostics(real_node, client)}")
+    return round(time.monotonic() - started, 1)
+
+
+@pytest.fixture(scope="session")
+def node_operator(real_node: RealNode, node_k8s: DynamicClient) -> Iterator[dict[str, Any]]:
+    """The operator as a pod from its image, with only the chart's RBAC."""
+    try:
+        seconds = install_strata(real_node, node_k8s)
+    except NodeUnavailable as error:
+        missing(str(error))
+    yield {"namespace": RELEASE_NAMESPACE, "seconds": seconds}
     helm_cli(real_node, "uninstall", "strata", "--namespace", RELEASE_NAMESPACE, "--wait", "--timeout", "120s")
 
 
@@ -107,19 +106,30 @@ def operator_diagnostics(real_node: RealNode, client: DynamicClient) -> str:
     return "\n".join(states) + "\nkubelet:\n" + real_node.logs("kubelet", 30)
 
 
-@pytest.fixture
-def restricted_namespace(node_k8s: DynamicClient) -> Iterator[str]:
-    """A fresh namespace enforcing Pod Security `restricted`, deleted (and waited for) afterwards."""
+def pod_security_namespace(client: DynamicClient, level: str) -> Iterator[str]:
+    """A fresh namespace enforcing Pod Security `level`, deleted (and waited for) afterwards."""
     name = f"rn-{uuid.uuid4().hex[:8]}"
-    namespaces = resource(node_k8s, "v1", "Namespace")
-    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}})
+    labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}
+    namespaces = resource(client, "v1", "Namespace")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
     wait_for(
-        lambda: bool(resource(node_k8s, "v1", "ServiceAccount").get(name="default", namespace=name)),
+        lambda: bool(resource(client, "v1", "ServiceAccount").get(name="default", namespace=name)),
         timeout=60,
         what="the namespace's default service account",
     )
     yield name
     namespaces.delete(name=name)
+
+
+@pytest.fixture
+def restricted_namespace(node_k8s: DynamicClient) -> Iterator[str]:
+    yield from pod_security_namespace(node_k8s, "restricted")
+
+
+@pytest.fixture
+def privileged_namespace(node_k8s: DynamicClient) -> Iterator[str]:
+    """For what the design cannot run restricted: NodeLocal's hostPath (documented in the README)."""
+    yield from pod_security_namespace(node_k8s, "privileged")
 
 
 __all__ = ["NODE_IP", "NODE_NAME", "RESTRICTED"]

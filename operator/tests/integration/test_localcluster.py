@@ -69,7 +69,9 @@ def test_components_die_when_their_owner_is_killed(binaries_available: None, tmp
         "print(json.dumps({'pids': [p.process.pid for p in c.processes], 'workdir': str(c.workdir)}), flush=True)\n"
         "time.sleep(600)\n"
     )
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    support = Path(__file__).resolve().parents[3] / "testsupport"  # pytest's pythonpath is not a child's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(support), os.environ.get("PYTHONPATH")]))}
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     try:
         started = json.loads(owner.stdout.readline())  # type: ignore[union-attr]
     finally:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.dynamic import DynamicClient
+
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
 
@@ -209,3 +210,35 @@ def wait_phase(client: DynamicClient, namespace: str, name: str, phases: set[str
             return status
         time.sleep(1)
     raise AssertionError(f"ModelCache {namespace}/{name} not in {phases} after {timeout:.0f}s: {status}")
+
+
+TOKEN = "a-token-of-more-than-sixteen-bytes"
+
+# Run in a client pod: the connection ConfigMap's URL, the token from the Secret, chunks written or read back.
+KV_CLIENT = """
+import hashlib, json, os, sys, urllib.parse
+from strata_kv.client import KVClient
+url = urllib.parse.urlparse(os.environ["STRATA_KV_URL"])
+mode, count = sys.argv[1], int(sys.argv[2])
+with KVClient(url.hostname, url.port, token=os.environ["KV_TOKEN"], timeout=20) as kv:
+    result = {"host": url.hostname}
+    for i in range(count):
+        key = f"chunk-{i:04d}".encode()
+        value = hashlib.sha256(key).digest() * 8192  # 256 KiB
+        if mode == "write":
+            kv.set(key, value)
+        else:
+            result[key.decode()] = kv.get(key) == value
+print(json.dumps(result))
+"""
+
+
+def kv_tier_spec(claim: str) -> dict[str, Any]:
+    """A small tier pinned to the real node: 64 MiB of L1 before an L2 on an existing RWX claim, with auth."""
+    return {
+        "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+        "l1": {"size": "64Mi"},
+        "l2": {"fs": {"pvc": {"claimName": claim}, "capacity": "512Mi"}},
+        "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
+        "resources": {"requests": {"cpu": "50m"}},
+    }
