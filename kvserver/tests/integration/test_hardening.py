@@ -1,0 +1,69 @@
+"""Hostile and careless clients against a real server: memory, slots and time stay bounded.
+
+Memory is the server process's resident set (psutil), sampled after a PING on another connection
+has come back, so the server has handled everything sent before it.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import psutil
+import pytest
+from strata_testsupport.kvserver import KVServerProcess
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024**2
+HUGE_SET = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n"  # announces a 512 MiB value
+
+
+def cmd(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def connect(server: KVServerProcess, timeout: float = 20) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+
+
+def recv_line(sock: socket.socket) -> bytes:
+    out = b""
+    while not out.endswith(b"\r\n"):
+        c = sock.recv(1)
+        if not c:
+            break
+        out += c
+    return out
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def rss_after_sync(server: KVServerProcess, prelude: bytes = b"") -> int:
+    """Resident bytes of the server once it answered a PING sent after everything else."""
+    with connect(server) as s:
+        s.sendall(prelude + cmd(b"PING"))
+        while not recv_line(s).startswith(b"+PONG"):
+            pass
+    assert server.process is not None
+    return int(psutil.Process(server.process.pid).memory_info().rss)
+
+
+# -- F2: announced sizes are claims, not allocations ------------------------------------------------
+def test_announced_huge_values_cost_only_what_arrives(kv_server_factory) -> None:
+    server = kv_server_factory({"metrics": {"port": -1}}, l2_fs=False)
+    base = rss_after_sync(server)
+    socks = [connect(server) for _ in range(6)]
+    for s in socks:
+        s.sendall(HUGE_SET + b"x" * MiB)
+    held = rss_after_sync(server)
+    for s in socks:
+        s.close()
+    after = rss_after_sync(server)
+    assert held - base < 64 * MiB, f"6 announced 512 MiB values took {(held - base) // MiB} MiB"
+    assert after - base < 64 * MiB, f"{(after - base) // MiB} MiB still held after the connections closed"
+
