@@ -88,6 +88,19 @@ class RequestParser:
                 self._buf.extend(bytes(short))
         return memoryview(self._buf)[self._end :]
 
+    def release(self) -> None:
+        """Drop every buffer and any half-received command (the connection is gone).
+
+        Freeing them here, not when the parser object dies, matters: a closed connection can stay
+        reachable for a while (a cancelled task's traceback points back at it) and the cyclic
+        collector runs on object counts, not bytes, so a half-sent 512 MiB value could outlive it.
+        """
+        self._buf = bytearray()
+        self._pos = self._end = 0
+        self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
+        self._big, self._big_filled, self._big_size = None, 0, 0
+        self._crlf_pending = False
+
     def _grow_big(self) -> None:
         """Make room for the next bytes of a large value: the buffer doubles as bytes arrive.
 

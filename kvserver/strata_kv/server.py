@@ -117,11 +117,20 @@ class RespConnection(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection and give its memory back now.
+
+        The command task's frame refers to this object; once cancelled, its traceback does too, so
+        holding the task here would make a cycle only the cyclic collector frees, and that runs on
+        object counts, not bytes. Dropping the task and the parser's buffers breaks it.
+        """
         self.server.connections.discard(self)
         if self.session is not None:
             self.server.state.sessions.pop(self.session.id, None)
         if self.task is not None:
             self.task.cancel()
+            self.task = None
+        self.queue.clear()
+        self.parser.release()
         self.can_write.set()
 
     def pause_writing(self) -> None:

@@ -67,3 +67,17 @@ def test_announced_huge_values_cost_only_what_arrives(kv_server_factory) -> None
     assert held - base < 64 * MiB, f"6 announced 512 MiB values took {(held - base) // MiB} MiB"
     assert after - base < 64 * MiB, f"{(after - base) // MiB} MiB still held after the connections closed"
 
+
+def test_closed_connections_give_their_buffers_back(kv_server_factory) -> None:
+    """Half-sent large values, connections that lived through a few collections, then went away."""
+    server = kv_server_factory({"metrics": {"port": -1}}, l2_fs=False)
+    base = rss_after_sync(server)
+    socks = [connect(server) for _ in range(6)]
+    for s in socks:
+        s.sendall(HUGE_SET)
+        s.sendall(b"x" * 48 * MiB)
+    rss_after_sync(server, prelude=cmd(b"PING") * 20_000)  # enough allocations to age the connections
+    for s in socks:
+        s.close()
+    after = rss_after_sync(server)
+    assert after - base < 100 * MiB, f"{(after - base) // MiB} MiB still held after 6 closed connections"
