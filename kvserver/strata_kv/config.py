@@ -223,6 +223,17 @@ class LimitsConfig(_Model):
         default=1024**3,
         description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
     )
+    max_unauthenticated_bulk: ByteSize = Field(
+        default=16 * 1024,
+        ge=1,
+        description="With auth on: largest argument a connection may send before AUTH succeeds",
+    )
+    max_unauthenticated_args: int = Field(
+        default=10,
+        ge=1,
+        description="With auth on: most arguments in one request before AUTH succeeds "
+        "(HELLO 3 AUTH user pass SETNAME name is 7)",
+    )
 
 
 class MetricsConfig(_Model):

@@ -59,6 +59,19 @@ class RequestParser:
         self._big_filled = 0
         self._big_size = 0  # the announced length of `_big`'s value; the buffer grows towards it
         self._crlf_pending = False
+        self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
+
+    def limit_until_authenticated(self, max_bulk: int, max_args: int) -> None:
+        """Refuse bulks and multibulks above these sizes until `authenticated` is called.
+
+        A client that has not proven it knows the token has no business announcing large requests;
+        the errors are Redis's own for the same rule.
+        """
+        self._pre_auth = (max_bulk, max_args)
+
+    def authenticated(self) -> None:
+        """The client authenticated: only the configured limits apply from now on."""
+        self._pre_auth = None
 
     @property
     def buffered(self) -> int:
@@ -149,6 +162,8 @@ class RequestParser:
             n = None
         if n is None or not raw.lstrip(b"-").isdigit() or len(raw) > 20:
             raise ProtocolError(f"Protocol error: invalid {what} length")
+        if self._pre_auth is not None and n > self._pre_auth[0 if what == "bulk" else 1]:
+            raise RequestTooLarge(f"Protocol error: unauthenticated {what} length")
         if n > limit:
             if what == "bulk":
                 raise RequestTooLarge(

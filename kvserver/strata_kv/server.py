@@ -48,6 +48,9 @@ class RespConnection(asyncio.BufferedProtocol):
         self.broken = False
         self.idle = True  # the command task is waiting, not in the middle of a command
         self.task: asyncio.Task[None] | None = None
+        self.pre_auth = server.state.token is not None  # parsing under the pre-AUTH limits
+        if self.pre_auth:
+            self.parser.limit_until_authenticated(limits.max_unauthenticated_bulk, limits.max_unauthenticated_args)
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -76,8 +79,13 @@ class RespConnection(asyncio.BufferedProtocol):
         self.parser.buffer_updated(nbytes)
         self._parse()
 
+    def _depth(self) -> int:
+        """Commands parsed ahead of execution. One before AUTH: what follows AUTH in the same read
+        must be parsed under the authenticated limits, so it waits until AUTH has run."""
+        return 1 if self.pre_auth else self.server.cfg.limits.max_pipeline_depth
+
     def _parse(self) -> None:
-        depth = self.server.cfg.limits.max_pipeline_depth
+        depth = self._depth()
         try:
             while len(self.queue) < depth:
                 cmd = self.parser.get_command()
@@ -176,7 +184,10 @@ class RespConnection(asyncio.BufferedProtocol):
                     await self.can_write.wait()
                     if transport.is_closing():
                         return
-                if self.reading_paused and len(self.queue) < self.server.cfg.limits.max_pipeline_depth // 2:
+                if self.pre_auth and session.authenticated:
+                    self.pre_auth = False
+                    self.parser.authenticated()
+                if self.reading_paused and len(self.queue) < max(1, self._depth() // 2):
                     self.reading_paused = False
                     transport.resume_reading()
                     self._parse()

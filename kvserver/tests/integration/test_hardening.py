@@ -81,3 +81,39 @@ def test_closed_connections_give_their_buffers_back(kv_server_factory) -> None:
         s.close()
     after = rss_after_sync(server)
     assert after - base < 100 * MiB, f"{(after - base) // MiB} MiB still held after 6 closed connections"
+
+
+TOKEN = b"a-token-of-32-bytes-for-the-test"
+
+
+def auth_server(factory, tmp_path, config: dict | None = None) -> KVServerProcess:
+    token = tmp_path / "token"
+    token.write_bytes(TOKEN + b"\n")
+    return factory({"auth": {"token_file": str(token)}, "metrics": {"port": -1}, **(config or {})}, l2_fs=False)
+
+
+def test_before_auth_a_connection_cannot_announce_large_requests(kv_server_factory, tmp_path) -> None:
+    server = auth_server(kv_server_factory, tmp_path)
+    login = cmd(b"AUTH", TOKEN)
+    base = rss_after_sync(server, prelude=login)
+    for request, error in ((HUGE_SET, b"bulk"), (b"*100000\r\n", b"multibulk")):
+        for _ in range(6):
+            with connect(server) as s:
+                s.sendall(request)
+                assert recv_line(s) == b"-ERR Protocol error: unauthenticated %s length\r\n" % error
+                assert closed_by_server(s)
+    assert rss_after_sync(server, prelude=login) - base < 32 * MiB
+
+
+def test_what_follows_auth_in_one_read_gets_the_authenticated_limits(kv_server_factory, tmp_path) -> None:
+    server = auth_server(kv_server_factory, tmp_path)
+    value = b"v" * MiB
+    with connect(server) as s:
+        s.sendall(cmd(b"AUTH", TOKEN) + cmd(b"SET", b"k", value) + cmd(b"GET", b"k"))
+        assert recv_line(s) == b"+OK\r\n"
+        assert recv_line(s) == b"+OK\r\n"
+        assert recv_line(s) == b"$%d\r\n" % len(value)
+        got = b""
+        while len(got) < len(value) + 2:
+            got += s.recv(len(value) + 2 - len(got))
+        assert got == value + b"\r\n"

@@ -216,3 +216,25 @@ def test_growing_value_buffers_end_at_the_exact_size(size: int) -> None:
     got = p.get_command()
     assert got is not None and got[2] == value and len(got[2]) == size
     assert p.get_command() is None and p.buffered == 0
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "message"),
+    [
+        (b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n", "unauthenticated bulk length"),
+        (b"*1000\r\n", "unauthenticated multibulk length"),
+    ],
+)
+def test_limits_before_authentication(request_bytes: bytes, message: str) -> None:
+    p = resp.RequestParser()
+    p.limit_until_authenticated(max_bulk=16384, max_args=10)
+    with pytest.raises(resp.RequestTooLarge, match=message):
+        p.feed(request_bytes)
+        p.get_command()
+    p = resp.RequestParser()
+    p.limit_until_authenticated(max_bulk=16384, max_args=10)
+    p.feed(resp.command("AUTH", "x" * 16384))
+    assert p.get_command() == [b"AUTH", b"x" * 16384]
+    p.authenticated()
+    p.feed(request_bytes)
+    assert p.get_command() is None  # within the configured limits: waits for the rest
