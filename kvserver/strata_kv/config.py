@@ -223,6 +223,11 @@ class LimitsConfig(_Model):
         default=1024**3,
         description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
     )
+    max_output_buffer: ByteSize = Field(
+        default=1024**3,
+        description="Most reply bytes one connection may have pending; a reply past it closes the connection "
+        "(Redis' client-output-buffer-limit, hard). 0 = no limit",
+    )
     max_unauthenticated_bulk: ByteSize = Field(
         default=16 * 1024,
         ge=1,
@@ -234,6 +239,16 @@ class LimitsConfig(_Model):
         description="With auth on: most arguments in one request before AUTH succeeds "
         "(HELLO 3 AUTH user pass SETNAME name is 7)",
     )
+
+    @model_validator(mode="after")
+    def _largest_value_fits_the_output_buffer(self) -> LimitsConfig:
+        if self.max_output_buffer and self.max_output_buffer < self.max_value_size:
+            raise ValueError(
+                f"limits.max_output_buffer ({self.max_output_buffer}) is below limits.max_value_size "
+                f"({self.max_value_size}): a GET of the largest value would close the connection; "
+                "raise it, or set 0 for no limit"
+            )
+        return self
 
 
 class MetricsConfig(_Model):

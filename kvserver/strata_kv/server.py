@@ -1,8 +1,8 @@
 """The asyncio RESP server: TCP and Unix socket listeners, one Protocol per connection.
 
 Each connection parses as bytes arrive and runs commands in order in its own task. Backpressure is
-two-sided: reading pauses when `max_pipeline_depth` commands wait for replies, and command
-processing pauses while the transport's write buffer is full.
+two-sided: reading pauses when `max_pipeline_depth` commands wait for replies, and writing a reply
+(and with it command processing) pauses, part by part, while the transport's write buffer is full.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from . import resp
 from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .metrics import Metrics
-from .state import ServerState, Session
+from .state import OUTPUT_BUFFER_LIMIT, OutputLimitExceeded, Parts, ServerState, Session
 from .store import TieredStore
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,8 @@ class RespConnection(asyncio.BufferedProtocol):
             return False
         if reply is None:
             return False
+        if not self._within_output_limit(reply):
+            return False  # the slow path closes the connection and counts it
         if isinstance(reply, bytes):
             self.transport.write(reply)
         else:
@@ -123,6 +125,34 @@ class RespConnection(asyncio.BufferedProtocol):
                 self.transport.write(part)
         self.server.metrics.observe(cmd[0], time.perf_counter() - started)
         return True
+
+    def _within_output_limit(self, reply: Parts) -> bool:
+        """Whether writing `reply` keeps this connection's pending output within `limits.max_output_buffer`."""
+        limit = self.server.cfg.limits.max_output_buffer
+        if not limit:
+            return True
+        assert self.transport is not None
+        size = len(reply) if isinstance(reply, bytes) else sum(len(part) for part in reply)
+        return self.transport.get_write_buffer_size() + size <= limit
+
+    def drop(self, reason: str, message: str = "") -> None:
+        """Close the connection for `reason` now, discarding output it has not read; counted in metrics.
+
+        The slot is freed at once: a transport's `close` waits for its buffer to drain, which a
+        client that never reads would make last forever, so this aborts instead. `message` goes out
+        as an error reply only when nothing is queued ahead of it.
+        """
+        state = self.server.state
+        state.disconnections[reason] += 1
+        self.broken = True  # parse nothing more from it
+        if self.session is not None:
+            state.sessions.pop(self.session.id, None)
+            log.info("closing client %s (id %d): %s", self.session.addr, self.session.id, reason)
+        if self.transport is None or self.transport.is_closing():
+            return
+        if message and not self.transport.get_write_buffer_size():
+            self.transport.write(resp.error(message))
+        self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and give its memory back now.
@@ -164,26 +194,25 @@ class RespConnection(asyncio.BufferedProtocol):
                     transport.close()
                     return
                 started = time.perf_counter()
+                reply: Parts | None
                 try:
                     reply = await dispatch(state, session, item)
                 except asyncio.CancelledError:
                     raise
+                except OutputLimitExceeded:
+                    reply = None
                 except Exception as e:
                     log.exception("command %r failed", item[0][:32])
                     reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
-                if isinstance(reply, bytes):
-                    transport.write(reply)
-                else:
-                    for part in reply:  # separate writes: a large value goes to the socket uncopied
-                        transport.write(part)
                 metrics.observe(item[0], time.perf_counter() - started)
+                if reply is None or not self._within_output_limit(reply):
+                    self.drop(OUTPUT_BUFFER_LIMIT)
+                    return
+                if not await self._write(reply):
+                    return
                 if session.close_after_reply:
                     transport.close()
                     return
-                if not self.can_write.is_set():
-                    await self.can_write.wait()
-                    if transport.is_closing():
-                        return
                 if self.pre_auth and session.authenticated:
                     self.pre_auth = False
                     self.parser.authenticated()
@@ -191,6 +220,25 @@ class RespConnection(asyncio.BufferedProtocol):
                     self.reading_paused = False
                     transport.resume_reading()
                     self._parse()
+
+    async def _write(self, reply: Parts) -> bool:
+        """Write a reply part by part, waiting while the transport holds more than its high-water mark.
+
+        A client that does not read therefore holds at most about one part (one value) in the
+        transport's buffer, however large the reply, and its next commands wait: without the wait
+        an MGET repeating one large key copied the whole reply into memory. Parts stay separate
+        writes, so a large value reaches the socket uncopied when it can take it. False: the
+        connection closed meanwhile.
+        """
+        assert self.transport is not None
+        parts = (reply,) if isinstance(reply, bytes) else reply
+        for part in parts:
+            self.transport.write(part)
+            if not self.can_write.is_set():
+                await self.can_write.wait()
+                if self.transport.is_closing():
+                    return False
+        return True
 
 
 class KVServer:

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .store import TieredStore
 
 Parts = bytes | list[bytes]
 """An encoded reply: one buffer, or parts written one after another (large values stay uncopied)."""
+
+OUTPUT_BUFFER_LIMIT = "output_buffer_limit"
+"""Disconnection reason: a reply would take the client's pending output past `limits.max_output_buffer`."""
+
+
+class OutputLimitExceeded(Exception):
+    """Raised by a command whose reply grows past `limits.max_output_buffer`: stop building it.
+
+    The connection closes, as for any reply over the limit; raising early saves reading the rest
+    of an MGET's values (from L2, perhaps) for a reply that will not be sent.
+    """
 
 
 @dataclass
@@ -37,6 +49,8 @@ class ServerState:
     sessions: dict[int, Session] = field(default_factory=dict)
     total_connections: int = 0
     rejected_connections: int = 0
+    disconnections: Counter[str] = field(default_factory=Counter)
+    """Connections the server closed, by reason (`strata_kv_client_disconnections_total{reason}`)."""
     commands_processed: int = 0
     tcp_port: int = 0
     unix_socket: str = ""

@@ -117,3 +117,49 @@ def test_what_follows_auth_in_one_read_gets_the_authenticated_limits(kv_server_f
         while len(got) < len(value) + 2:
             got += s.recv(len(value) + 2 - len(got))
         assert got == value + b"\r\n"
+
+
+# -- F3: replies to a client that does not read -----------------------------------------------------
+def non_reading_client(server: KVServerProcess) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(20)
+    s.connect(("127.0.0.1", server.port))
+    return s
+
+
+def disconnections(server: KVServerProcess, reason: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.metrics_url}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    prefix = f'strata_kv_client_disconnections_total{{reason="{reason}"}} '
+    return next((float(line[len(prefix) :]) for line in body.splitlines() if line.startswith(prefix)), 0.0)
+
+
+def test_a_client_that_does_not_read_holds_about_one_value(kv_server_factory) -> None:
+    """MGET repeating one 8 MiB key 100 times, three times over: 2.4 GB of replies nobody reads."""
+    server = kv_server_factory({"metrics": {"port": -1}}, l2_fs=False)
+    server.redis().set("big", b"v" * 8 * MiB)
+    base = rss_after_sync(server)
+    s = non_reading_client(server)
+    for _ in range(3):
+        s.sendall(cmd(b"MGET", *[b"big"] * 100))
+    held = rss_after_sync(server)
+    assert held - base < 64 * MiB, f"{(held - base) // MiB} MiB held for a client that does not read"
+    s.close()
+
+
+def test_a_reply_past_the_output_limit_closes_the_connection(kv_server_factory) -> None:
+    server = kv_server_factory({"limits": {"max_output_buffer": "40MiB", "max_value_size": "16MiB"}}, l2_fs=False)
+    r = server.redis()
+    r.set("big", b"v" * 8 * MiB)
+    assert r.mget(["big"] * 4) == [b"v" * 8 * MiB] * 4  # 32 MiB: within the limit, streamed whole
+    s = non_reading_client(server)
+    s.sendall(cmd(b"MGET", *[b"big"] * 6))  # 48 MiB
+    assert closed_by_server(s)
+    s.close()
+    assert disconnections(server, "output_buffer_limit") == 1
+    assert r.get("big") == b"v" * 8 * MiB  # other clients carry on
+    info = r.info("stats")
+    assert info["client_output_buffer_limit_disconnections"] == 1
