@@ -228,6 +228,21 @@ class LimitsConfig(_Model):
         description="Most reply bytes one connection may have pending; a reply past it closes the connection "
         "(Redis' client-output-buffer-limit, hard). 0 = no limit",
     )
+    max_unauthenticated_clients: int = Field(
+        default=128,
+        ge=1,
+        description="With auth on: connections still to authenticate at a time; past it (or at max_clients) "
+        "a new connection closes the oldest of them",
+    )
+    auth_timeout_seconds: float = Field(
+        default=10.0, ge=0, description="With auth on: close a connection not authenticated this long; 0 = never"
+    )
+    idle_timeout_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="Close a connection with no complete request, no finished command and no reply progress "
+        "for this long (a running command does not count as idle); 0 = never",
+    )
     max_unauthenticated_bulk: ByteSize = Field(
         default=16 * 1024,
         ge=1,

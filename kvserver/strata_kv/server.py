@@ -22,7 +22,16 @@ from . import resp
 from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .metrics import Metrics
-from .state import OUTPUT_BUFFER_LIMIT, OutputLimitExceeded, Parts, ServerState, Session
+from .state import (
+    AUTH_TIMEOUT,
+    IDLE_TIMEOUT,
+    OUTPUT_BUFFER_LIMIT,
+    UNAUTHENTICATED_EVICTED,
+    OutputLimitExceeded,
+    Parts,
+    ServerState,
+    Session,
+)
 from .store import TieredStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +60,8 @@ class RespConnection(asyncio.BufferedProtocol):
         self.pre_auth = server.state.token is not None  # parsing under the pre-AUTH limits
         if self.pre_auth:
             self.parser.limit_until_authenticated(limits.max_unauthenticated_bulk, limits.max_unauthenticated_args)
+        self.connected_at = self.last_active = time.monotonic()
+        self.running = False  # inside a command's handler (which may wait on L2 or the write-behind queue)
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,7 +70,7 @@ class RespConnection(asyncio.BufferedProtocol):
         self.server.connections.add(self)
         state = self.server.state
         state.total_connections += 1
-        if len(state.sessions) >= self.server.cfg.limits.max_clients:
+        if not self._admit():
             state.rejected_connections += 1
             transport.write(resp.error("max number of clients reached"))
             transport.close()
@@ -68,7 +79,44 @@ class RespConnection(asyncio.BufferedProtocol):
         addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
         self.session = Session(next(_ids), addr, authenticated=state.token is None)
         state.sessions[self.session.id] = self.session
+        if self.pre_auth:
+            self.server.unauthenticated[self.session.id] = self
         self.task = asyncio.get_running_loop().create_task(self._process())
+
+    def _admit(self) -> bool:
+        """Whether a new connection gets a slot; to make room, the oldest unauthenticated one may go.
+
+        Every connection starts unauthenticated, so refusing newcomers once unauthenticated
+        connections fill their share (or all of `max_clients`) would let a few silent sockets lock
+        every real client out. Closing the oldest of them instead means a client that authenticates
+        promptly gets in unless sockets are opened faster than it can send AUTH.
+        """
+        server, limits = self.server, self.server.cfg.limits
+        full = len(server.state.sessions) >= limits.max_clients
+        crowded = self.pre_auth and len(server.unauthenticated) >= limits.max_unauthenticated_clients
+        if not (full or crowded):
+            return True
+        if not server.unauthenticated:
+            return False
+        next(iter(server.unauthenticated.values())).drop(UNAUTHENTICATED_EVICTED)
+        return True
+
+    def expired(self, now: float) -> str | None:
+        """Why this connection should be closed now (AUTH deadline or idle timeout), or None.
+
+        Idle means: no complete request received, no command finished and no reply progress for
+        `idle_timeout_seconds`, and no command running. A client that trickles bytes without
+        completing requests, or stops reading its replies, goes idle; one waiting on a long
+        command does not.
+        """
+        limits = self.server.cfg.limits
+        if self.session is None:
+            return None
+        if self.pre_auth and limits.auth_timeout_seconds and now - self.connected_at > limits.auth_timeout_seconds:
+            return AUTH_TIMEOUT
+        if limits.idle_timeout_seconds and not self.running and now - self.last_active > limits.idle_timeout_seconds:
+            return IDLE_TIMEOUT
+        return None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.get_buffer(sizehint)
@@ -86,17 +134,21 @@ class RespConnection(asyncio.BufferedProtocol):
 
     def _parse(self) -> None:
         depth = self._depth()
+        parsed = False
         try:
             while len(self.queue) < depth:
                 cmd = self.parser.get_command()
                 if cmd is None:
                     break
+                parsed = True
                 if self.idle and not self.queue and self._run_nowait(cmd):
                     continue
                 self.queue.append(cmd)
         except resp.ProtocolError as e:
             self.queue.append(e)
             self.broken = True
+        if parsed:
+            self.last_active = time.monotonic()
         if len(self.queue) >= depth and not self.reading_paused and self.transport:
             self.transport.pause_reading()
             self.reading_paused = True
@@ -135,24 +187,27 @@ class RespConnection(asyncio.BufferedProtocol):
         size = len(reply) if isinstance(reply, bytes) else sum(len(part) for part in reply)
         return self.transport.get_write_buffer_size() + size <= limit
 
-    def drop(self, reason: str, message: str = "") -> None:
+    def drop(self, reason: str) -> None:
         """Close the connection for `reason` now, discarding output it has not read; counted in metrics.
 
         The slot is freed at once: a transport's `close` waits for its buffer to drain, which a
-        client that never reads would make last forever, so this aborts instead. `message` goes out
-        as an error reply only when nothing is queued ahead of it.
+        client that never reads would make last forever, so this aborts instead. Nothing is sent
+        first, as Redis does: an unsolicited error would be read as the reply to the next request.
         """
-        state = self.server.state
-        state.disconnections[reason] += 1
+        self.server.state.disconnections[reason] += 1
         self.broken = True  # parse nothing more from it
         if self.session is not None:
-            state.sessions.pop(self.session.id, None)
             log.info("closing client %s (id %d): %s", self.session.addr, self.session.id, reason)
-        if self.transport is None or self.transport.is_closing():
-            return
-        if message and not self.transport.get_write_buffer_size():
-            self.transport.write(resp.error(message))
-        self.transport.abort()
+        self._forget()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def _forget(self) -> None:
+        """Give the connection's slot back: it no longer counts against `max_clients`."""
+        self.server.connections.discard(self)
+        if self.session is not None:
+            self.server.state.sessions.pop(self.session.id, None)
+            self.server.unauthenticated.pop(self.session.id, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and give its memory back now.
@@ -161,9 +216,7 @@ class RespConnection(asyncio.BufferedProtocol):
         holding the task here would make a cycle only the cyclic collector frees, and that runs on
         object counts, not bytes. Dropping the task and the parser's buffers breaks it.
         """
-        self.server.connections.discard(self)
-        if self.session is not None:
-            self.server.state.sessions.pop(self.session.id, None)
+        self._forget()
         if self.task is not None:
             self.task.cancel()
             self.task = None
@@ -175,6 +228,7 @@ class RespConnection(asyncio.BufferedProtocol):
         self.can_write.clear()
 
     def resume_writing(self) -> None:
+        self.last_active = time.monotonic()  # the client is reading its replies
         self.can_write.set()
 
     # -- command loop -----------------------------------------------------------------------------
@@ -195,6 +249,7 @@ class RespConnection(asyncio.BufferedProtocol):
                     return
                 started = time.perf_counter()
                 reply: Parts | None
+                self.running = True
                 try:
                     reply = await dispatch(state, session, item)
                 except asyncio.CancelledError:
@@ -204,22 +259,31 @@ class RespConnection(asyncio.BufferedProtocol):
                 except Exception as e:
                     log.exception("command %r failed", item[0][:32])
                     reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
+                finally:
+                    self.running = False
                 metrics.observe(item[0], time.perf_counter() - started)
                 if reply is None or not self._within_output_limit(reply):
                     self.drop(OUTPUT_BUFFER_LIMIT)
                     return
                 if not await self._write(reply):
                     return
+                self.last_active = time.monotonic()
                 if session.close_after_reply:
                     transport.close()
                     return
                 if self.pre_auth and session.authenticated:
-                    self.pre_auth = False
-                    self.parser.authenticated()
+                    self._authenticated()
                 if self.reading_paused and len(self.queue) < max(1, self._depth() // 2):
                     self.reading_paused = False
                     transport.resume_reading()
                     self._parse()
+
+    def _authenticated(self) -> None:
+        """AUTH succeeded: the configured limits apply, and the connection leaves the unauthenticated share."""
+        assert self.session is not None
+        self.pre_auth = False
+        self.parser.authenticated()
+        self.server.unauthenticated.pop(self.session.id, None)
 
     async def _write(self, reply: Parts) -> bool:
         """Write a reply part by part, waiting while the transport holds more than its high-water mark.
@@ -251,6 +315,8 @@ class KVServer:
         self.metrics = Metrics(self.state)
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()
+        self.unauthenticated: dict[int, RespConnection] = {}  # by session id, oldest first
+        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -258,6 +324,13 @@ class KVServer:
         if self.cfg.metrics.port >= 0:
             await self.metrics.start(self.cfg.metrics.bind, self.cfg.metrics.port)
         await self.store.start()
+        limits = self.cfg.limits
+        timeouts = [limits.idle_timeout_seconds]
+        if self.state.token is not None:
+            timeouts.append(limits.auth_timeout_seconds)
+        timeouts = [t for t in timeouts if t > 0]
+        if timeouts:
+            self._reaper = loop.create_task(self._reap(max(0.05, min(1.0, min(timeouts) / 4))))
         listen = self.cfg.listen
         if listen.tcp_enabled:
             srv = await loop.create_server(
@@ -281,8 +354,23 @@ class KVServer:
             self.metrics.port if self.cfg.metrics.port >= 0 else -1,
         )
 
+    async def _reap(self, interval: float) -> None:
+        """Close connections past the AUTH deadline or idle too long, checked every `interval` seconds.
+
+        One sweep over all connections (like Redis' clientsCron) costs less than a timer per
+        connection re-armed on every request.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if reason := conn.expired(now):
+                    conn.drop(reason)
+
     async def stop(self) -> None:
         """Stop accepting, let connections finish, drain write-behind to L2, then close."""
+        if self._reaper is not None:
+            self._reaper.cancel()
         for srv in self._servers:
             srv.close()
         for conn in list(self.connections):

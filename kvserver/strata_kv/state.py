@@ -11,8 +11,15 @@ from .store import TieredStore
 Parts = bytes | list[bytes]
 """An encoded reply: one buffer, or parts written one after another (large values stay uncopied)."""
 
+# Why the server closed a connection (the `reason` label of strata_kv_client_disconnections_total).
 OUTPUT_BUFFER_LIMIT = "output_buffer_limit"
-"""Disconnection reason: a reply would take the client's pending output past `limits.max_output_buffer`."""
+"""A reply would take the client's pending output past `limits.max_output_buffer`."""
+AUTH_TIMEOUT = "auth_timeout"
+"""Not authenticated within `limits.auth_timeout_seconds` of connecting."""
+IDLE_TIMEOUT = "idle_timeout"
+"""Idle for `limits.idle_timeout_seconds`."""
+UNAUTHENTICATED_EVICTED = "unauthenticated_evicted"
+"""The oldest unauthenticated connection, closed to make room for a new one."""
 
 
 class OutputLimitExceeded(Exception):

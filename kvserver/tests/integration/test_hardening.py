@@ -7,6 +7,7 @@ has come back, so the server has handled everything sent before it.
 from __future__ import annotations
 
 import socket
+import time
 
 import psutil
 import pytest
@@ -163,3 +164,75 @@ def test_a_reply_past_the_output_limit_closes_the_connection(kv_server_factory) 
     assert r.get("big") == b"v" * 8 * MiB  # other clients carry on
     info = r.info("stats")
     assert info["client_output_buffer_limit_disconnections"] == 1
+
+
+# -- F4: connection slots and timeouts --------------------------------------------------------------
+def authenticated_ping(server: KVServerProcess) -> bytes:
+    with connect(server) as s:
+        s.sendall(cmd(b"AUTH", TOKEN) + cmd(b"PING"))
+        return recv_line(s) + recv_line(s)
+
+
+def test_silent_sockets_cannot_lock_out_a_client_that_authenticates(kv_server_factory, tmp_path) -> None:
+    server = auth_server(kv_server_factory, tmp_path, {"limits": {"max_clients": 50}})
+    silent = [connect(server) for _ in range(50)]
+    assert authenticated_ping(server) == b"+OK\r\n+PONG\r\n"
+    assert sum(closed_by_server(s) for s in silent[:1]) == 1  # the oldest made room
+    for s in silent:
+        s.close()
+
+
+def test_unauthenticated_connections_use_at_most_their_share(kv_server_factory, tmp_path) -> None:
+    config = {"limits": {"max_unauthenticated_clients": 5}, "metrics": {"port": 0, "bind": "127.0.0.1"}}
+    server = auth_server(kv_server_factory, tmp_path, config)
+    silent = [connect(server) for _ in range(20)]
+    assert authenticated_ping(server) == b"+OK\r\n+PONG\r\n"
+    for s in silent[:15]:
+        assert closed_by_server(s)
+    assert disconnections(server, "unauthenticated_evicted") == 16  # 15 silent + the pinging one's turn
+    for s in silent:
+        s.close()
+
+
+def test_connections_that_do_not_authenticate_in_time_are_closed(kv_server_factory, tmp_path) -> None:
+    config = {"limits": {"auth_timeout_seconds": 1}, "metrics": {"port": 0, "bind": "127.0.0.1"}}
+    server = auth_server(kv_server_factory, tmp_path, config)
+    silent, trickle, client = connect(server), connect(server), connect(server)
+    client.sendall(cmd(b"AUTH", TOKEN))
+    assert recv_line(client) == b"+OK\r\n"
+    request = cmd(b"AUTH", TOKEN)
+    trickle.settimeout(0.2)
+    closed = False
+    for i in range(100):  # one byte every 0.2 s: it would take 9 s to finish its AUTH
+        try:
+            trickle.send(request[i : i + 1])
+            closed = trickle.recv(1) == b""
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            closed = True
+        if closed:
+            break
+    assert closed, "a client trickling its AUTH kept its slot"
+    assert closed_by_server(silent)
+    client.sendall(cmd(b"PING"))
+    assert recv_line(client) == b"+PONG\r\n"  # authenticated in time: kept
+    assert disconnections(server, "auth_timeout") == 2
+    for s in (silent, trickle, client):
+        s.close()
+
+
+def test_idle_connections_are_closed_and_busy_ones_kept(kv_server_factory) -> None:
+    server = kv_server_factory({"limits": {"idle_timeout_seconds": 1.5}}, l2_fs=False)
+    idle, busy = connect(server), connect(server)
+    idle.sendall(cmd(b"PING"))
+    assert recv_line(idle) == b"+PONG\r\n"
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # three idle timeouts' worth, a PING every 0.2 s
+        busy.sendall(cmd(b"PING"))
+        assert recv_line(busy) == b"+PONG\r\n"
+        time.sleep(0.2)
+    assert closed_by_server(idle)
+    assert disconnections(server, "idle_timeout") == 1
+    for s in (idle, busy):
+        s.close()
