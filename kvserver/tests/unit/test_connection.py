@@ -45,6 +45,9 @@ class FakeTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closing
 
+    def abort(self) -> None:
+        self.close()
+
     def close(self) -> None:
         if not self.closing:
             self.closing = True
@@ -112,3 +115,26 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector() -> No
     del conn
     await turns()
     assert ref() is None, f"connection still referenced by {[type(r).__name__ for r in gc.get_referrers(ref())]}"
+
+
+async def test_a_pipelining_connection_leaves_turns_to_the_others() -> None:
+    """B's PING is answered while A's pipeline of GETs is still being served, not after all of it."""
+    server = make_server()
+    value = b"v" * 8192
+    assert server.store.set_nowait(b"k", value)
+    reply = b"".join(resp.bulk(value))
+    a, ta = open_connection(server)
+    b, tb = open_connection(server)
+    n = 5000
+    loop = asyncio.get_running_loop()
+    loop.call_soon(receive, a, resp.command("GET", "k") * n)  # both arrive in one turn of the loop
+    loop.call_soon(receive, b, resp.command("PING"))
+    while tb.written != resp.PONG:
+        await asyncio.sleep(0)
+    served_before_pong = len(ta.written) // len(reply)
+    assert served_before_pong < n, "the other client waited for the whole pipeline"
+    for _ in range(10_000):
+        if len(ta.written) == n * len(reply) and not a.queue:
+            break
+        await asyncio.sleep(0)
+    assert bytes(ta.written) == reply * n  # every reply, in order
