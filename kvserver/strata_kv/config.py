@@ -87,7 +87,10 @@ class ListenConfig(_Model):
     """Where RESP clients connect: TCP and/or a Unix socket (node-local pods share it via a hostPath)."""
 
     port: int = Field(default=6379, ge=0, le=65535, description="TCP port for RESP; 0 picks a free port")
-    bind: str = Field(default="0.0.0.0", description="TCP bind address")
+    bind: str = Field(
+        default="127.0.0.1",
+        description="TCP bind address: loopback unless set (the operator sets 0.0.0.0 for its pods)",
+    )
     unix_socket: str | None = Field(default=None, description="Path of a Unix socket to also listen on")
     unix_socket_mode: int = Field(default=0o660, description="Permission bits of the Unix socket")
     tcp_enabled: bool = True
@@ -268,7 +271,10 @@ class LimitsConfig(_Model):
 
 class MetricsConfig(_Model):
     port: int = Field(default=9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables")
-    bind: str = "0.0.0.0"
+    bind: str = Field(
+        default="127.0.0.1",
+        description="Bind address of the metrics endpoint: loopback unless set (the operator sets 0.0.0.0)",
+    )
 
 
 class WriteBehindConfig(_Model):

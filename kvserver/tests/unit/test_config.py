@@ -60,3 +60,10 @@ def test_the_output_limit_must_leave_room_for_the_largest_value() -> None:
     with pytest.raises(ValidationError, match="a GET of the largest value would close the connection"):
         KVServerConfig.model_validate({"limits": {"max_output_buffer": "1MiB", "max_value_size": "2MiB"}})
     assert KVServerConfig.model_validate({"limits": {"max_output_buffer": 0}}).limits.max_output_buffer == 0
+
+
+def test_a_standalone_server_listens_on_loopback_unless_told_otherwise() -> None:
+    cfg = KVServerConfig()
+    assert (cfg.listen.bind, cfg.metrics.bind) == ("127.0.0.1", "127.0.0.1")
+    cfg = KVServerConfig.model_validate({"listen": {"bind": "0.0.0.0"}, "metrics": {"bind": "0.0.0.0"}})
+    assert (cfg.listen.bind, cfg.metrics.bind) == ("0.0.0.0", "0.0.0.0")
