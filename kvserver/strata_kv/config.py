@@ -213,6 +213,13 @@ class TenancyConfig(_Model):
 
 class AuthConfig(_Model):
     token_file: str | None = Field(default=None, description="File holding the shared token (a mounted Secret)")
+    failure_delay_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="A failed AUTH is answered after this long, doubling with each failure on the connection "
+        "(at most 5 s)",
+    )
+    max_failures: int = Field(default=10, ge=1, description="Failed AUTH attempts after which the connection is closed")
 
 
 class LimitsConfig(_Model):

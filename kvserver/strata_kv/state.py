@@ -20,6 +20,8 @@ IDLE_TIMEOUT = "idle_timeout"
 """Idle for `limits.idle_timeout_seconds`."""
 UNAUTHENTICATED_EVICTED = "unauthenticated_evicted"
 """The oldest unauthenticated connection, closed to make room for a new one."""
+AUTH_FAILURES = "auth_failures"
+"""`auth.max_failures` failed AUTH attempts on the connection."""
 
 
 class OutputLimitExceeded(Exception):
@@ -44,6 +46,7 @@ class Session:
     close_after_reply: bool = False
     proto: int = 2
     commands: int = 0
+    auth_failures: int = 0
 
 
 @dataclass

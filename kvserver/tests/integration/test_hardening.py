@@ -6,6 +6,7 @@ has come back, so the server has handled everything sent before it.
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 
@@ -87,10 +88,12 @@ def test_closed_connections_give_their_buffers_back(kv_server_factory) -> None:
 TOKEN = b"a-token-of-32-bytes-for-the-test"
 
 
-def auth_server(factory, tmp_path, config: dict | None = None) -> KVServerProcess:
-    token = tmp_path / "token"
-    token.write_bytes(TOKEN + b"\n")
-    return factory({"auth": {"token_file": str(token)}, "metrics": {"port": -1}, **(config or {})}, l2_fs=False)
+def auth_server(factory, tmp_path, config: dict | None = None, token: bytes = TOKEN) -> KVServerProcess:
+    config = dict(config or {})
+    token_file = tmp_path / "token"
+    token_file.write_bytes(token + b"\n")
+    auth = {"token_file": str(token_file), **config.pop("auth", {})}
+    return factory({"auth": auth, "metrics": {"port": -1}, **config}, l2_fs=False)
 
 
 def test_before_auth_a_connection_cannot_announce_large_requests(kv_server_factory, tmp_path) -> None:
@@ -236,3 +239,21 @@ def test_idle_connections_are_closed_and_busy_ones_kept(kv_server_factory) -> No
     assert disconnections(server, "idle_timeout") == 1
     for s in (idle, busy):
         s.close()
+
+
+# -- F10: guessing the token ------------------------------------------------------------------------
+def test_failed_auth_is_slowed_down_and_ends_the_connection(kv_server_factory, tmp_path) -> None:
+    config = {"auth": {"failure_delay_seconds": 0.2, "max_failures": 3}, "metrics": {"port": 0, "bind": "127.0.0.1"}}
+    server = auth_server(kv_server_factory, tmp_path, config)
+    with connect(server) as s:
+        started = time.monotonic()
+        for _ in range(2):
+            s.sendall(cmd(b"AUTH", b"wrong"))
+            assert recv_line(s).startswith(b"-WRONGPASS")
+        s.sendall(cmd(b"AUTH", b"wrong"))  # the third: answered after 0.8 s, then the connection closes
+        assert authenticated_ping(server) == b"+OK\r\n+PONG\r\n"  # meanwhile others are served at once
+        assert not select.select([s], [], [], 0)[0], "the failed AUTH was answered before the other client"
+        assert recv_line(s).startswith(b"-WRONGPASS")
+        assert time.monotonic() - started >= 0.2 + 0.4 + 0.8
+        assert closed_by_server(s)
+    assert disconnections(server, "auth_failures") == 1
