@@ -44,6 +44,9 @@ _TURN_COMMANDS = 32
 _TURN_BYTES = 256 * 1024
 
 
+MIN_TOKEN_BYTES = 16  # shorter auth tokens get a warning at start
+
+
 def _reply_size(reply: Parts) -> int:
     return len(reply) if isinstance(reply, bytes) else sum(len(part) for part in reply)
 
@@ -427,4 +430,12 @@ def _read_token(path: str | None) -> bytes | None:
         raise SystemExit(f"cannot read auth token file {path}: {e.strerror}; mount the Secret or drop auth") from e
     if not token:
         raise SystemExit(f"auth token file {path} is empty; put the token in it or drop auth.token_file")
+    if len(token) < MIN_TOKEN_BYTES:
+        log.warning(
+            "the auth token in %s is %d bytes, shorter than %d: it can be guessed; use a random one "
+            "(e.g. `openssl rand -hex 32`)",
+            path,
+            len(token),
+            MIN_TOKEN_BYTES,
+        )
     return token

@@ -257,3 +257,9 @@ def test_failed_auth_is_slowed_down_and_ends_the_connection(kv_server_factory, t
         assert time.monotonic() - started >= 0.2 + 0.4 + 0.8
         assert closed_by_server(s)
     assert disconnections(server, "auth_failures") == 1
+
+
+@pytest.mark.parametrize(("token", "warned"), [(b"s3cret", True), (TOKEN, False)])
+def test_a_short_token_is_warned_about(kv_server_factory, tmp_path, token: bytes, warned: bool) -> None:
+    server = auth_server(kv_server_factory, tmp_path, token=token)
+    assert ("shorter than 16" in server.log()) is warned
