@@ -392,8 +392,11 @@ class KVServer:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for conn in list(self.connections):
-                if reason := conn.expired(now):
-                    conn.drop(reason)
+                try:
+                    if reason := conn.expired(now):
+                        conn.drop(reason)
+                except Exception:  # one odd connection must not end the sweeps for all the others
+                    log.exception("checking a connection's deadlines failed")
 
     async def stop(self) -> None:
         """Stop accepting, let connections finish, drain write-behind to L2, then close."""
