@@ -236,7 +236,7 @@ class LimitsConfig(_Model):
     max_output_buffer: ByteSize = Field(
         default=1024**3,
         description="Most reply bytes one connection may have pending; a reply past it closes the connection "
-        "(Redis' client-output-buffer-limit, hard). 0 = no limit",
+        "(Redis' client-output-buffer-limit, hard). 0 = no limit; unset, at least twice max_value_size",
     )
     max_unauthenticated_clients: int = Field(
         default=128,
@@ -267,7 +267,10 @@ class LimitsConfig(_Model):
 
     @model_validator(mode="after")
     def _largest_value_fits_the_output_buffer(self) -> LimitsConfig:
-        if self.max_output_buffer and self.max_output_buffer < self.max_value_size:
+        """A GET of the largest value must fit; a config written before this limit existed still parses."""
+        if "max_output_buffer" not in self.model_fields_set:
+            self.max_output_buffer = max(self.max_output_buffer, 2 * self.max_value_size)
+        elif self.max_output_buffer and self.max_output_buffer < self.max_value_size:
             raise ValueError(
                 f"limits.max_output_buffer ({self.max_output_buffer}) is below limits.max_value_size "
                 f"({self.max_value_size}): a GET of the largest value would close the connection; "

@@ -60,6 +60,9 @@ def test_the_output_limit_must_leave_room_for_the_largest_value() -> None:
     with pytest.raises(ValidationError, match="a GET of the largest value would close the connection"):
         KVServerConfig.model_validate({"limits": {"max_output_buffer": "1MiB", "max_value_size": "2MiB"}})
     assert KVServerConfig.model_validate({"limits": {"max_output_buffer": 0}}).limits.max_output_buffer == 0
+    older = KVServerConfig.model_validate({"limits": {"max_value_size": "2GiB"}})  # written before the limit
+    assert older.limits.max_output_buffer == 4 * 1024**3
+    assert KVServerConfig.from_yaml(older.to_yaml()) == older
 
 
 def test_a_standalone_server_listens_on_loopback_unless_told_otherwise() -> None:
