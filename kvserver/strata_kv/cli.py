@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--config", help="YAML config file (KVServerConfig); flags override it")
         s.add_argument("--port", type=int, help="TCP port for RESP (0 = pick a free one)")
-        s.add_argument("--bind", help="TCP bind address")
+        s.add_argument("--bind", help="TCP bind address (default 127.0.0.1)")
         s.add_argument("--unix-socket", help="also listen on this Unix socket path")
         s.add_argument("--no-tcp", action="store_true", help="listen on the Unix socket only")
         s.add_argument("--l1-size", help="L1 DRAM capacity, e.g. 1GiB")
@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--s3-prefix", help="S3 tier key prefix")
         s.add_argument("--s3-endpoint", help="S3 endpoint URL (S3-compatible servers)")
         s.add_argument("--metrics-port", type=int, help="Prometheus/health port (-1 disables)")
+        s.add_argument("--metrics-bind", help="Prometheus/health bind address (default 127.0.0.1)")
         s.add_argument("--token-file", help="file holding the AUTH token")
         s.add_argument("--model", help="namespace model name")
         s.add_argument("--log-level", help="DEBUG, INFO, WARNING...")
@@ -56,6 +57,7 @@ def build_config(args: argparse.Namespace) -> KVServerConfig:
         "l1.size": parse_size(args.l1_size) if args.l1_size else None,
         "l1.eviction_policy": args.eviction_policy,
         "metrics.port": args.metrics_port,
+        "metrics.bind": args.metrics_bind,
         "auth.token_file": args.token_file,
         "namespace.model": args.model,
         "log_level": args.log_level,

@@ -22,7 +22,7 @@ from .connection_commands import (
     wrong_args,
 )
 from .info import render_info
-from .state import Parts, ServerState, Session
+from .state import OutputLimitExceeded, Parts, ServerState, Session
 from .store import StoreFull
 
 CHAIN_WINDOW_SECONDS = 2.0
@@ -111,9 +111,15 @@ async def cmd_del(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 
 
 async def cmd_mget(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    limit = state.store.cfg.limits.max_output_buffer
     parts = [b"*%d\r\n" % (len(args) - 1)]
+    size = 0
     for key in args[1:]:
-        parts.extend(resp.bulk(await state.store.get(key), s.proto))
+        value = await state.store.get(key)
+        size += len(value) if value is not None else 0
+        if limit and size > limit:  # e.g. one large key repeated: 40 bytes of request per value
+            raise OutputLimitExceeded
+        parts.extend(resp.bulk(value, s.proto))
     return parts
 
 

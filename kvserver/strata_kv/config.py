@@ -87,7 +87,10 @@ class ListenConfig(_Model):
     """Where RESP clients connect: TCP and/or a Unix socket (node-local pods share it via a hostPath)."""
 
     port: int = Field(default=6379, ge=0, le=65535, description="TCP port for RESP; 0 picks a free port")
-    bind: str = Field(default="0.0.0.0", description="TCP bind address")
+    bind: str = Field(
+        default="127.0.0.1",
+        description="TCP bind address: loopback unless set (the operator sets 0.0.0.0 for its pods)",
+    )
     unix_socket: str | None = Field(default=None, description="Path of a Unix socket to also listen on")
     unix_socket_mode: int = Field(default=0o660, description="Permission bits of the Unix socket")
     tcp_enabled: bool = True
@@ -210,6 +213,13 @@ class TenancyConfig(_Model):
 
 class AuthConfig(_Model):
     token_file: str | None = Field(default=None, description="File holding the shared token (a mounted Secret)")
+    failure_delay_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="A failed AUTH is answered after this long, doubling with each failure on the connection "
+        "(at most 5 s)",
+    )
+    max_failures: int = Field(default=10, ge=1, description="Failed AUTH attempts after which the connection is closed")
 
 
 class LimitsConfig(_Model):
@@ -223,11 +233,58 @@ class LimitsConfig(_Model):
         default=1024**3,
         description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
     )
+    max_output_buffer: ByteSize = Field(
+        default=1024**3,
+        description="Most reply bytes one connection may have pending; a reply past it closes the connection "
+        "(Redis' client-output-buffer-limit, hard). 0 = no limit; unset, at least twice max_value_size",
+    )
+    max_unauthenticated_clients: int = Field(
+        default=128,
+        ge=1,
+        description="With auth on: connections still to authenticate at a time; past it (or at max_clients) "
+        "a new connection closes the oldest of them",
+    )
+    auth_timeout_seconds: float = Field(
+        default=10.0, ge=0, description="With auth on: close a connection not authenticated this long; 0 = never"
+    )
+    idle_timeout_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="Close a connection with no complete request, no finished command and no reply progress "
+        "for this long (a running command does not count as idle); 0 = never",
+    )
+    max_unauthenticated_bulk: ByteSize = Field(
+        default=16 * 1024,
+        ge=1,
+        description="With auth on: largest argument a connection may send before AUTH succeeds",
+    )
+    max_unauthenticated_args: int = Field(
+        default=10,
+        ge=1,
+        description="With auth on: most arguments in one request before AUTH succeeds "
+        "(HELLO 3 AUTH user pass SETNAME name is 7)",
+    )
+
+    @model_validator(mode="after")
+    def _largest_value_fits_the_output_buffer(self) -> LimitsConfig:
+        """A GET of the largest value must fit; a config written before this limit existed still parses."""
+        if "max_output_buffer" not in self.model_fields_set:
+            self.max_output_buffer = max(self.max_output_buffer, 2 * self.max_value_size)
+        elif self.max_output_buffer and self.max_output_buffer < self.max_value_size:
+            raise ValueError(
+                f"limits.max_output_buffer ({self.max_output_buffer}) is below limits.max_value_size "
+                f"({self.max_value_size}): a GET of the largest value would close the connection; "
+                "raise it, or set 0 for no limit"
+            )
+        return self
 
 
 class MetricsConfig(_Model):
     port: int = Field(default=9121, ge=-1, le=65535, description="Prometheus + /healthz + /readyz; -1 disables")
-    bind: str = "0.0.0.0"
+    bind: str = Field(
+        default="127.0.0.1",
+        description="Bind address of the metrics endpoint: loopback unless set (the operator sets 0.0.0.0)",
+    )
 
 
 class WriteBehindConfig(_Model):

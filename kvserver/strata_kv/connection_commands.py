@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import time
 
 from . import resp
-from .state import Parts, ServerState, Session
+from .state import AUTH_FAILURES, Parts, ServerState, Session
+
+log = logging.getLogger(__name__)
 
 
 def wrong_args(name: bytes) -> bytes:
@@ -25,7 +29,11 @@ async def cmd_echo(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     return resp.bulk(args[1])
 
 
-def _authenticate(state: ServerState, s: Session, user: bytes | None, password: bytes) -> bytes | None:
+MAX_AUTH_DELAY_SECONDS = 5.0
+
+
+async def _authenticate(state: ServerState, s: Session, user: bytes | None, password: bytes) -> bytes | None:
+    """None when the token matches; otherwise the error reply, after the failure's delay."""
     if state.token is None:
         return resp.error(
             "ERR AUTH <password> called without any password configured for the default user. "
@@ -34,14 +42,31 @@ def _authenticate(state: ServerState, s: Session, user: bytes | None, password: 
     if (user is None or user == b"default") and hmac.compare_digest(password, state.token):
         s.authenticated = True
         return None
+    await _auth_failed(state, s)
     return resp.error("WRONGPASS invalid username-password pair or user is disabled.")
+
+
+async def _auth_failed(state: ServerState, s: Session) -> None:
+    """Slow guessing down: answer after a delay that doubles per failure, close after `auth.max_failures`.
+
+    The delay holds only this connection's command loop; other clients are not slowed.
+    """
+    cfg = state.store.cfg.auth
+    s.auth_failures += 1
+    delay = min(cfg.failure_delay_seconds * 2 ** (s.auth_failures - 1), MAX_AUTH_DELAY_SECONDS)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if s.auth_failures >= cfg.max_failures:
+        log.warning("closing client %s (id %d) after %d failed AUTH attempts", s.addr, s.id, s.auth_failures)
+        state.disconnections[AUTH_FAILURES] += 1
+        s.close_after_reply = True
 
 
 async def cmd_auth(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     if len(args) not in (2, 3):
         return resp.error("syntax error")
     user, password = (None, args[1]) if len(args) == 2 else (args[1], args[2])
-    return _authenticate(state, s, user, password) or resp.OK
+    return await _authenticate(state, s, user, password) or resp.OK
 
 
 async def cmd_hello(state: ServerState, s: Session, args: list[bytes]) -> Parts:
@@ -57,7 +82,7 @@ async def cmd_hello(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     while i < len(args):
         opt = args[i].upper()
         if opt == b"AUTH" and i + 2 < len(args):
-            err = _authenticate(state, s, args[i + 1], args[i + 2])
+            err = await _authenticate(state, s, args[i + 1], args[i + 2])
             if err:
                 return err
             i += 3

@@ -6,6 +6,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from .state import OUTPUT_BUFFER_LIMIT
+
 if TYPE_CHECKING:
     from .state import ServerState
 
@@ -37,6 +39,7 @@ def _sections(state: ServerState) -> dict[str, dict[str, object]]:
         "stats": {
             "total_connections_received": state.total_connections,
             "rejected_connections": state.rejected_connections,
+            "client_output_buffer_limit_disconnections": state.disconnections[OUTPUT_BUFFER_LIMIT],
             "total_commands_processed": state.commands_processed,
             "keyspace_hits": hits,
             "keyspace_misses": stats["misses"],

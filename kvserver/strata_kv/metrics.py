@@ -78,6 +78,14 @@ class _StoreCollector(Collector):
                     errors.add_metric([tier], st[f"{tier}_write_errors"])
             yield errors
         yield GaugeMetricFamily("strata_kv_connected_clients", "Open client connections", len(self.state.sessions))
+        rejected = self.state.rejected_connections
+        yield CounterMetricFamily("strata_kv_rejected_connections", "Connections refused: no slot free", value=rejected)
+        closed = CounterMetricFamily(
+            "strata_kv_client_disconnections", "Connections the server closed, by reason", labels=["reason"]
+        )
+        for reason, n in sorted(self.state.disconnections.items()):
+            closed.add_metric([reason], n)
+        yield closed
         yield CounterMetricFamily("strata_kv_commands", "Commands processed", value=self.state.commands_processed)
 
 

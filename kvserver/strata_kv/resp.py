@@ -57,7 +57,21 @@ class RequestParser:
         self._request_bytes = 0
         self._big: bytearray | None = None  # a large value being received straight into its own buffer
         self._big_filled = 0
+        self._big_size = 0  # the announced length of `_big`'s value; the buffer grows towards it
         self._crlf_pending = False
+        self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
+
+    def limit_until_authenticated(self, max_bulk: int, max_args: int) -> None:
+        """Refuse bulks and multibulks above these sizes until `authenticated` is called.
+
+        A client that has not proven it knows the token has no business announcing large requests;
+        the errors are Redis's own for the same rule.
+        """
+        self._pre_auth = (max_bulk, max_args)
+
+    def authenticated(self) -> None:
+        """The client authenticated: only the configured limits apply from now on."""
+        self._pre_auth = None
 
     @property
     def buffered(self) -> int:
@@ -67,6 +81,8 @@ class RequestParser:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
         if self._big is not None:
+            if self._big_filled == len(self._big):
+                self._grow_big()
             return memoryview(self._big)[self._big_filled :]
         if self._pos == self._end:
             self._pos = self._end = 0
@@ -84,6 +100,35 @@ class RequestParser:
             if short > 0:
                 self._buf.extend(bytes(short))
         return memoryview(self._buf)[self._end :]
+
+    def release(self) -> None:
+        """Drop every buffer and any half-received command (the connection is gone).
+
+        Freeing them here, not when the parser object dies, matters: a closed connection can stay
+        reachable for a while (a cancelled task's traceback points back at it) and the cyclic
+        collector runs on object counts, not bytes, so a half-sent 512 MiB value could outlive it.
+        """
+        self._buf = bytearray()
+        self._pos = self._end = 0
+        self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
+        self._big, self._big_filled, self._big_size = None, 0, 0
+        self._crlf_pending = False
+
+    def _grow_big(self) -> None:
+        """Make room for the next bytes of a large value: the buffer doubles as bytes arrive.
+
+        An announced length is only a claim: allocating it up front let a 40-byte request reserve
+        512 MiB. Doubling keeps the copies amortised (a large bytearray grows by realloc, mostly
+        without copying) and at most doubles what was really received; the step is capped so no
+        single grow zero-fills for long. The last step jumps to the exact size when it is near, so
+        bytearray does not over-allocate a stored value by its 1/8 growth margin.
+        """
+        assert self._big is not None
+        size = len(self._big)
+        new = min(self._big_size, size + min(max(size, _READ_CHUNK), _MAX_GROW))
+        if self._big_size - new < new // 8:
+            new = self._big_size
+        self._big.extend(bytes(new - size))
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -117,6 +162,8 @@ class RequestParser:
             n = None
         if n is None or not raw.lstrip(b"-").isdigit() or len(raw) > 20:
             raise ProtocolError(f"Protocol error: invalid {what} length")
+        if self._pre_auth is not None and n > self._pre_auth[0 if what == "bulk" else 1]:
+            raise RequestTooLarge(f"Protocol error: unauthenticated {what} length")
         if n > limit:
             if what == "bulk":
                 raise RequestTooLarge(
@@ -148,7 +195,7 @@ class RequestParser:
         args = self._args
         while len(args) < self._need or self._crlf_pending:
             if self._big is not None:
-                if self._big_filled < len(self._big):
+                if self._big_filled < self._big_size:
                     return None
                 args.append(self._big)  # type: ignore[arg-type]  # bytearray: kept as is, never resized
                 self._big, self._crlf_pending = None, True
@@ -179,12 +226,12 @@ class RequestParser:
                 self._pos = nl + 2
                 self._bulk = n
             if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own buffer
-                big = bytearray(self._bulk)
                 have = min(self._end - self._pos, self._bulk)
+                big = bytearray(min(self._bulk, max(have, _READ_CHUNK)))  # what arrived; get_buffer grows it
                 with memoryview(buf) as view:
                     big[:have] = view[self._pos : self._pos + have]
                 self._pos += have
-                self._big, self._big_filled, self._bulk = big, have, -1
+                self._big, self._big_filled, self._big_size, self._bulk = big, have, self._bulk, -1
                 continue
             end = self._pos + self._bulk
             if self._end < end + 2:

@@ -1,8 +1,8 @@
 """The asyncio RESP server: TCP and Unix socket listeners, one Protocol per connection.
 
 Each connection parses as bytes arrive and runs commands in order in its own task. Backpressure is
-two-sided: reading pauses when `max_pipeline_depth` commands wait for replies, and command
-processing pauses while the transport's write buffer is full.
+two-sided: reading pauses when `max_pipeline_depth` commands wait for replies, and writing a reply
+(and with it command processing) pauses, part by part, while the transport's write buffer is full.
 """
 
 from __future__ import annotations
@@ -22,11 +22,33 @@ from . import resp
 from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .metrics import Metrics
-from .state import ServerState, Session
+from .state import (
+    AUTH_TIMEOUT,
+    IDLE_TIMEOUT,
+    OUTPUT_BUFFER_LIMIT,
+    UNAUTHENTICATED_EVICTED,
+    OutputLimitExceeded,
+    Parts,
+    ServerState,
+    Session,
+)
 from .store import TieredStore
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
+
+# One connection's turn on the event loop: after this many commands or reply bytes, whichever comes
+# first, it lets the other connections run. Without it a client pipelining 100k GETs while reading
+# fast kept a PING on another connection waiting for 1-2 s.
+_TURN_COMMANDS = 32
+_TURN_BYTES = 256 * 1024
+
+
+MIN_TOKEN_BYTES = 16  # shorter auth tokens get a warning at start
+
+
+def _reply_size(reply: Parts) -> int:
+    return len(reply) if isinstance(reply, bytes) else sum(len(part) for part in reply)
 
 
 class RespConnection(asyncio.BufferedProtocol):
@@ -48,6 +70,11 @@ class RespConnection(asyncio.BufferedProtocol):
         self.broken = False
         self.idle = True  # the command task is waiting, not in the middle of a command
         self.task: asyncio.Task[None] | None = None
+        self.pre_auth = server.state.token is not None  # parsing under the pre-AUTH limits
+        if self.pre_auth:
+            self.parser.limit_until_authenticated(limits.max_unauthenticated_bulk, limits.max_unauthenticated_args)
+        self.connected_at = self.last_active = time.monotonic()
+        self.running = False  # inside a command's handler (which may wait on L2 or the write-behind queue)
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -56,7 +83,7 @@ class RespConnection(asyncio.BufferedProtocol):
         self.server.connections.add(self)
         state = self.server.state
         state.total_connections += 1
-        if len(state.sessions) >= self.server.cfg.limits.max_clients:
+        if not self._admit():
             state.rejected_connections += 1
             transport.write(resp.error("max number of clients reached"))
             transport.close()
@@ -65,7 +92,44 @@ class RespConnection(asyncio.BufferedProtocol):
         addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
         self.session = Session(next(_ids), addr, authenticated=state.token is None)
         state.sessions[self.session.id] = self.session
+        if self.pre_auth:
+            self.server.unauthenticated[self.session.id] = self
         self.task = asyncio.get_running_loop().create_task(self._process())
+
+    def _admit(self) -> bool:
+        """Whether a new connection gets a slot; to make room, the oldest unauthenticated one may go.
+
+        Every connection starts unauthenticated, so refusing newcomers once unauthenticated
+        connections fill their share (or all of `max_clients`) would let a few silent sockets lock
+        every real client out. Closing the oldest of them instead means a client that authenticates
+        promptly gets in unless sockets are opened faster than it can send AUTH.
+        """
+        server, limits = self.server, self.server.cfg.limits
+        full = len(server.state.sessions) >= limits.max_clients
+        crowded = self.pre_auth and len(server.unauthenticated) >= limits.max_unauthenticated_clients
+        if not (full or crowded):
+            return True
+        if not server.unauthenticated:
+            return False
+        next(iter(server.unauthenticated.values())).drop(UNAUTHENTICATED_EVICTED)
+        return True
+
+    def expired(self, now: float) -> str | None:
+        """Why this connection should be closed now (AUTH deadline or idle timeout), or None.
+
+        Idle means: no complete request received, no command finished and no reply progress for
+        `idle_timeout_seconds`, and no command running. A client that trickles bytes without
+        completing requests, or stops reading its replies, goes idle; one waiting on a long
+        command does not.
+        """
+        limits = self.server.cfg.limits
+        if self.session is None:
+            return None
+        if self.pre_auth and limits.auth_timeout_seconds and now - self.connected_at > limits.auth_timeout_seconds:
+            return AUTH_TIMEOUT
+        if limits.idle_timeout_seconds and not self.running and now - self.last_active > limits.idle_timeout_seconds:
+            return IDLE_TIMEOUT
+        return None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.get_buffer(sizehint)
@@ -76,58 +140,117 @@ class RespConnection(asyncio.BufferedProtocol):
         self.parser.buffer_updated(nbytes)
         self._parse()
 
+    def _depth(self) -> int:
+        """Commands parsed ahead of execution. One before AUTH: what follows AUTH in the same read
+        must be parsed under the authenticated limits, so it waits until AUTH has run."""
+        return 1 if self.pre_auth else self.server.cfg.limits.max_pipeline_depth
+
     def _parse(self) -> None:
-        depth = self.server.cfg.limits.max_pipeline_depth
+        """Take complete commands from the parser: answer them inline while a turn's budget lasts, queue the rest.
+
+        The queued ones run in the command task, which yields between turns, so a long pipeline
+        read in one go is not served in one go ahead of every other connection.
+        """
+        depth = self._depth()
+        parsed = False
+        commands, reply_bytes = _TURN_COMMANDS, _TURN_BYTES
         try:
             while len(self.queue) < depth:
                 cmd = self.parser.get_command()
                 if cmd is None:
                     break
-                if self.idle and not self.queue and self._run_nowait(cmd):
-                    continue
+                parsed = True
+                if commands > 0 and reply_bytes > 0 and self.idle and not self.queue:
+                    size = self._run_nowait(cmd)
+                    if size is not None:
+                        commands, reply_bytes = commands - 1, reply_bytes - size
+                        continue
                 self.queue.append(cmd)
         except resp.ProtocolError as e:
             self.queue.append(e)
             self.broken = True
+        if parsed:
+            self.last_active = time.monotonic()
         if len(self.queue) >= depth and not self.reading_paused and self.transport:
             self.transport.pause_reading()
             self.reading_paused = True
         if self.queue:
             self.work.set()
 
-    def _run_nowait(self, cmd: list[bytes]) -> bool:
-        """Answer from L1 inside the read callback when nothing is queued ahead; False: queue it."""
+    def _run_nowait(self, cmd: list[bytes]) -> int | None:
+        """Answer from L1 inside the read callback when nothing is queued ahead: the reply's size, or None: queue it."""
         assert self.transport is not None and self.session is not None
         if not self.can_write.is_set():
-            return False
+            return None
         started = time.perf_counter()
         try:
             reply = dispatch_nowait(self.server.state, self.session, cmd)
         except Exception:  # the slow path runs it again and turns the failure into an error reply
             log.debug("fast path failed for %r", cmd[0][:32], exc_info=True)
-            return False
+            return None
         if reply is None:
-            return False
+            return None
+        size = _reply_size(reply)
+        if not self._within_output_limit(size):
+            return None  # the slow path closes the connection and counts it
         if isinstance(reply, bytes):
             self.transport.write(reply)
         else:
             for part in reply:
                 self.transport.write(part)
         self.server.metrics.observe(cmd[0], time.perf_counter() - started)
-        return True
+        return size
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _within_output_limit(self, size: int) -> bool:
+        """Whether `size` more bytes keep this connection's pending output within `limits.max_output_buffer`."""
+        limit = self.server.cfg.limits.max_output_buffer
+        if not limit:
+            return True
+        assert self.transport is not None
+        return self.transport.get_write_buffer_size() + size <= limit
+
+    def drop(self, reason: str) -> None:
+        """Close the connection for `reason` now, discarding output it has not read; counted in metrics.
+
+        The slot is freed at once: a transport's `close` waits for its buffer to drain, which a
+        client that never reads would make last forever, so this aborts instead. Nothing is sent
+        first, as Redis does: an unsolicited error would be read as the reply to the next request.
+        """
+        self.server.state.disconnections[reason] += 1
+        self.broken = True  # parse nothing more from it
+        if self.session is not None:
+            log.info("closing client %s (id %d): %s", self.session.addr, self.session.id, reason)
+        self._forget()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def _forget(self) -> None:
+        """Give the connection's slot back: it no longer counts against `max_clients`."""
         self.server.connections.discard(self)
         if self.session is not None:
             self.server.state.sessions.pop(self.session.id, None)
+            self.server.unauthenticated.pop(self.session.id, None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection and give its memory back now.
+
+        The command task's frame refers to this object; once cancelled, its traceback does too, so
+        holding the task here would make a cycle only the cyclic collector frees, and that runs on
+        object counts, not bytes. Dropping the task and the parser's buffers breaks it.
+        """
+        self._forget()
         if self.task is not None:
             self.task.cancel()
+            self.task = None
+        self.queue.clear()
+        self.parser.release()
         self.can_write.set()
 
     def pause_writing(self) -> None:
         self.can_write.clear()
 
     def resume_writing(self) -> None:
+        self.last_active = time.monotonic()  # the client is reading its replies
         self.can_write.set()
 
     # -- command loop -----------------------------------------------------------------------------
@@ -140,6 +263,7 @@ class RespConnection(asyncio.BufferedProtocol):
             await self.work.wait()
             self.work.clear()
             self.idle = False
+            commands, reply_bytes = _TURN_COMMANDS, _TURN_BYTES
             while self.queue:
                 item = self.queue.popleft()
                 if isinstance(item, resp.ProtocolError):
@@ -147,30 +271,66 @@ class RespConnection(asyncio.BufferedProtocol):
                     transport.close()
                     return
                 started = time.perf_counter()
+                reply: Parts | None
+                self.running = True
                 try:
                     reply = await dispatch(state, session, item)
                 except asyncio.CancelledError:
                     raise
+                except OutputLimitExceeded:
+                    reply = None
                 except Exception as e:
                     log.exception("command %r failed", item[0][:32])
                     reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
-                if isinstance(reply, bytes):
-                    transport.write(reply)
-                else:
-                    for part in reply:  # separate writes: a large value goes to the socket uncopied
-                        transport.write(part)
+                finally:
+                    self.running = False
                 metrics.observe(item[0], time.perf_counter() - started)
+                size = -1 if reply is None else _reply_size(reply)
+                if reply is None or not self._within_output_limit(size):
+                    self.drop(OUTPUT_BUFFER_LIMIT)
+                    return
+                if not await self._write(reply):
+                    return
+                self.last_active = time.monotonic()
                 if session.close_after_reply:
                     transport.close()
                     return
-                if not self.can_write.is_set():
-                    await self.can_write.wait()
-                    if transport.is_closing():
-                        return
-                if self.reading_paused and len(self.queue) < self.server.cfg.limits.max_pipeline_depth // 2:
+                if self.pre_auth and session.authenticated:
+                    self._authenticated()
+                if self.reading_paused and len(self.queue) < max(1, self._depth() // 2):
                     self.reading_paused = False
                     transport.resume_reading()
                     self._parse()
+                commands, reply_bytes = commands - 1, reply_bytes - size
+                if commands <= 0 or reply_bytes <= 0:  # end of this connection's turn
+                    await asyncio.sleep(0)
+                    commands, reply_bytes = _TURN_COMMANDS, _TURN_BYTES
+
+    def _authenticated(self) -> None:
+        """AUTH succeeded: the configured limits apply, and the connection leaves the unauthenticated share."""
+        assert self.session is not None
+        self.pre_auth = False
+        self.parser.authenticated()
+        self.server.unauthenticated.pop(self.session.id, None)
+
+    async def _write(self, reply: Parts) -> bool:
+        """Write a reply part by part, waiting while the transport holds more than its high-water mark.
+
+        A client that does not read therefore holds at most about one part (one value) in the
+        transport's buffer, however large the reply, and its next commands wait: without the wait
+        an MGET repeating one large key copied the whole reply into memory. Parts stay separate
+        writes, so a large value reaches the socket uncopied when it can take it. False: the
+        connection closed meanwhile.
+        """
+        assert self.transport is not None
+        parts = (reply,) if isinstance(reply, bytes) else reply
+        for part in parts:
+            self.transport.write(part)
+            if not self.can_write.is_set():
+                await self.can_write.wait()
+                if self.transport.is_closing():
+                    return False
+        return True
 
 
 class KVServer:
@@ -183,6 +343,8 @@ class KVServer:
         self.metrics = Metrics(self.state)
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()
+        self.unauthenticated: dict[int, RespConnection] = {}  # by session id, oldest first
+        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -190,6 +352,13 @@ class KVServer:
         if self.cfg.metrics.port >= 0:
             await self.metrics.start(self.cfg.metrics.bind, self.cfg.metrics.port)
         await self.store.start()
+        limits = self.cfg.limits
+        timeouts = [limits.idle_timeout_seconds]
+        if self.state.token is not None:
+            timeouts.append(limits.auth_timeout_seconds)
+        timeouts = [t for t in timeouts if t > 0]
+        if timeouts:
+            self._reaper = loop.create_task(self._reap(max(0.05, min(1.0, min(timeouts) / 4))))
         listen = self.cfg.listen
         if listen.tcp_enabled:
             srv = await loop.create_server(
@@ -213,8 +382,26 @@ class KVServer:
             self.metrics.port if self.cfg.metrics.port >= 0 else -1,
         )
 
+    async def _reap(self, interval: float) -> None:
+        """Close connections past the AUTH deadline or idle too long, checked every `interval` seconds.
+
+        One sweep over all connections (like Redis' clientsCron) costs less than a timer per
+        connection re-armed on every request.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                try:
+                    if reason := conn.expired(now):
+                        conn.drop(reason)
+                except Exception:  # one odd connection must not end the sweeps for all the others
+                    log.exception("checking a connection's deadlines failed")
+
     async def stop(self) -> None:
         """Stop accepting, let connections finish, drain write-behind to L2, then close."""
+        if self._reaper is not None:
+            self._reaper.cancel()
         for srv in self._servers:
             srv.close()
         for conn in list(self.connections):
@@ -246,4 +433,12 @@ def _read_token(path: str | None) -> bytes | None:
         raise SystemExit(f"cannot read auth token file {path}: {e.strerror}; mount the Secret or drop auth") from e
     if not token:
         raise SystemExit(f"auth token file {path} is empty; put the token in it or drop auth.token_file")
+    if len(token) < MIN_TOKEN_BYTES:
+        log.warning(
+            "the auth token in %s is %d bytes, shorter than %d: it can be guessed; use a random one "
+            "(e.g. `openssl rand -hex 32`)",
+            path,
+            len(token),
+            MIN_TOKEN_BYTES,
+        )
     return token

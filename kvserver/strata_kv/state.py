@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .store import TieredStore
 
 Parts = bytes | list[bytes]
 """An encoded reply: one buffer, or parts written one after another (large values stay uncopied)."""
+
+# Why the server closed a connection (the `reason` label of strata_kv_client_disconnections_total).
+OUTPUT_BUFFER_LIMIT = "output_buffer_limit"
+"""A reply would take the client's pending output past `limits.max_output_buffer`."""
+AUTH_TIMEOUT = "auth_timeout"
+"""Not authenticated within `limits.auth_timeout_seconds` of connecting."""
+IDLE_TIMEOUT = "idle_timeout"
+"""Idle for `limits.idle_timeout_seconds`."""
+UNAUTHENTICATED_EVICTED = "unauthenticated_evicted"
+"""The oldest unauthenticated connection, closed to make room for a new one."""
+AUTH_FAILURES = "auth_failures"
+"""`auth.max_failures` failed AUTH attempts on the connection."""
+
+
+class OutputLimitExceeded(Exception):
+    """Raised by a command whose reply grows past `limits.max_output_buffer`: stop building it.
+
+    The connection closes, as for any reply over the limit; raising early saves reading the rest
+    of an MGET's values (from L2, perhaps) for a reply that will not be sent.
+    """
 
 
 @dataclass
@@ -25,6 +46,7 @@ class Session:
     close_after_reply: bool = False
     proto: int = 2
     commands: int = 0
+    auth_failures: int = 0
 
 
 @dataclass
@@ -37,6 +59,8 @@ class ServerState:
     sessions: dict[int, Session] = field(default_factory=dict)
     total_connections: int = 0
     rejected_connections: int = 0
+    disconnections: Counter[str] = field(default_factory=Counter)
+    """Connections the server closed, by reason (`strata_kv_client_disconnections_total{reason}`)."""
     commands_processed: int = 0
     tcp_port: int = 0
     unix_socket: str = ""

@@ -26,3 +26,12 @@ def test_no_file_needed(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_size_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "--l1-size", "lots"]) == 2
     assert "cannot read size" in capsys.readouterr().err
+
+
+def test_serve_without_a_bind_setting_listens_on_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--port", "7000"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["listen"]["bind"] == "127.0.0.1" and out["metrics"]["bind"] == "127.0.0.1"
+    assert main(["config", "--bind", "0.0.0.0", "--metrics-bind", "0.0.0.0"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["listen"]["bind"] == "0.0.0.0" and out["metrics"]["bind"] == "0.0.0.0"

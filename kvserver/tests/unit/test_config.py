@@ -54,3 +54,19 @@ def test_namespace_digest_changes_with_hash_seed() -> None:
     b = KVServerConfig.model_validate({"namespace": {"model": "m/x", "hash_seed": "2"}}).namespace
     assert a.digest != b.digest
     assert a.directory_name.startswith("m_x_") and len(a.digest) == 12
+
+
+def test_the_output_limit_must_leave_room_for_the_largest_value() -> None:
+    with pytest.raises(ValidationError, match="a GET of the largest value would close the connection"):
+        KVServerConfig.model_validate({"limits": {"max_output_buffer": "1MiB", "max_value_size": "2MiB"}})
+    assert KVServerConfig.model_validate({"limits": {"max_output_buffer": 0}}).limits.max_output_buffer == 0
+    older = KVServerConfig.model_validate({"limits": {"max_value_size": "2GiB"}})  # written before the limit
+    assert older.limits.max_output_buffer == 4 * 1024**3
+    assert KVServerConfig.from_yaml(older.to_yaml()) == older
+
+
+def test_a_standalone_server_listens_on_loopback_unless_told_otherwise() -> None:
+    cfg = KVServerConfig()
+    assert (cfg.listen.bind, cfg.metrics.bind) == ("127.0.0.1", "127.0.0.1")
+    cfg = KVServerConfig.model_validate({"listen": {"bind": "0.0.0.0"}, "metrics": {"bind": "0.0.0.0"}})
+    assert (cfg.listen.bind, cfg.metrics.bind) == ("0.0.0.0", "0.0.0.0")

@@ -1,5 +1,7 @@
 """The RESP codec against the protocol spec's own byte strings (redis.io/docs/reference/protocol-spec)."""
 
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -181,3 +183,58 @@ def test_protocol_shaped_noise_never_crashes_the_parser(tokens: list[bytes]) -> 
             pass
     except resp.ProtocolError:
         pass
+
+
+def test_an_announced_huge_value_allocates_only_what_arrives() -> None:
+    """A `$536870912` header is a claim, not data: 40 bytes must not reserve 512 MiB."""
+    tracemalloc.start()
+    try:
+        p = resp.RequestParser()
+        p.feed(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n" + b"x" * 1000)
+        assert p.get_command() is None
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < 4 * 1024**2, f"{peak} bytes allocated for 1 KiB of a value"
+        received = 1000
+        for _ in range(10):  # 10 MiB more: the buffer grows with the data, at most about twice it
+            p.feed(b"x" * 1024**2)
+            received += 1024**2
+        assert p.get_command() is None
+        current, peak = tracemalloc.get_traced_memory()  # peak: a grow's zeroes are a transient copy
+        assert current < 2 * received + 4 * 1024**2, f"{current} bytes held for {received} received"
+        assert peak < 3 * received + 4 * 1024**2, f"{peak} bytes allocated for {received} received"
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("size", [256 * 1024, 300_001, 8 * 1024**2 + 3, 64 * 1024**2 + 1])
+def test_growing_value_buffers_end_at_the_exact_size(size: int) -> None:
+    value = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    stream = resp.command("SET", "k", value)
+    p = resp.RequestParser()
+    for i in range(0, len(stream), 1 << 20):
+        p.feed(stream[i : i + (1 << 20)])
+    got = p.get_command()
+    assert got is not None and got[2] == value and len(got[2]) == size
+    assert p.get_command() is None and p.buffered == 0
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "message"),
+    [
+        (b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n", "unauthenticated bulk length"),
+        (b"*1000\r\n", "unauthenticated multibulk length"),
+    ],
+)
+def test_limits_before_authentication(request_bytes: bytes, message: str) -> None:
+    p = resp.RequestParser()
+    p.limit_until_authenticated(max_bulk=16384, max_args=10)
+    with pytest.raises(resp.RequestTooLarge, match=message):
+        p.feed(request_bytes)
+        p.get_command()
+    p = resp.RequestParser()
+    p.limit_until_authenticated(max_bulk=16384, max_args=10)
+    p.feed(resp.command("AUTH", "x" * 16384))
+    assert p.get_command() == [b"AUTH", b"x" * 16384]
+    p.authenticated()
+    p.feed(request_bytes)
+    assert p.get_command() is None  # within the configured limits: waits for the rest

@@ -1,0 +1,140 @@
+"""The per-connection protocol in-process, over a fake transport: lifetimes and scheduling, no sockets.
+
+The fake transport takes every write at once (an always-writable socket) unless told otherwise,
+so what is tested is the connection's own logic, deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from strata_kv import resp
+from strata_kv.config import KVServerConfig
+from strata_kv.server import KVServer, RespConnection
+
+
+class FakeTransport(asyncio.Transport):
+    """Records writes; `close` calls `connection_lost` soon, as asyncio's transports do."""
+
+    def __init__(self, protocol: RespConnection) -> None:
+        super().__init__()
+        self.protocol: RespConnection | None = protocol
+        self.written = bytearray()
+        self.writes = 0
+        self.closing = False
+        self.reading = True
+
+    def write(self, data: Any) -> None:
+        self.written += data
+        self.writes += 1
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().call_soon(self._lost)
+
+    def _lost(self) -> None:
+        protocol, self.protocol = self.protocol, None
+        if protocol is not None:
+            protocol.connection_lost(None)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+
+def make_server(**config: Any) -> KVServer:
+    cfg = KVServerConfig.model_validate({"metrics": {"port": -1}, "l1": {"size": "64MiB"}, **config})
+    return KVServer(cfg)
+
+
+def open_connection(server: KVServer) -> tuple[RespConnection, FakeTransport]:
+    conn = RespConnection(server)
+    transport = FakeTransport(conn)
+    conn.connection_made(transport)
+    return conn, transport
+
+
+def receive(conn: RespConnection, data: bytes) -> None:
+    """Deliver bytes the way asyncio's BufferedProtocol path does: get_buffer, copy, buffer_updated."""
+    view = memoryview(data)
+    while view:
+        free = conn.get_buffer(-1)
+        n = min(len(free), len(view))
+        free[:n] = view[:n]
+        del free
+        conn.buffer_updated(n)
+        view = view[n:]
+
+
+async def turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    """Only reference counting frees objects: what the server sees between rare full collections."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+async def test_a_closed_connection_is_freed_without_the_cyclic_collector() -> None:
+    server = make_server()
+    conn, transport = open_connection(server)
+    receive(conn, resp.command("PING"))
+    receive(conn, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n" + b"x" * 4 * 1024**2)
+    await turns()
+    assert transport.written == resp.PONG
+    ref = weakref.ref(conn)
+    transport.close()
+    del conn
+    await turns()
+    assert ref() is None, f"connection still referenced by {[type(r).__name__ for r in gc.get_referrers(ref())]}"
+
+
+async def test_a_pipelining_connection_leaves_turns_to_the_others() -> None:
+    """B's PING is answered while A's pipeline of GETs is still being served, not after all of it."""
+    server = make_server()
+    value = b"v" * 8192
+    assert server.store.set_nowait(b"k", value)
+    reply = b"".join(resp.bulk(value))
+    a, ta = open_connection(server)
+    b, tb = open_connection(server)
+    n = 5000
+    loop = asyncio.get_running_loop()
+    loop.call_soon(receive, a, resp.command("GET", "k") * n)  # both arrive in one turn of the loop
+    loop.call_soon(receive, b, resp.command("PING"))
+    while tb.written != resp.PONG:
+        await asyncio.sleep(0)
+    served_before_pong = len(ta.written) // len(reply)
+    assert served_before_pong < n, "the other client waited for the whole pipeline"
+    for _ in range(10_000):
+        if len(ta.written) == n * len(reply) and not a.queue:
+            break
+        await asyncio.sleep(0)
+    assert bytes(ta.written) == reply * n  # every reply, in order
