@@ -29,8 +29,9 @@ from strata_testsupport.localcluster.node import NODE_IP, RealNode, node_images_
 from strata_testsupport.pods import (  # noqa: E402
     RESTRICTED_CONTAINER,
     RUNTIME_IMAGE,
-    STATIC_CLASS,
     model_cache,
+    rwx_claim,
+    s3_model_spec,
     s3_secret,
     static_volume,
     wait_phase,
@@ -74,26 +75,9 @@ def upload(s3: Any, bucket: str, prefix: str, size: int) -> int:
     return total
 
 
-def claim(client: Any, namespace: str, name: str) -> None:
-    static_volume(client, namespace, name, size="8Gi")
-    resource(client, "v1", "PersistentVolumeClaim").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": STATIC_CLASS,
-                "resources": {"requests": {"storage": "8Gi"}},
-            },
-        },
-    )
-
-
 def plain_copy(client: Any, namespace: str, s3: Any, bucket: str, prefix: str) -> float:
     name = f"plain-{uuid.uuid4().hex[:6]}"
-    claim(client, namespace, name)
+    rwx_claim(client, namespace, name, size="8Gi")
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -138,17 +122,8 @@ def strata_preload(client: Any, namespace: str, s3: Any, bucket: str, prefix: st
     """(apply -> Ready, Job created -> its container running) for one SharedPVC cache."""
     name = f"mc-{uuid.uuid4().hex[:6]}"
     static_volume(client, namespace, f"{name}-model", size="8Gi")
-    spec = {
-        "source": {
-            "uri": f"s3://{bucket}/{prefix}",
-            "credentials": {"secretRef": {"name": "s3-credentials"}},
-            "s3": {"endpoint": s3.endpoint_url, "region": s3.region},
-        },
-        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "8Gi", "storageClassName": STATIC_CLASS}},
-        "preload": {"verify": "checksums"},
-    }
     started = time.monotonic()
-    model_cache(client, namespace, name, spec)
+    model_cache(client, namespace, name, s3_model_spec(s3, bucket, prefix, "s3-credentials", size="8Gi"))
     pods = resource(client, "v1", "Pod")
     jobs = resource(client, "batch/v1", "Job")
     job = wait_for(

@@ -19,21 +19,12 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "${KUBEBUILDER_ASSETS}/kube-apiserver" 
 fi
 
 mkdir -p "$bin_dir"
-build() {  # build <module dir> <output name> <package> [extra ldflags]
-  local dir="$1" name="$2" pkg="$3" extra="${4:-}"
-  if [[ -x "$bin_dir/$name" ]]; then return 0; fi
-  echo "control plane: building $name ($pkg) into $bin_dir (first time only; several minutes)"
-  local start=$SECONDS
-  (cd "$here/$dir" && go build -trimpath -ldflags="-s -w $extra" -o "$bin_dir/$name.partial" "$pkg")
-  mv "$bin_dir/$name.partial" "$bin_dir/$name"
-  echo "control plane: built $name in $((SECONDS - start))s"
-}
+label="control plane"
+# shellcheck source=hack/go-build.sh
+source "$here/go-build.sh"
 
 build etcd etcd go.etcd.io/etcd/server/v3
-# Stamp the real version so `kubectl version` and clients' skew checks see v1.37.x, not v0.0.0-master.
-minor="$(cut -d. -f2 <<<"${k8s_version#v}")"
-stamp="-X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1"
-stamp+=" -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean"
+stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$stamp"
 build controlplane kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$stamp"
 build controlplane kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$stamp"

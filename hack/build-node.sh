@@ -10,19 +10,10 @@ k8s_version="$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/
 bin_dir="${STRATA_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/bin/${k8s_version}}"
 mkdir -p "$bin_dir"
 
-build() {  # build <module dir> <output name> <package> [extra ldflags]
-  local dir="$1" name="$2" pkg="$3" extra="${4:-}"
-  if [[ -x "$bin_dir/$name" ]]; then return 0; fi
-  echo "node: building $name ($pkg) into $bin_dir (first time only; several minutes)"
-  local start=$SECONDS
-  (cd "$here/$dir" && go build -trimpath -ldflags="-s -w $extra" -o "$bin_dir/$name.partial" "$pkg")
-  mv "$bin_dir/$name.partial" "$bin_dir/$name"
-  echo "node: built $name in $((SECONDS - start))s"
-}
-
-minor="$(cut -d. -f2 <<<"${k8s_version#v}")"
-stamp="-X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1"
-stamp+=" -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean"
+label=node
+# shellcheck source=hack/go-build.sh
+source "$here/go-build.sh"
+stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
 build controlplane kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$stamp"
 build coredns coredns .

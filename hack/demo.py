@@ -22,13 +22,13 @@ from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # no
 from strata_testsupport.localcluster.node import NODE_IP, NODE_NAME, RealNode, node_images_archive  # noqa: E402
 from strata_testsupport.pods import (  # noqa: E402
     API,
-    KV_CLIENT,
-    STATIC_CLASS,
-    TENSOR_DIGESTS,
-    TOKEN,
+    kv_client_pod,
     kv_tier_spec,
+    kv_token_secret,
     model_cache,
-    run_pod,
+    read_model_in_pod,
+    rwx_claim,
+    s3_model_spec,
     s3_secret,
     static_volume,
     upload_model,
@@ -58,34 +58,15 @@ def preload(client: Any, namespace: str, s3: Any) -> None:
     step(f"uploaded a generated model ({len(digests)} tensors, ~256 MiB) to {s3.endpoint_url}", started)
     s3_secret(client, namespace, "s3-credentials", s3.access_key, s3.secret_key)
     static_volume(client, namespace, f"{MODEL}-model")
-    spec = {
-        "source": {
-            "uri": f"s3://{bucket}/{MODEL}",
-            "credentials": {"secretRef": {"name": "s3-credentials"}},
-            "s3": {"endpoint": s3.endpoint_url, "region": s3.region},
-        },
-        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "storageClassName": STATIC_CLASS}},
-        "preload": {"verify": "checksums"},
-    }
     started = time.monotonic()
-    model_cache(client, namespace, MODEL, spec)
+    model_cache(client, namespace, MODEL, s3_model_spec(s3, bucket, MODEL, "s3-credentials"))
     status = wait_phase(client, namespace, MODEL, {"Ready", "Degraded", "Failed"}, timeout=600)
     step(f"kubectl apply -> {status['phase']} ({status.get('size')}, {status.get('totalFiles')} files)", started)
     if status["phase"] != "Ready":
         raise SystemExit(f"the cache did not become Ready: {status.get('conditions')}")
     print("  status.volume:", json.dumps(status["volume"]))
-    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
     started = time.monotonic()
-    out = run_pod(
-        client,
-        namespace,
-        "consumer",
-        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
-        volumes=[volume],
-        container={"volumeMounts": [mount]},
-        timeout=300,
-    )
-    same = json.loads(out.strip().splitlines()[-1]) == digests
+    same = read_model_in_pod(client, namespace, "consumer", status["volume"]) == digests
     step(f"consumer pod read {len(digests)} tensors, bit for bit {'equal' if same else 'DIFFERENT'}", started)
     if not same:
         raise SystemExit("the consumer read different bytes")
@@ -93,25 +74,9 @@ def preload(client: Any, namespace: str, s3: Any) -> None:
 
 def kv_round_trip(client: Any, namespace: str) -> None:
     banner("KVCacheTier: a server on the node, chunks through the Service's DNS name")
-    resource(client, "v1", "Secret").create(
-        namespace=namespace,
-        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-token"}, "stringData": {"token": TOKEN}},
-    )
+    kv_token_secret(client, namespace)
     claim = f"{TIER}-l2"
-    static_volume(client, namespace, claim)
-    resource(client, "v1", "PersistentVolumeClaim").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": STATIC_CLASS,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    rwx_claim(client, namespace, claim)
     started = time.monotonic()
     resource(client, API, "KVCacheTier").create(
         namespace=namespace,
@@ -124,17 +89,9 @@ def kv_round_trip(client: Any, namespace: str) -> None:
 
     wait_for(ready, timeout=300, interval=1, what="the KV server pod")
     step("kubectl apply -> server pod ready on the node", started)
-    env = {
-        "envFrom": [{"configMapRef": {"name": f"{TIER}-connection"}}],
-        "env": [{"name": "KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-token", "key": "token"}}}],
-    }
     for mode in ("write", "read"):
         started = time.monotonic()
-        out = json.loads(
-            run_pod(client, namespace, f"kv-{mode}", ["python", "-c", KV_CLIENT, mode, "40"], container=env)
-            .strip()
-            .splitlines()[-1]
-        )
+        out = kv_client_pod(client, namespace, TIER, f"kv-{mode}", mode, 40)
         hits = sum(1 for k, v in out.items() if k.startswith("chunk-") and v)
         what = "wrote 40 chunks of 256 KiB" if mode == "write" else f"read back {hits}/40 chunks intact"
         step(f"client pod {what} via {out['host']}", started)

@@ -147,6 +147,7 @@ SCRIPTS = [
     REPO / "images" / "build.sh",
     REPO / "hack" / "build-helm.sh",
     REPO / "hack" / "build-node.sh",
+    REPO / "hack" / "go-build.sh",
     REPO / "hack" / "node" / "build-images.sh",
     REPO / "hack" / "images" / "build-base.sh",
     REPO / "e2e" / "gpu-node-setup.sh",

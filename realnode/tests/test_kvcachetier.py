@@ -5,39 +5,14 @@ server pod is replaced by one that still serves them from L2, and the status sho
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME
-from strata_testsupport.pods import (
-    API,
-    KV_CLIENT,
-    RUNTIME_UID,
-    STATIC_CLASS,
-    TOKEN,
-    kv_tier_spec,
-    run_pod,
-    static_volume,
-    unique,
-)
+from strata_testsupport.pods import API, RUNTIME_UID, kv_client_pod, kv_tier_spec, kv_token_secret, rwx_claim, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
-
-
-def client_pod(node_k8s, namespace: str, tier: str, name: str, mode: str, count: int) -> dict:
-    out = run_pod(
-        node_k8s,
-        namespace,
-        name,
-        ["python", "-c", KV_CLIENT, mode, str(count)],
-        container={
-            "envFrom": [{"configMapRef": {"name": f"{tier}-connection"}}],
-            "env": [{"name": "KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-token", "key": "token"}}}],
-        },
-    )
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def server_pods(node_k8s, namespace: str, tier: str) -> list[dict]:
@@ -60,25 +35,9 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(
     node_k8s, node_operator, restricted_namespace
 ):
     namespace, tier = restricted_namespace, unique("kv")
-    resource(node_k8s, "v1", "Secret").create(
-        namespace=namespace,
-        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-token"}, "stringData": {"token": TOKEN}},
-    )
+    kv_token_secret(node_k8s, namespace)
     claim = f"{tier}-l2"
-    static_volume(node_k8s, namespace, claim)
-    resource(node_k8s, "v1", "PersistentVolumeClaim").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": STATIC_CLASS,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    rwx_claim(node_k8s, namespace, claim)
     started = time.monotonic()
     resource(node_k8s, API, "KVCacheTier").create(
         namespace=namespace,
@@ -94,9 +53,9 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(
         first["spec"].get("securityContext", {}).get("runAsUser") or container["securityContext"].get("runAsUser")
     ) == RUNTIME_UID
 
-    written = client_pod(node_k8s, namespace, tier, "writer", "write", 40)
+    written = kv_client_pod(node_k8s, namespace, tier, "writer", "write", 40)
     assert written["host"] == f"{tier}.{namespace}.svc"
-    read = client_pod(node_k8s, namespace, tier, "reader", "read", 40)
+    read = kv_client_pod(node_k8s, namespace, tier, "reader", "read", 40)
     assert all(read[f"chunk-{i:04d}"] for i in range(40)), read
 
     def usage_scraped() -> dict | None:
@@ -112,5 +71,5 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(
     )
     second = ready_server(node_k8s, namespace, tier, not_uid=first["metadata"]["uid"])
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
-    again = client_pod(node_k8s, namespace, tier, "reader-after-restart", "read", 40)
+    again = kv_client_pod(node_k8s, namespace, tier, "reader-after-restart", "read", 40)
     assert all(again[f"chunk-{i:04d}"] for i in range(40)), again

@@ -5,7 +5,6 @@ with the loader's own one-line reason, and nothing half-written is marked Ready.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -15,12 +14,11 @@ from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
 from strata_testsupport.pods import (
     API,
     RUNTIME_UID,
-    STATIC_CLASS,
-    TENSOR_DIGESTS,
     cache_status,
     condition,
     model_cache,
-    run_pod,
+    read_model_in_pod,
+    s3_model_spec,
     s3_secret,
     static_volume,
     unique,
@@ -29,18 +27,6 @@ from strata_testsupport.pods import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
-
-
-def shared_spec(node_s3, bucket: str, prefix: str, secret: str) -> dict:
-    return {
-        "source": {
-            "uri": f"s3://{bucket}/{prefix}",
-            "credentials": {"secretRef": {"name": secret}},
-            "s3": {"endpoint": node_s3.endpoint_url, "region": node_s3.region},
-        },
-        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "storageClassName": STATIC_CLASS}},
-        "preload": {"verify": "checksums"},
-    }
 
 
 def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(
@@ -53,7 +39,7 @@ def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(
     static_volume(node_k8s, namespace, f"{name}-model")
 
     started = time.monotonic()
-    model_cache(node_k8s, namespace, name, shared_spec(node_s3, bucket, "tiny", "s3"))
+    model_cache(node_k8s, namespace, name, s3_model_spec(node_s3, bucket, "tiny", "s3"))
     status = wait_phase(node_k8s, namespace, name, {"Ready", "Degraded", "Failed"})
     seconds = time.monotonic() - started
     assert status["phase"] == "Ready", status
@@ -63,16 +49,7 @@ def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(
     assert claim.status.phase == "Bound" and claim.spec.volumeName == f"{namespace}-{name}-model"
     print(f"apply -> Ready: {seconds:.1f}s")
 
-    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
-    out = run_pod(
-        node_k8s,
-        namespace,
-        "consumer",
-        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
-        volumes=[volume],
-        container={"volumeMounts": [mount]},
-    )
-    assert json.loads(out.strip().splitlines()[-1]) == digests
+    assert read_model_in_pod(node_k8s, namespace, "consumer", status["volume"]) == digests
 
 
 def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(
@@ -84,7 +61,7 @@ def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(
     upload_model(node_s3, bucket, "tiny", files=1)
     s3_secret(node_k8s, namespace, "wrong", "not-a-key", "not-a-secret")
     path = static_volume(node_k8s, namespace, f"{name}-model")
-    spec = shared_spec(node_s3, bucket, "tiny", "wrong")
+    spec = s3_model_spec(node_s3, bucket, "tiny", "wrong")
     spec["preload"]["backoffLimit"] = 0
     model_cache(node_k8s, namespace, name, spec)
 
@@ -111,7 +88,7 @@ def test_node_local_copy_lands_on_the_node_is_labelled_and_is_removed_with_the_c
     root = WORK_DIR / "models"
     root.mkdir(parents=True, exist_ok=True)
     os.chown(root, RUNTIME_UID, RUNTIME_UID)
-    spec = shared_spec(node_s3, bucket, "tiny", "s3")
+    spec = s3_model_spec(node_s3, bucket, "tiny", "s3")
     spec["storage"] = {
         "mode": "NodeLocal",
         "nodeLocal": {"path": str(root), "nodeSelector": {"kubernetes.io/hostname": NODE_NAME}},
@@ -129,17 +106,8 @@ def test_node_local_copy_lands_on_the_node_is_labelled_and_is_removed_with_the_c
     node = resource(node_k8s, "v1", "Node").get(name=NODE_NAME)
     assert node.metadata.labels[label] == "Ready"
 
-    volume, mount = status["volume"]["volume"], status["volume"]["volumeMount"]
-    out = run_pod(
-        node_k8s,
-        namespace,
-        "consumer",
-        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
-        volumes=[volume],
-        nodeSelector=status["volume"]["nodeSelector"],
-        container={"volumeMounts": [mount]},
-    )
-    assert json.loads(out.strip().splitlines()[-1]) == digests
+    snippet = status["volume"]
+    assert read_model_in_pod(node_k8s, namespace, "consumer", snippet, nodeSelector=snippet["nodeSelector"]) == digests
 
     resource(node_k8s, API, "ModelCache").delete(name=name, namespace=namespace)
     wait_for(

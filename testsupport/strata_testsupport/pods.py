@@ -242,3 +242,74 @@ def kv_tier_spec(claim: str) -> dict[str, Any]:
         "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
         "resources": {"requests": {"cpu": "50m"}},
     }
+
+
+def rwx_claim(client: DynamicClient, namespace: str, name: str, size: str = "1Gi") -> None:
+    """A ReadWriteMany claim bound to its own static volume on the node (see `static_volume`)."""
+    static_volume(client, namespace, name, size)
+    resource(client, "v1", "PersistentVolumeClaim").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": STATIC_CLASS,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    )
+
+
+def kv_token_secret(client: DynamicClient, namespace: str) -> None:
+    resource(client, "v1", "Secret").create(
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-token"}, "stringData": {"token": TOKEN}},
+    )
+
+
+def kv_client_pod(client: DynamicClient, namespace: str, tier: str, name: str, mode: str, count: int) -> dict:
+    """Run KV_CLIENT in a pod that takes the tier's connection ConfigMap with envFrom; its JSON result."""
+    out = run_pod(
+        client,
+        namespace,
+        name,
+        ["python", "-c", KV_CLIENT, mode, str(count)],
+        container={
+            "envFrom": [{"configMapRef": {"name": f"{tier}-connection"}}],
+            "env": [{"name": "KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-token", "key": "token"}}}],
+        },
+    )
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def s3_model_spec(s3: Any, bucket: str, prefix: str, secret: str, size: str = "1Gi") -> dict[str, Any]:
+    """A SharedPVC ModelCache of `s3://bucket/prefix` into a claim of the node's static class, checksums verified."""
+    return {
+        "source": {
+            "uri": f"s3://{bucket}/{prefix}",
+            "credentials": {"secretRef": {"name": secret}},
+            "s3": {"endpoint": s3.endpoint_url, "region": s3.region},
+        },
+        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": size, "storageClassName": STATIC_CLASS}},
+        "preload": {"verify": "checksums"},
+    }
+
+
+def read_model_in_pod(
+    client: DynamicClient, namespace: str, name: str, snippet: dict[str, Any], **spec: Any
+) -> dict[str, str]:
+    """A consumer pod that pastes a cache's `status.volume` and hashes every tensor (TENSOR_DIGESTS)."""
+    volume, mount = snippet["volume"], snippet["volumeMount"]
+    out = run_pod(
+        client,
+        namespace,
+        name,
+        ["python", "-c", TENSOR_DIGESTS, mount["mountPath"]],
+        volumes=[volume],
+        container={"volumeMounts": [mount]},
+        timeout=300,
+        **spec,
+    )
+    return dict(json.loads(out.strip().splitlines()[-1]))

@@ -60,6 +60,17 @@ def test_probes_hit_the_health_endpoints() -> None:
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"resp": 6379, "metrics": 9121}
 
 
+def test_server_listens_on_the_pod_ip_only() -> None:
+    """Every pod on the node can reach the pod network: the server binds its own address, not 0.0.0.0."""
+    container = pod_spec(spec_of())["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    args = container["args"]
+    assert args[args.index("--bind") + 1] == "$(POD_IP)" and args[args.index("--metrics-bind") + 1] == "$(POD_IP)"
+    config = yaml.safe_load(build_children(spec_of(), TIER).config_map["data"][CONFIG_FILE_NAME])
+    assert "0.0.0.0" not in (config["listen"].get("bind"), config["metrics"].get("bind"))
+
+
 def test_memory_request_is_l1_plus_headroom() -> None:
     spec = spec_of(l1={"size": "8Gi"}, memoryHeadroom="1Gi")
     resources = build_resources(spec)

@@ -6,18 +6,16 @@ import shutil
 import socket
 import ssl
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
 from strata_testsupport.localcluster.binaries import ControlPlaneBinaries, find_binaries
 from strata_testsupport.localcluster.pki import write_pki
-from strata_testsupport.localcluster.processes import ManagedProcess
+from strata_testsupport.localcluster.processes import ManagedProcess, Started, wait_ready
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -37,11 +35,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-class ControlPlaneError(RuntimeError):
-    """A component did not start; the message carries the tail of its log."""
-
-
-class LocalCluster:
+class LocalCluster(Started):
     """etcd + kube-apiserver (+ controller-manager, scheduler, kwok) as child processes.
 
     Use as a context manager; `stop()` is idempotent and removes the work directory.
@@ -72,19 +66,6 @@ class LocalCluster:
         self.pki: dict[str, Path] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def __enter__(self) -> LocalCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         self.pki = write_pki(self.workdir, self.address)
         self._write_kubeconfig()
@@ -212,14 +193,7 @@ class LocalCluster:
 
     # -- readiness -------------------------------------------------------------------------------------------
     def _wait(self, process: ManagedProcess, ready: Any) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise ControlPlaneError(f"{process.name} exited during start-up:\n{process.log_tail()}")
-            if ready():
-                return
-            time.sleep(0.2)
-        raise ControlPlaneError(f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}")
+        wait_ready(process, ready, self.startup_timeout)
 
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki["ca_crt"]))

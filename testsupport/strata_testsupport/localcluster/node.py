@@ -22,13 +22,13 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from typing import Any
 
 import yaml
 
 from strata_testsupport.localcluster.binaries import cache_dir
-from strata_testsupport.localcluster.cluster import ControlPlaneError, LocalCluster, free_port
-from strata_testsupport.localcluster.processes import ManagedProcess
+from strata_testsupport.localcluster.cluster import LocalCluster, free_port
+from strata_testsupport.localcluster.processes import ManagedProcess, Started, StartupError, wait_ready
 
 NODE_NAME = "strata-node"
 NODE_IP = "10.84.0.1"
@@ -184,7 +184,7 @@ def sweep(kube_proxy: Path | None = None) -> None:
 
 
 # -- the node --------------------------------------------------------------------------------------------------
-class RealNode:
+class RealNode(Started):
     """A control plane whose API server pods can reach, and one real node (`NODE_NAME`) registered with it.
 
     Use as a context manager: `stop()` is idempotent and sweeps. `cluster` is the LocalCluster (kubeconfig,
@@ -199,19 +199,6 @@ class RealNode:
         self.processes: list[ManagedProcess] = []
         self.sysctls_before: dict[str, str] = {}
         self.timings: dict[str, float] = {}
-
-    def __enter__(self) -> RealNode:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         sweep(self.binaries.kube_proxy)
@@ -239,9 +226,9 @@ class RealNode:
                 Path("/proc/sys", key).write_text(value)
         self.sysctls_before.clear()
 
-    def _phase(self, name: str, step: object) -> None:
+    def _phase(self, name: str, step: Any) -> None:
         start = time.monotonic()
-        step()  # type: ignore[operator]
+        step()
         self.timings[name] = round(time.monotonic() - start, 2)
 
     # -- components ------------------------------------------------------------------------------------------
@@ -334,7 +321,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if result.returncode != 0:
             result = self._ctr("images", "import", str(self.images))
         if result.returncode != 0:
-            raise ControlPlaneError(f"ctr images import {self.images} failed: {result.stderr.strip()}")
+            raise StartupError(f"ctr images import {self.images} failed: {result.stderr.strip()}")
 
     def _start_kubelet(self) -> None:
         assert self.cluster is not None
@@ -450,15 +437,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         coredns = self._spawn("coredns", [str(self.binaries.coredns), "-conf", str(corefile)])
         self._wait(coredns, lambda: _http_status(f"http://127.0.0.1:{ready}/ready") == 200)
 
-    def _wait(self, process: ManagedProcess, ready: object) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise ControlPlaneError(f"{process.name} exited during start-up:\n{process.log_tail()}")
-            if ready():  # type: ignore[operator]
-                return
-            time.sleep(0.2)
-        raise ControlPlaneError(f"{process.name} not ready after {self.startup_timeout:.0f}s:\n{process.log_tail()}")
+    def _wait(self, process: ManagedProcess, ready: Any) -> None:
+        wait_ready(process, ready, self.startup_timeout)
 
     def logs(self, name: str, lines: int = 50) -> str:
         """The tail of one component's log (for failure messages)."""

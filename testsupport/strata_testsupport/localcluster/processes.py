@@ -7,8 +7,11 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -56,3 +59,42 @@ class ManagedProcess:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+class StartupError(RuntimeError):
+    """A component did not start; the message carries the tail of its log."""
+
+
+def wait_ready(process: ManagedProcess, ready: Callable[[], Any], timeout: float) -> None:
+    """Poll `ready` until it is truthy; fail with the process's log if it exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise StartupError(f"{process.name} exited during start-up:\n{process.log_tail()}")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise StartupError(f"{process.name} not ready after {timeout:.0f}s:\n{process.log_tail()}")
+
+
+class Started:
+    """`with` starts and always stops: a failed start stops what did start, and `stop()` is idempotent."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -71,7 +71,7 @@ def _l2_config(l2: L2Spec | None) -> L2Config:
 def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     """The complete server configuration; credentials stay out (they come from mounted Secrets)."""
     return KVServerConfig(
-        listen=ListenConfig(port=spec.port, bind="0.0.0.0"),
+        listen=ListenConfig(port=spec.port),  # bound to the pod IP by the DaemonSet's args
         l1=L1Config(
             size=quantity_bytes(spec.l1.size),
             eviction_policy=EvictionPolicyName(spec.l1.eviction_policy.value),
@@ -81,7 +81,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
         namespace=NamespaceConfig(hash_algorithm=spec.hash.algorithm.value, hash_seed=hash_seed(spec, tier)),
         tenancy=TenancyConfig(require_salt=spec.tenancy.require_salt),
         auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if spec.auth else None),
-        metrics=MetricsConfig(port=spec.metrics_port, bind="0.0.0.0"),
+        metrics=MetricsConfig(port=spec.metrics_port),
         log_level=spec.log_level.value,
     )
 

@@ -95,6 +95,7 @@ def _env(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]], li
     env: list[dict[str, Any]] = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONHASHSEED", "value": hash_seed(spec, tier)},
     ]
     env_from: list[dict[str, Any]] = []
@@ -111,7 +112,16 @@ def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]
         "image": spec.image or default_runtime_image(),
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": ["strata-kv"],
-        "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE_NAME}"],
+        # The pod's own address, not every interface: the Service, the probes and the usage scrape all use it.
+        "args": [
+            "serve",
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE_NAME}",
+            "--bind",
+            "$(POD_IP)",
+            "--metrics-bind",
+            "$(POD_IP)",
+        ],
         "ports": [
             {"name": RESP_PORT_NAME, "containerPort": spec.port, "protocol": "TCP"},
             {"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
