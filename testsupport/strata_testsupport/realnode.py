@@ -21,7 +21,14 @@ from kubernetes.dynamic import DynamicClient
 from strata_testsupport.cluster import missing
 from strata_testsupport.helm import CHART, helm_path
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for
-from strata_testsupport.localcluster.node import NODE_IP, NODE_NAME, NodeUnavailable, RealNode, find_node_binaries
+from strata_testsupport.localcluster.node import (
+    NODE_IP,
+    NODE_NAME,
+    NodeUnavailable,
+    RealNode,
+    find_node_binaries,
+    leftovers,
+)
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
 from strata_testsupport.s3 import S3Server, running_s3_server
 
@@ -38,6 +45,8 @@ def real_node() -> Iterator[RealNode]:
         missing(str(error))
     with RealNode(images, binaries=binaries) as node:
         yield node
+    left = leftovers()
+    assert not left, f"the node's teardown left {left}"
 
 
 @pytest.fixture(scope="session")

@@ -169,6 +169,35 @@ def _create_cgroups() -> None:
                 (top / knob).write_text((controller / knob).read_text())
 
 
+def leftovers() -> list[str]:
+    """What a node left on this machine (empty when clean): the sweep's checklist, for tests and diagnostics."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(WORK_DIR).encode() in (proc / "cmdline").read_bytes():
+                    found.append(f"process {proc.name}")
+    found += [
+        f"cgroup {p.parent}"
+        for p in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}/**/cgroup.procs")
+        if p.read_text().strip()
+    ]
+    with contextlib.suppress(OSError):
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        found += [f"mount {m}" for m in mounts if m.startswith(str(WORK_DIR))]
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        found.append(f"bridge {BRIDGE}")
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            dump = _run(f"{tool}-save", "-t", table).stdout
+            found += [f"{tool} {table} {line.split()[0]}" for line in dump.splitlines() if line.startswith(":KUBE-")]
+    if f"{NODE_IP}/32" in _run("ip", "address", "show", "dev", "lo").stdout:
+        found.append(f"address {NODE_IP} on lo")
+    if WORK_DIR.exists():
+        found.append(f"directory {WORK_DIR}")
+    return found
+
+
 def sweep(kube_proxy: Path | None = None) -> None:
     """Remove every trace of a node: processes, mounts, cgroups, the bridge, kube-proxy's rules, the address."""
     _kill_node_processes()
@@ -191,6 +220,8 @@ class RealNode(Started):
     server); kwok stays off here, so every pod scheduled in this cluster really runs.
     """
 
+    active: RealNode | None = None  # the one node of this process (its addresses are fixed)
+
     def __init__(self, images: Path, *, binaries: NodeBinaries | None = None, startup_timeout: float = 180.0):
         self.binaries = binaries or find_node_binaries()
         self.images = images
@@ -201,6 +232,7 @@ class RealNode(Started):
         self.timings: dict[str, float] = {}
 
     def start(self) -> None:
+        RealNode.active = self
         sweep(self.binaries.kube_proxy)
         for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes"):
             (WORK_DIR / directory).mkdir(parents=True, exist_ok=True)
@@ -225,6 +257,7 @@ class RealNode(Started):
             with contextlib.suppress(OSError):
                 Path("/proc/sys", key).write_text(value)
         self.sysctls_before.clear()
+        RealNode.active = None
 
     def _phase(self, name: str, step: Any) -> None:
         start = time.monotonic()
