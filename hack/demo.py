@@ -19,7 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
 
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # noqa: E402
-from strata_testsupport.localcluster.node import NODE_IP, NODE_NAME, RealNode, node_images_archive  # noqa: E402
+from strata_testsupport.localcluster.node import (  # noqa: E402
+    NODE_IP,
+    NODE_NAME,
+    RealNode,
+    leftovers,
+    node_images_archive,
+)
 from strata_testsupport.pods import (  # noqa: E402
     API,
     kv_client_pod,
@@ -115,8 +121,9 @@ def main() -> int:
                 preload(client, namespace, s3)
                 kv_round_trip(client, namespace)
         banner("Stopping")
-    print("  control plane, node, pods, mounts, bridge and iptables chains removed")
-    return 0
+    left = leftovers()
+    print(f"  left behind: {left}" if left else "  control plane, node, pods, mounts, bridge and iptables chains removed")
+    return 1 if left else 0
 
 
 if __name__ == "__main__":
