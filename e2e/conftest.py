@@ -135,7 +135,14 @@ def images(kind_cluster: Path) -> None:
     """Strata's images from images/build.sh (the same script as `make images`) and the S3 server's."""
     if os.environ.get("E2E_SKIP_BUILD") == "1":
         return
-    env = {**os.environ, "IMAGE_TAG": TAG, "IMAGE_PREFIX": PREFIX, "KIND_CLUSTER": CLUSTER}
+    # The GPU load test imports torch in the runtime image: build it with the tensor extra.
+    env = {
+        **os.environ,
+        "IMAGE_TAG": TAG,
+        "IMAGE_PREFIX": PREFIX,
+        "KIND_CLUSTER": CLUSTER,
+        "BUILD_ARGS": "--build-arg STRATA_EXTRAS=runtime,tensor",
+    }
     run("bash", str(REPO / "images" / "build.sh"), env=env, capture=False)
     run("docker", "build", "--tag", S3_IMAGE, str(E2E / "s3"), capture=False)
     run("kind", "load", "docker-image", "--name", CLUSTER, S3_IMAGE)

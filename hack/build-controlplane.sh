@@ -19,8 +19,9 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "${KUBEBUILDER_ASSETS}/kube-apiserver" 
 fi
 
 mkdir -p "$bin_dir"
+# shellcheck disable=SC2034  # read by go-build.sh
 label="control plane"
-# shellcheck source=hack/go-build.sh
+# shellcheck disable=SC1091  # sourced from this directory
 source "$here/go-build.sh"
 
 build etcd etcd go.etcd.io/etcd/server/v3

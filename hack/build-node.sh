@@ -10,8 +10,9 @@ k8s_version="$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/
 bin_dir="${STRATA_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/bin/${k8s_version}}"
 mkdir -p "$bin_dir"
 
+# shellcheck disable=SC2034  # read by go-build.sh
 label=node
-# shellcheck source=hack/go-build.sh
+# shellcheck disable=SC1091  # sourced from this directory
 source "$here/go-build.sh"
 stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
