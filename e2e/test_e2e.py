@@ -1,6 +1,9 @@
 """Strata end to end on kind with a GPU node: install the chart, preload a model from an in-cluster S3 server
 and load it onto the GPU, serve KV cache from the node's own server, then delete everything and check that
-nothing is left. The tests run in file order and share one cluster; each states what it proves."""
+nothing is left. The tests run in file order and share one cluster; each states what it proves.
+
+The scenarios themselves (preload and read back, a tier serving its node, deletion) are the ones the local
+real node runs (strata_testsupport.scenarios); this suite adds what needs a GPU."""
 
 from __future__ import annotations
 
@@ -47,6 +50,24 @@ def workspace(strata_release, gpu_node, e2e_namespace, scripts_config_map, k8s_e
     return {"namespace": e2e_namespace, "gpu_node": gpu_node, "expected": uploaded["tensors"]}
 
 
+@pytest.fixture(scope="module")
+def site(k8s_e2e, workspace, e2e) -> Any:
+    """This cluster as a scenario `Site`: the in-cluster S3 Service, kind's RWO local-path claims, the GPU node."""
+    from strata_testsupport.scenarios import Site
+
+    namespace = workspace["namespace"]
+    return Site(
+        client=k8s_e2e,
+        namespace=namespace,
+        s3_endpoint=f"http://s3.{namespace}.svc:9000",
+        s3_secret="s3-credentials",
+        # kind's local-path provisioner has no ReadWriteMany; one GPU node needs none.
+        shared_pvc=lambda _cache: {"size": "1Gi", "accessMode": "ReadWriteOnce"},
+        node_selector={"strata.dev/e2e-gpu": "true"},
+        runtime_image=e2e.runtime_image,
+    )
+
+
 def test_operator_is_available(k8s_e2e, strata_release, e2e):
     from strata_testsupport.kube import resource
 
@@ -54,20 +75,12 @@ def test_operator_is_available(k8s_e2e, strata_release, e2e):
     assert deployment.status.availableReplicas == 1
 
 
-def test_modelcache_preloads_from_s3_and_the_gpu_loads_it(k8s_e2e, workspace, e2e):
+def test_modelcache_preloads_from_s3_and_the_gpu_loads_it(k8s_e2e, workspace, site, e2e):
+    from strata_testsupport.scenarios import consumer_reads_every_tensor, preload_from_s3
+
     namespace = workspace["namespace"]
-    cache = copy.deepcopy(e2e.sample("ModelCache"))
-    cache["metadata"] = {"name": MODEL}
-    spec = cache["spec"]
-    spec["source"] = {
-        "uri": "s3://models/tiny",
-        "s3": {"endpoint": f"http://s3.{namespace}.svc:9000", "region": "us-east-1"},
-        "credentials": {"secretRef": {"name": "s3-credentials"}},
-    }
-    # kind's local-path provisioner has no ReadWriteMany; one GPU node needs none.
-    spec["storage"] = {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}
-    e2e.apply_object(k8s_e2e, cache, namespace)
-    ready = e2e.wait_condition(k8s_e2e, API, "ModelCache", MODEL, namespace, "Ready", timeout=600)
+    ready = {"status": preload_from_s3(site, MODEL, "s3://models/tiny")}
+    consumer_reads_every_tensor(site, ready["status"], workspace["expected"])
 
     # The consumption contract: paste status.volume into a pod, on the GPU node, and load with Strata's loader.
     snippet = ready["status"]["volume"]
@@ -85,64 +98,28 @@ def test_modelcache_preloads_from_s3_and_the_gpu_loads_it(k8s_e2e, workspace, e2
     assert outcome["result"]["tensors"] == workspace["expected"], "bytes on the GPU differ from the uploaded model"
 
 
-def test_kvcachetier_serves_a_pod_from_its_own_node(k8s_e2e, workspace, e2e):
-    from strata_testsupport.kube import resource
+def test_kvcachetier_serves_a_pod_from_its_own_node(k8s_e2e, workspace, site, e2e):
+    from strata_testsupport.pods import kv_token_secret
+    from strata_testsupport.scenarios import tier_serves_a_pod_on_its_node
 
-    namespace = workspace["namespace"]
     tier = copy.deepcopy(e2e.sample("KVCacheTier"))
-    tier["metadata"] = {"name": TIER}
     spec = tier["spec"]
-    # The image under test, on the GPU node, with an L1 small enough for a kind node.
-    spec.update(image=e2e.runtime_image, imagePullPolicy="IfNotPresent", nodeSelector={"strata.dev/e2e-gpu": "true"})
+    # The image under test, on the GPU node, with an L1 small enough for a kind node, no L2.
+    spec.update(image=e2e.runtime_image, imagePullPolicy="IfNotPresent", nodeSelector=site.node_selector)
     spec["l1"] = {**(spec.get("l1") or {}), "size": "256Mi"}
+    spec["auth"] = {"secretRef": {"name": "kv-token", "key": "token"}}
     spec.pop("l2", None)
     spec.pop("resources", None)
-    e2e.apply_object(k8s_e2e, tier, namespace)
-    e2e.wait_condition(k8s_e2e, API, "KVCacheTier", TIER, namespace, "Available", timeout=300)
-
-    job = e2e.runtime_job(
-        "kv-roundtrip",
-        "kv_roundtrip.py",
-        on_gpu_node=True,
-        env=[{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-        env_from=[{"configMapRef": {"name": f"{TIER}-connection"}}],
-    )
-    outcome = e2e.run_job(k8s_e2e, job, namespace)
-    assert outcome["result"]["roundtrip"] is True, outcome
-    # internalTrafficPolicy: Local — the only server the client can reach is the one on its node.
-    service = resource(k8s_e2e, "v1", "Service").get(name=TIER, namespace=namespace)
-    assert service.spec.internalTrafficPolicy == "Local"
-    servers = resource(k8s_e2e, "v1", "Pod").get(
-        namespace=namespace, label_selector=f"app.kubernetes.io/instance={TIER},app.kubernetes.io/component=kvserver"
-    )
-    assert outcome["node"] in {pod.spec.nodeName for pod in servers.items}
+    kv_token_secret(k8s_e2e, site.namespace)
+    server = tier_serves_a_pod_on_its_node(site, TIER, spec)
+    assert server["spec"]["nodeName"] == workspace["gpu_node"]
 
 
-def test_deleting_everything_leaves_nothing_behind(k8s_e2e, workspace, strata_release, e2e):
-    from strata_testsupport.kube import resource, wait_for
+def test_deleting_everything_leaves_nothing_behind(k8s_e2e, workspace, site, strata_release, e2e):
+    from strata_testsupport.kube import resource
+    from strata_testsupport.scenarios import deleting_leaves_nothing_behind
 
-    namespace = workspace["namespace"]
-    for kind, name in (("ModelCache", MODEL), ("KVCacheTier", TIER)):
-        resource(k8s_e2e, API, kind).delete(name=name, namespace=namespace)
-    for kind in ("ModelCache", "KVCacheTier"):
-        wait_for(
-            lambda kind=kind: not resource(k8s_e2e, API, kind).get(namespace=namespace).items,
-            timeout=300,
-            interval=2,
-            what=f"{kind}s deleted (finalizers done)",
-        )
-    # Every child carries managed-by=strata: Jobs, the claim, the DaemonSet, Service and ConfigMaps.
-    for api_version, kind in (
-        ("batch/v1", "Job"),
-        ("v1", "PersistentVolumeClaim"),
-        ("apps/v1", "DaemonSet"),
-        ("v1", "Service"),
-        ("v1", "ConfigMap"),
-        ("v1", "Pod"),
-    ):
-        e2e.wait_gone(k8s_e2e, api_version, kind, namespace, MANAGED)
-    nodes = resource(k8s_e2e, "v1", "Node").get().items
-    assert not [k for node in nodes for k in (node.metadata.labels or {}) if k.startswith("strata.dev/model")]
+    deleting_leaves_nothing_behind(site, [MODEL], [TIER])
 
     env = {"KUBECONFIG": strata_release["kubeconfig"]}
     e2e.run(

@@ -205,7 +205,7 @@ def test_end_to_end_suite_pods_are_admitted(k8s, restricted_namespace):
             volumes=[{"name": "m", "emptyDir": {}}],
             mounts=[{"name": "m", "mountPath": "/m"}],
         ),
-        e2e.runtime_job("kv", "kv_roundtrip.py", on_gpu_node=True),
+        e2e.runtime_job("upload", "make_model.py", on_gpu_node=True),
     ]
     for job in jobs:
         assert admit(k8s, restricted_namespace, job["metadata"]["name"], job["spec"]["template"]) is None

@@ -25,31 +25,23 @@ from strata_testsupport.pods import (
     upload_model,
     wait_phase,
 )
+from strata_testsupport.scenarios import consumer_reads_every_tensor, preload_from_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 
-def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(
-    node_k8s, node_operator, node_s3, restricted_namespace
-):
-    namespace, name = restricted_namespace, unique("tiny")
-    bucket = node_s3.create_bucket()
+def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(node_site, node_s3):
+    name, bucket = unique("tiny"), node_s3.create_bucket()
     digests = upload_model(node_s3, bucket, "tiny")
-    s3_secret(node_k8s, namespace, "s3", node_s3.access_key, node_s3.secret_key)
-    static_volume(node_k8s, namespace, f"{name}-model")
-
     started = time.monotonic()
-    model_cache(node_k8s, namespace, name, s3_model_spec(node_s3, bucket, "tiny", "s3"))
-    status = wait_phase(node_k8s, namespace, name, {"Ready", "Degraded", "Failed"})
-    seconds = time.monotonic() - started
-    assert status["phase"] == "Ready", status
-    assert condition(status, "Ready")["status"] == "True"
+    status = preload_from_s3(node_site, name, f"s3://{bucket}/tiny")
+    print(f"apply -> Ready: {time.monotonic() - started:.1f}s")
     assert status["totalFiles"] == 3  # two safetensors files and config.json
-    claim = resource(node_k8s, "v1", "PersistentVolumeClaim").get(name=f"{name}-model", namespace=namespace)
-    assert claim.status.phase == "Bound" and claim.spec.volumeName == f"{namespace}-{name}-model"
-    print(f"apply -> Ready: {seconds:.1f}s")
-
-    assert read_model_in_pod(node_k8s, namespace, "consumer", status["volume"]) == digests
+    claim = resource(node_site.client, "v1", "PersistentVolumeClaim").get(
+        name=status["claimName"], namespace=node_site.namespace
+    )
+    assert claim.spec.volumeName == f"{node_site.namespace}-{name}-model", "the static volume on the node"
+    consumer_reads_every_tensor(node_site, status, digests)
 
 
 def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(

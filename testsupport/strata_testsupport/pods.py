@@ -69,13 +69,14 @@ def run_pod(
     command: list[str],
     *,
     timeout: float = 180,
+    image: str = RUNTIME_IMAGE,
     **spec: Any,
 ) -> str:
     """Run one restricted container from the runtime image to completion; return its log, fail with its state."""
     containers = [
         {
             "name": "main",
-            "image": RUNTIME_IMAGE,
+            "image": image,
             "imagePullPolicy": "IfNotPresent",
             "command": command,
             "securityContext": RESTRICTED_CONTAINER,
@@ -269,13 +270,16 @@ def kv_token_secret(client: DynamicClient, namespace: str) -> None:
     )
 
 
-def kv_client_pod(client: DynamicClient, namespace: str, tier: str, name: str, mode: str, count: int) -> dict:
+def kv_client_pod(
+    client: DynamicClient, namespace: str, tier: str, name: str, mode: str, count: int, **spec: Any
+) -> dict:
     """Run KV_CLIENT in a pod that takes the tier's connection ConfigMap with envFrom; its JSON result."""
     out = run_pod(
         client,
         namespace,
         name,
         ["python", "-c", KV_CLIENT, mode, str(count)],
+        **spec,
         container={
             "envFrom": [{"configMapRef": {"name": f"{tier}-connection"}}],
             "env": [{"name": "KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-token", "key": "token"}}}],

@@ -30,7 +30,9 @@ from strata_testsupport.localcluster.node import (
     leftovers,
 )
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
+from strata_testsupport.pods import STATIC_CLASS, s3_secret, static_volume
 from strata_testsupport.s3 import S3Server, running_s3_server
+from strata_testsupport.scenarios import Site
 
 RELEASE_NAMESPACE = "strata-system"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
@@ -142,3 +144,23 @@ def privileged_namespace(node_k8s: DynamicClient) -> Iterator[str]:
 
 
 __all__ = ["NODE_IP", "NODE_NAME", "RESTRICTED"]
+
+
+@pytest.fixture
+def node_site(node_k8s: DynamicClient, node_operator: Any, node_s3: S3Server, restricted_namespace: str) -> Site:
+    """The real node as a `Site` for the shared scenarios: S3 on the node address, static RWX volumes."""
+    s3_secret(node_k8s, restricted_namespace, "s3-credentials", node_s3.access_key, node_s3.secret_key)
+
+    def shared_pvc(cache: str) -> dict[str, Any]:
+        static_volume(node_k8s, restricted_namespace, f"{cache}-model")
+        return {"size": "1Gi", "storageClassName": STATIC_CLASS}
+
+    return Site(
+        client=node_k8s,
+        namespace=restricted_namespace,
+        s3_endpoint=node_s3.endpoint_url,
+        s3_secret="s3-credentials",
+        shared_pvc=shared_pvc,
+        node_selector={"kubernetes.io/hostname": NODE_NAME},
+        region=node_s3.region,
+    )

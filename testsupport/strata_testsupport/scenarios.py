@@ -1,0 +1,145 @@
+"""Test bodies shared by the two clusters that run Strata's pods for real: the local real node
+(`realnode/tests`) and kind with a GPU node (`e2e/`). A `Site` says what differs between them — how pods
+reach S3, what storage a claim gets, which node to use — and each scenario is written once against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.dynamic import DynamicClient
+
+from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.pods import (
+    API,
+    RUNTIME_IMAGE,
+    condition,
+    kv_client_pod,
+    model_cache,
+    read_model_in_pod,
+    wait_phase,
+)
+
+MANAGED = "app.kubernetes.io/managed-by=strata"
+CHILD_KINDS = (
+    ("batch/v1", "Job"),
+    ("v1", "PersistentVolumeClaim"),
+    ("apps/v1", "DaemonSet"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "Pod"),
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """A cluster with Strata installed, seen from one namespace."""
+
+    client: DynamicClient
+    namespace: str
+    s3_endpoint: str  # as pods see it
+    s3_secret: str  # a Secret in `namespace` with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+    # cache name -> the `storage.sharedPVC` block; may prepare storage first (a static PV on the real node)
+    shared_pvc: Callable[[str], dict[str, Any]]
+    node_selector: dict[str, str] = field(default_factory=dict)
+    runtime_image: str = RUNTIME_IMAGE
+    region: str = "us-east-1"
+
+
+def pod_placement(site: Site) -> dict[str, Any]:
+    """Where the site's test pods run, and from which image."""
+    placement: dict[str, Any] = {"image": site.runtime_image}
+    if site.node_selector:
+        placement["nodeSelector"] = site.node_selector
+    return placement
+
+
+def preload_from_s3(site: Site, name: str, uri: str, timeout: float = 600) -> dict[str, Any]:
+    """A SharedPVC ModelCache of `uri`, checksums verified, waited on until Ready; returns its status."""
+    spec = {
+        "source": {
+            "uri": uri,
+            "credentials": {"secretRef": {"name": site.s3_secret}},
+            "s3": {"endpoint": site.s3_endpoint, "region": site.region},
+        },
+        "storage": {"mode": "SharedPVC", "sharedPVC": site.shared_pvc(name)},
+        "preload": {"verify": "checksums"},
+    }
+    model_cache(site.client, site.namespace, name, spec)
+    status = wait_phase(site.client, site.namespace, name, {"Ready", "Degraded", "Failed"}, timeout=timeout)
+    assert status["phase"] == "Ready", status
+    assert condition(status, "Ready")["status"] == "True", status
+    claim = resource(site.client, "v1", "PersistentVolumeClaim").get(name=status["claimName"], namespace=site.namespace)
+    assert claim.status.phase == "Bound", "the claim bound for real"
+    return status
+
+
+def consumer_reads_every_tensor(site: Site, status: dict[str, Any], expected: dict[str, str]) -> None:
+    """The consumption contract: a pod that pastes `status.volume` reads each tensor's exact bytes."""
+    digests = read_model_in_pod(site.client, site.namespace, "consumer", status["volume"], **pod_placement(site))
+    assert digests == expected, "the bytes a consumer reads differ from the source model"
+
+
+def tier_serves_a_pod_on_its_node(site: Site, tier: str, spec: dict[str, Any], count: int = 40) -> dict[str, Any]:
+    """A KVCacheTier on the site's node; a client pod with the connection ConfigMap round-trips chunks through
+    the node-local Service. Returns the ready server pod."""
+    resource(site.client, API, "KVCacheTier").create(
+        namespace=site.namespace,
+        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec},
+    )
+    server = ready_server(site, tier)
+    written = kv_client_pod(site.client, site.namespace, tier, f"{tier}-writer", "write", count, **pod_placement(site))
+    assert written["host"] == f"{tier}.{site.namespace}.svc", "clients reach the server by the Service's name"
+    read = kv_client_pod(site.client, site.namespace, tier, f"{tier}-reader", "read", count, **pod_placement(site))
+    assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
+    service = resource(site.client, "v1", "Service").get(name=tier, namespace=site.namespace)
+    assert service.spec.internalTrafficPolicy == "Local"
+    return server
+
+
+def server_pods(site: Site, tier: str) -> list[dict[str, Any]]:
+    pods = resource(site.client, "v1", "Pod").get(
+        namespace=site.namespace, label_selector=f"app.kubernetes.io/instance={tier}"
+    )
+    return [p for p in pods.to_dict()["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_server(site: Site, tier: str, not_uid: str | None = None, timeout: float = 300) -> dict[str, Any]:
+    """The tier's server pod once every container is ready (another one than `not_uid`, after a kill)."""
+
+    def ready() -> dict[str, Any] | None:
+        for pod in server_pods(site, tier):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if pod["metadata"]["uid"] != not_uid and statuses and all(s["ready"] for s in statuses):
+                return pod
+        return None
+
+    return wait_for(ready, timeout=timeout, interval=1, what=f"a ready server pod of {tier}")
+
+
+def deleting_leaves_nothing_behind(site: Site, caches: list[str], tiers: list[str], timeout: float = 300) -> None:
+    """Delete the resources; finalizers finish, every child goes, and no node keeps a model label."""
+    for kind, names in (("ModelCache", caches), ("KVCacheTier", tiers)):
+        for name in names:
+            resource(site.client, API, kind).delete(name=name, namespace=site.namespace)
+    for kind, names in (("ModelCache", caches), ("KVCacheTier", tiers)):
+        if names:
+            wait_for(
+                lambda kind=kind: not resource(site.client, API, kind).get(namespace=site.namespace).items,
+                timeout=timeout,
+                interval=1,
+                what=f"{kind}s deleted (finalizers done)",
+            )
+    for api_version, kind in CHILD_KINDS:
+        wait_for(
+            lambda api_version=api_version, kind=kind: (
+                not resource(site.client, api_version, kind).get(namespace=site.namespace, label_selector=MANAGED).items
+            ),
+            timeout=timeout,
+            interval=1,
+            what=f"every {kind} Strata made to be gone",
+        )
+    nodes = resource(site.client, "v1", "Node").get().items
+    assert not [k for node in nodes for k in (node.metadata.labels or {}) if k.startswith("strata.dev/model")]
