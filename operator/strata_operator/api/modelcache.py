@@ -6,16 +6,25 @@ The spec and status models, their defaults and the CEL rules the API server enfo
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from strata_operator.api.base import Condition, CRDModel, PullPolicy, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"
 """A Kubernetes resource quantity as users write it (`500Gi`, `1T`); the API server parses it again."""
+
+BYTE_COUNT_PATTERN = r"^0*[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+"""A whole, positive number of bytes as the preloader reads it: digits with an optional binary or decimal suffix.
+No fractions (`1.5Gi`), and no `m`: a Kubernetes quantity reads it as milli, the loader as mega."""
+BYTE_COUNT_RULE = (
+    "must be a whole number of bytes above 0: an integer, or an integer followed by Ki, Mi, Gi or Ti (powers "
+    "of 1024) or k, M, G or T (powers of 1000), e.g. 16Mi; not a fraction such as 1.5Gi nor milli such as 500m"
+)
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -45,6 +54,30 @@ class VerifyMode(StrEnum):
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
     """`json_schema_extra` carrying CEL rules; crdgen copies them into the CRD as they are."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+def _whole_bytes(value: int | str) -> int | str:
+    """The model's side of the CEL rule below, so a spec stored under an older CRD is refused as well."""
+    if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
+    if isinstance(value, str) and not re.fullmatch(BYTE_COUNT_PATTERN, value):
+        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
+    return value
+
+
+ByteCount = Annotated[
+    int | str,
+    AfterValidator(_whole_bytes),
+    Field(
+        json_schema_extra=_validations(
+            cel(
+                f"type(self) == int ? self > 0 : self.matches('{BYTE_COUNT_PATTERN}')",
+                BYTE_COUNT_RULE,
+            )
+        )
+    ),
+]
+"""A byte count in a spec (int-or-string in the CRD): checked by the API server and again by the model."""
 
 
 class Credentials(CRDModel):
@@ -173,7 +206,9 @@ class Storage(CRDModel):
 
 class ShardSpec(CRDModel):
     tensor_parallel_size: int = Field(ge=1, le=1024)
-    max_part_bytes: int | str = Field(default="5Gi", description="Size cap of one part file.")
+    max_part_bytes: ByteCount = Field(
+        default="5Gi", description="Size cap of one part file: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    )
 
 
 class Resources(CRDModel):
@@ -187,8 +222,13 @@ class Preload(CRDModel):
     )
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     concurrency: int = Field(default=16, ge=1, le=1024, description="Reads in flight.")
-    block_size: int | str = Field(default="16Mi", description="Bytes per read.")
-    memory_limit: int | str = Field(default="1Gi", description="Buffer pool bound of the preloader.")
+    block_size: ByteCount = Field(
+        default="16Mi", description="Bytes per read: an integer, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    )
+    memory_limit: ByteCount = Field(
+        default="1Gi",
+        description="Buffer pool bound of the preloader: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T.",
+    )
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardSpec | None = None
     backoff_limit: int = Field(default=3, ge=0, le=100)

@@ -13,7 +13,16 @@ from kubernetes.dynamic.exceptions import DynamicApiError
 from strata_operator.api import API_VERSION
 from strata_testsupport.kube import resource
 
-from .test_modelcache_support import cache_body, create_cache, unique
+from .test_modelcache_support import (
+    cache_body,
+    cache_jobs,
+    condition,
+    create_cache,
+    events_for,
+    get_cache,
+    unique,
+    wait_for_status,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +61,58 @@ def test_invalid_spec_is_rejected_with_a_clear_message(
         create_cache(k8s, namespace, unique(case[:20]), spec)
     assert info.value.status == 422
     assert expected in message_of(info.value)
+
+
+SIZES = {
+    "blockSize": lambda v: {"blockSize": v},
+    "memoryLimit": lambda v: {"memoryLimit": v},
+    "maxPartBytes": lambda v: {"shard": {"tensorParallelSize": 2, "maxPartBytes": v}},
+}
+
+
+@pytest.mark.parametrize("value", ["1.5Gi", "500m", "-1", -1, 0], ids=repr)
+@pytest.mark.parametrize("field", sorted(SIZES))
+def test_sizes_must_be_whole_numbers_of_bytes(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, field: str, value: Any
+) -> None:
+    spec = {"source": S3, "storage": {"mode": "NodeLocal"}, "preload": SIZES[field](value)}
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique("size"), spec)
+    assert info.value.status == 422
+    assert field in message_of(info.value) and "whole number of bytes" in message_of(info.value)
+
+
+@pytest.mark.parametrize("value", ["16Mi", "500M", 1048576])
+def test_whole_byte_counts_are_accepted(k8s: DynamicClient, strata_crds: Any, namespace: str, value: Any) -> None:
+    preload = {name: make(value) for name, make in SIZES.items()}
+    spec = {
+        "source": S3,
+        "storage": {"mode": "NodeLocal"},
+        "preload": {k: v for p in preload.values() for k, v in p.items()},
+    }
+    create_cache(k8s, namespace, unique("size"), spec)
+
+
+def test_a_spec_the_preloader_would_refuse_ends_in_a_condition(
+    k8s: DynamicClient, operator: Any, namespace: str
+) -> None:
+    """The CRD lets `..` globs through; the loader's contract refuses them while the Job is built. That must end
+    as InvalidSpec with the field named and a Warning, not as an exception retried with backoff forever."""
+    name = unique("glob")
+    spec = {
+        "source": {**S3, "include": ["../other-model/*"]},
+        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}},
+    }
+    create_cache(k8s, namespace, name, spec)
+    wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Failed", "phase Failed")
+    cache = get_cache(k8s, namespace, name)
+    ready, degraded = condition(cache, "Ready"), condition(cache, "Degraded")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert degraded["status"] == "True" and degraded["message"].startswith("spec.source.include: ")
+    assert cache_jobs(k8s, namespace, name) == []
+    events = events_for(k8s, namespace, name)
+    assert any(e["type"] == "Warning" and e["reason"] == "InvalidSpec" for e in events)
+    assert not any(e["reason"] == "ReconcileError" for e in events)
 
 
 def test_source_uri_and_mode_are_immutable(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
