@@ -15,8 +15,9 @@ from pydantic import AfterValidator, ConfigDict, Field
 from strata_operator.api.base import Condition, CRDModel, PullPolicy, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"
-"""A Kubernetes resource quantity as users write it (`500Gi`, `1T`); the API server parses it again."""
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+"""A storage size as a Kubernetes quantity (`500Gi`, `1.5T`) with the API server's own suffixes: not `1g` or `1K`,
+which a claim would refuse, nor milli (`500m`), which is no size for a volume."""
 
 BYTE_COUNT_PATTERN = r"^0*[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 """A whole, positive number of bytes as the preloader reads it: digits with an optional binary or decimal suffix.
@@ -142,7 +143,8 @@ class SharedPVCStorage(CRDModel):
     size: str | None = Field(
         default=None,
         pattern=QUANTITY_PATTERN,
-        description="Size of the claim the operator creates (e.g. 200Gi).",
+        description="Size of the claim the operator creates: a quantity with Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or "
+        "E (e.g. 200Gi).",
     )
     storage_class_name: str | None = Field(default=None, max_length=253)
     access_mode: str = Field(

@@ -132,3 +132,16 @@ def test_a_spec_the_model_refuses_names_the_field_in_the_condition(monkeypatch: 
     assert ready["reason"] == "InvalidSpec" and ready["message"].startswith("spec.preload.blockSize: '1.5Gi' must be")
     assert "errors.pydantic.dev" not in ready["message"]
     assert any(e[0] == "Warning" and e[1] == "InvalidSpec" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("size", "valid"), [("200Gi", True), ("1.5T", True), ("1g", False), ("1K", False), ("500m", False)]
+)
+def test_a_created_claims_size_uses_the_suffixes_kubernetes_knows(size: str, valid: bool) -> None:
+    spec = spec_with()
+    spec["storage"]["sharedPVC"]["size"] = size
+    if valid:
+        ModelCacheSpec.model_validate(spec)
+    else:
+        with pytest.raises(ValidationError):
+            ModelCacheSpec.model_validate(spec)
