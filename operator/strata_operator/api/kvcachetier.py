@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from strata_operator.api.base import Condition, CRDModel, PullPolicy, SecretKeyRef, cel
+from strata_operator.api.base import (
+    HOST_PATH_RULES,
+    Condition,
+    CRDModel,
+    HostDirectory,
+    PullPolicy,
+    SecretKeyRef,
+    cel,
+)
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^([0-9]+)(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -109,7 +117,10 @@ class L2PVC(CRDModel):
 class HostPath(CRDModel):
     """Node-local NVMe: each node keeps its own L2 (needs a namespace that admits hostPath volumes)."""
 
-    path: str = Field(pattern=r"^/.+", description="An existing directory on the node, writable by UID 65532.")
+    path: HostDirectory = Field(
+        description="An existing directory on the node, writable by UID 65532; the server writes and evicts "
+        "chunk files in it." + HOST_PATH_RULES
+    )
 
 
 class L2FS(CRDModel):

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from strata_operator.api.base import Condition, CRDModel, PullPolicy, cel
+from strata_operator.api.base import HOST_PATH_RULES, Condition, CRDModel, HostDirectory, PullPolicy, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -154,11 +154,10 @@ class SharedPVCStorage(CRDModel):
 
 
 class NodeLocalStorage(CRDModel):
-    path: str = Field(
+    path: HostDirectory = Field(
         default="/var/lib/strata/models",
-        pattern=r"^/.*$",
         description="Directory on each node (NVMe) that must exist and be writable by UID 65532; the copy "
-        "lands in <path>/<namespace>/<name>.",
+        "lands in <path>/<namespace>/<name>, which deletion removes." + HOST_PATH_RULES,
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Nodes that get a copy.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list)

@@ -105,6 +105,10 @@ def require_kwok(control_plane: Any) -> None:
         ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
         ({"port": 9121}, "port and metricsPort must differ"),
         ({"hash": {"seed": "9999999999"}}, "hash.seed must be at most"),
+        ({"l2": {"fs": {"hostPath": {"path": "/etc"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/var/lib/containerd/x"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/mnt/../etc"}}}}, "clean absolute path"),
     ],
 )
 def test_api_server_rejects_invalid_specs(

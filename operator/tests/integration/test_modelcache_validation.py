@@ -93,6 +93,29 @@ def test_whole_byte_counts_are_accepted(k8s: DynamicClient, strata_crds: Any, na
     create_cache(k8s, namespace, unique("size"), spec)
 
 
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/", "must not be a system directory"),
+        ("/etc", "must not be a system directory"),
+        ("/var/lib/kubelet", "must not be a system directory"),
+        ("/proc/1/root", "must not be a system directory"),
+        ("/var/lib", "must not be a system directory"),
+        ("/data/../etc", "clean absolute path"),
+        ("/data//models", "clean absolute path"),
+        ("/data/models/", "clean absolute path"),
+    ],
+)
+def test_node_local_paths_on_system_directories_are_rejected(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, path: str, expected: str
+) -> None:
+    spec = {"source": S3, "storage": {"mode": "NodeLocal", "nodeLocal": {"path": path}}}
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique("path"), spec)
+    assert info.value.status == 422
+    assert "spec.storage.nodeLocal.path" in message_of(info.value) and expected in message_of(info.value)
+
+
 def test_a_spec_the_preloader_would_refuse_ends_in_a_condition(
     k8s: DynamicClient, operator: Any, namespace: str
 ) -> None:
