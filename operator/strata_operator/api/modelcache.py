@@ -10,9 +10,19 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from strata_operator.api.base import HOST_PATH_RULES, Condition, CRDModel, HostDirectory, PullPolicy, cel
+from strata_operator.api.base import (
+    HOST_PATH_RULES,
+    Condition,
+    CRDModel,
+    HostDirectory,
+    PullPolicy,
+    allow_link_local_field,
+    cel,
+    endpoint_problem,
+    endpoint_rules,
+)
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -102,10 +112,23 @@ class SecretRef(CRDModel):
 
 
 class S3Options(CRDModel):
+    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules("source.s3", "the preloader")))
+
     endpoint: str | None = Field(
-        default=None, pattern=r"^https?://.+", description="S3-compatible endpoint URL (MinIO, Ceph, R2)."
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=2048,
+        description="S3-compatible endpoint URL (MinIO, Ceph, R2). Link-local and cloud metadata addresses are "
+        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
     )
     region: str | None = Field(default=None, max_length=64)
+    allow_link_local: bool = allow_link_local_field()
+
+    @model_validator(mode="after")
+    def _endpoint_is_no_metadata_service(self) -> S3Options:
+        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "source.s3", "the preloader"):
+            raise ValueError(problem)
+        return self
 
 
 class ModelSource(CRDModel):

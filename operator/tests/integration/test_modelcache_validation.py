@@ -10,7 +10,9 @@ import pytest
 import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
+from pydantic import ValidationError
 from strata_operator.api import API_VERSION
+from strata_operator.api.modelcache import ModelCacheSpec
 from strata_testsupport.kube import resource
 
 from .test_modelcache_support import (
@@ -114,6 +116,80 @@ def test_node_local_paths_on_system_directories_are_rejected(
         create_cache(k8s, namespace, unique("path"), spec)
     assert info.value.status == 422
     assert "spec.storage.nodeLocal.path" in message_of(info.value) and expected in message_of(info.value)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "link-local or cloud metadata address"),
+        ("http://[fe80::1]:9000", "link-local or cloud metadata address"),
+        ("http://[::ffff:169.254.169.254]", "link-local or cloud metadata address"),
+        ("http://Metadata.Google.Internal", "link-local or cloud metadata address"),
+        ("http://2852039166", "dotted-decimal"),
+    ],
+)
+def test_s3_endpoints_on_metadata_addresses_are_rejected(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, endpoint: str, expected: str
+) -> None:
+    spec = {"source": {**S3, "s3": {"endpoint": endpoint}}, "storage": {"mode": "NodeLocal"}}
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique("s3"), spec)
+    assert info.value.status == 422
+    assert "spec.source.s3.endpoint" in message_of(info.value) and expected in message_of(info.value)
+
+
+ENDPOINTS = [
+    "http://169.254.169.254",
+    "http://[fe80::1%25eth0]/",
+    "http://[FE80::a9fe:a9fe]",
+    "http://[::ffff:a9fe:a9fe]",
+    "http://[fd00:ec2::254]",
+    "http://user:pw@169.254.169.254/",
+    "http://169.254.169.254.nip.io",
+    "http://metadata.goog",
+    "http://instance-data.ec2.internal:80",
+    "http://0xa9fea9fe",
+    "http://0251.0376.0251.0376",
+    "http://169.254.43518",
+    "http://minio.storage.svc:9000",
+    "http://10.0.0.5:9000",
+    "http://[2001:db8::1]",
+    "http://169.255.1.1",
+    "http://metadata.example.com",
+]
+
+
+def test_the_api_server_and_the_model_agree_on_endpoints(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    """The CEL rules and the model's check run the same regexes on two engines (RE2 and Python's re)."""
+    caches = resource(k8s, API_VERSION, "ModelCache")
+    for endpoint in ENDPOINTS:
+        spec = {"source": {**S3, "s3": {"endpoint": endpoint}}, "storage": {"mode": "NodeLocal"}}
+        try:
+            ModelCacheSpec.model_validate(spec)
+            model_accepts = True
+        except ValidationError:
+            model_accepts = False
+        try:
+            caches.create(body=cache_body(unique("s3"), spec), namespace=namespace, dry_run="All")
+            server_accepts = True
+        except DynamicApiError:
+            server_accepts = False
+        assert server_accepts == model_accepts, endpoint
+
+
+def test_a_link_local_endpoint_is_accepted_when_explicitly_allowed(
+    k8s: DynamicClient, strata_crds: Any, namespace: str
+) -> None:
+    s3 = {"endpoint": "http://169.254.10.20:9000", "allowLinkLocal": True}
+    created = create_cache(k8s, namespace, unique("s3"), {"source": {**S3, "s3": s3}, "storage": {"mode": "NodeLocal"}})
+    assert created.to_dict()["spec"]["source"]["s3"]["allowLinkLocal"] is True
+    plain = create_cache(
+        k8s,
+        namespace,
+        unique("s3"),
+        {"source": {**S3, "s3": {"endpoint": "http://minio:9000"}}, "storage": {"mode": "NodeLocal"}},
+    )
+    assert plain.to_dict()["spec"]["source"]["s3"]["allowLinkLocal"] is False
 
 
 def test_a_spec_the_preloader_would_refuse_ends_in_a_condition(

@@ -90,7 +90,9 @@ def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
 
 def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: str) -> str:
     """Changes whenever what the Job would do changes: a new hash means a new Job (and a new preload)."""
+    # allowLinkLocal only widens what the API accepts; the Job it leads to is the same, so it is not hashed.
     s3 = spec.source.s3.to_k8s() if spec.source.s3 else {}
+    s3.pop("allowLinkLocal", None)
     return short_hash(request.to_args(), s3, runtime_image(spec), *extra)
 
 
