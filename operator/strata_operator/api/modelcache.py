@@ -91,6 +91,33 @@ ByteCount = Annotated[
 """A byte count in a spec (int-or-string in the CRD): checked by the API server and again by the model."""
 
 
+OPTION_LIKE = "must not start with '-': the preloader's argument parser would read it as an option"
+
+
+def _not_option_like(value: str) -> str:
+    """The model's side of the `startsWith('-')` rules below."""
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} {OPTION_LIKE}")
+    return value
+
+
+Glob = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=1024,
+        json_schema_extra=_validations(
+            cel(
+                "!self.startsWith('-')",
+                f"{OPTION_LIKE}; to match names starting with '-', begin the glob with [-] (e.g. '[-]*.bin')",
+            )
+        ),
+    ),
+    AfterValidator(_not_option_like),
+]
+"""One include/exclude glob on relative paths, passed to the preloader as an argument."""
+
+
 class Credentials(CRDModel):
     """Credentials come only from a Secret in the same namespace or from the pod's service account."""
 
@@ -142,15 +169,23 @@ class ModelSource(CRDModel):
             cel("self == oldSelf", "source.uri is immutable; create a new ModelCache for another model")
         ),
     )
-    revision: str | None = Field(
+    revision: Annotated[str, AfterValidator(_not_option_like)] | None = Field(
         default=None,
         max_length=256,
-        description="Hugging Face revision (branch, tag or commit); for S3 a label recorded in status.",
+        description="Hugging Face revision (branch, tag or commit); for S3 a label recorded in status. Must not "
+        "start with '-'.",
+        json_schema_extra=_validations(cel("!self.startsWith('-')", f"source.revision {OPTION_LIKE}")),
     )
-    include: list[str] = Field(
-        default_factory=list, max_length=64, description="Globs on relative paths to copy; empty means all."
+    include: list[Glob] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Globs on relative paths to copy; empty means all. A glob must not start with '-'.",
     )
-    exclude: list[str] = Field(default_factory=list, max_length=64, description="Globs on relative paths to skip.")
+    exclude: list[Glob] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Globs on relative paths to skip. A glob must not start with '-'.",
+    )
     credentials: Credentials | None = None
     s3: S3Options | None = None
 

@@ -192,6 +192,23 @@ def test_a_link_local_endpoint_is_accepted_when_explicitly_allowed(
     assert plain.to_dict()["spec"]["source"]["s3"]["allowLinkLocal"] is False
 
 
+@pytest.mark.parametrize(
+    ("source", "field"),
+    [
+        ({"revision": "--help"}, "spec.source.revision"),
+        ({"include": ["*.json", "-rf"]}, "spec.source.include[1]"),
+        ({"exclude": ["--all"]}, "spec.source.exclude[0]"),
+    ],
+)
+def test_revisions_and_globs_starting_with_a_dash_are_rejected(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, source: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique("dash"), {"source": {**S3, **source}, "storage": {"mode": "NodeLocal"}})
+    assert info.value.status == 422
+    assert field in message_of(info.value) and "must not start with '-'" in message_of(info.value)
+
+
 def test_a_spec_the_preloader_would_refuse_ends_in_a_condition(
     k8s: DynamicClient, operator: Any, namespace: str
 ) -> None:

@@ -145,3 +145,30 @@ def test_a_created_claims_size_uses_the_suffixes_kubernetes_knows(size: str, val
     else:
         with pytest.raises(ValidationError):
             ModelCacheSpec.model_validate(spec)
+
+
+OPTION_LIKE = [{"revision": "--help"}, {"revision": "-1"}, {"include": ["-rf"]}, {"exclude": ["*.bin", "--all"]}]
+
+
+@pytest.mark.parametrize("source", OPTION_LIKE, ids=repr)
+def test_revisions_and_globs_that_look_like_options_are_refused(source: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="must not start with '-'"):
+        ModelCacheSpec.model_validate(spec_with(**source))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [{"revision": "main", "include": ["[-]*.bin", "*.safetensors"], "exclude": ["original/*"]}, {"revision": "v1-rc"}],
+    ids=repr,
+)
+def test_accepted_revisions_and_globs_survive_the_preloaders_argument_parser(source: dict[str, Any]) -> None:
+    request = fetch_request(ModelCacheSpec.model_validate(spec_with(**source)), MODEL_MOUNT)
+    assert contract.FetchRequest.parse_args(request.to_args()) == request
+
+
+def test_the_crd_refuses_leading_dashes_in_revision_and_every_glob() -> None:
+    schema = build_crd(modelcache.CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    source = schema["properties"]["spec"]["properties"]["source"]["properties"]
+    for node in (source["revision"], source["include"]["items"], source["exclude"]["items"]):
+        assert [r["rule"] for r in node["x-kubernetes-validations"]] == ["!self.startsWith('-')"]
+        assert node["maxLength"] <= 1024
