@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -53,3 +54,133 @@ def cel(rule: str, message: str, *, field_path: str | None = None, reason: str |
     if reason:
         entry["reason"] = reason
     return entry
+
+
+SYSTEM_DIRECTORY_PATTERN = (
+    r"^(/|/var|/var/lib|/(bin|boot|dev|etc|lib|lib32|lib64|libx32|proc|root|run|sbin|sys|usr"
+    r"|var/run|var/log|var/lib/(kubelet|containerd|docker|etcd|rancher))(/.*)?)$"
+)
+"""Host directories a Strata pod must never be given writable: the root, the system's own trees, the kubelet's
+and container runtimes' state, and everything inside them; also `/var` and `/var/lib`, which hold some of those
+one or two levels down (a copy lands in `<path>/<namespace>/<name>`, so `/var/lib` with namespace `kubelet`
+would be the kubelet's own directory)."""
+UNCLEAN_SEGMENT_PATTERN = r"(^|/)[.][.]?(/|$)"
+"""A `.` or `..` segment: the path would not mean what it says, and could step around the list above."""
+
+HOST_PATH_CLEAN = "must be a clean absolute path: no '.' or '..' segment, no '//' and no trailing '/'"
+HOST_PATH_NOT_SYSTEM = (
+    "must not be a system directory or inside one (/, /etc, /usr, /boot, /dev, /proc, /sys, /run, /root, /var, "
+    "/var/lib, /var/lib/kubelet, /var/lib/containerd, ...): it is mounted writable and removed from on clean-up; "
+    "use a dedicated directory such as /var/lib/strata/models or /mnt/nvme/strata"
+)
+HOST_PATH_RULES = (
+    " Refused: system directories and anything inside them (/, /etc, /usr, /boot, /dev, /proc, /sys, /run, /root, "
+    "/var, /var/lib, /var/lib/kubelet, /var/lib/containerd, /var/lib/docker, ...) and paths with a '.' or '..' "
+    "segment, '//' or a trailing '/'."
+)
+"""Appended to the description of every host path field, so `kubectl explain` says what is refused."""
+
+
+def _host_directory(path: str) -> str:
+    """The model's side of the CEL rules below, so a spec stored under an older CRD is refused as well."""
+    if path != "/" and (path.endswith("/") or "//" in path or re.search(UNCLEAN_SEGMENT_PATTERN, path)):
+        raise ValueError(f"{path!r} {HOST_PATH_CLEAN}")
+    if re.fullmatch(SYSTEM_DIRECTORY_PATTERN, path):
+        raise ValueError(f"{path!r} {HOST_PATH_NOT_SYSTEM}")
+    return path
+
+
+HostDirectory = Annotated[
+    str,
+    Field(
+        pattern=r"^/",
+        max_length=4096,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self == '/' || (!self.endsWith('/') && !self.contains('//') "
+                    f"&& !self.matches('{UNCLEAN_SEGMENT_PATTERN}'))",
+                    HOST_PATH_CLEAN,
+                ),
+                cel(f"!self.matches('{SYSTEM_DIRECTORY_PATTERN}')", HOST_PATH_NOT_SYSTEM),
+            ]
+        },
+    ),
+    AfterValidator(_host_directory),
+]
+"""An absolute directory on a node that a Strata pod mounts writable (hostPath)."""
+
+
+_AUTHORITY = r"^https?://([^/?#]*@)?"
+_HOST_END = r"([:/?#]|$)"
+LINK_LOCAL_ENDPOINT_PATTERN = (
+    rf"(?i){_AUTHORITY}(169[.]254[.]|\[(fe[89ab][0-9a-f]:|[^\]/]*:ffff:(169[.]254[.]|a9fe:)|fd00:ec2::254\])"
+    rf"|(metadata[.]google[.]internal|metadata[.]goog|instance-data([.]ec2[.]internal)?)[.]?{_HOST_END})"
+)
+"""An endpoint URL whose host is a link-local address or a cloud metadata service: 169.254.0.0/16 (also as
+IPv4-mapped IPv6, or as the first labels of a name such as 169.254.169.254.nip.io), fe80::/10, AWS's
+fd00:ec2::254, and the metadata names of GCP and AWS. Only what the URL spells out can be checked; a DNS name
+resolving to such an address needs a NetworkPolicy. Read on the URL itself, not a parsed host: the API server's
+cost estimate bounds a regex on a field with maxLength, not on what `url()` returns."""
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+NUMERIC_ENDPOINT_PATTERN = rf"(?i){_AUTHORITY}(0x[0-9a-f]*|[0-9]+)([.](0x[0-9a-f]*|[0-9]+)){{0,3}}[.]?{_HOST_END}"
+"""An endpoint whose host the C resolver reads as an IPv4 address (decimal, octal, hex, fewer than four parts)."""
+DOTTED_QUAD_ENDPOINT_PATTERN = rf"{_AUTHORITY}({_OCTET}[.]){{3}}{_OCTET}{_HOST_END}"
+"""The one spelling of an IPv4 host the link-local pattern can read."""
+
+ENDPOINT_DOTTED_QUAD = (
+    "must write an IPv4 address in plain dotted-decimal form (e.g. http://10.0.0.5:9000): other spellings "
+    "(2852039166, 0xa9fea9fe, 0251.0376.0251.0376) can hide a link-local address"
+)
+
+
+def cel_string(text: str) -> str:
+    """`text` as a single-quoted CEL string literal (regexes with backslashes included)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def endpoint_link_local_message(field: str, who: str) -> str:
+    return (
+        f"{field}.endpoint points at a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, "
+        f"metadata.google.internal, ...), where {who} would send its requests and credentials to the node's "
+        f"metadata service; use the object store's own address, or set {field}.allowLinkLocal: true if it "
+        "really is served there"
+    )
+
+
+def endpoint_rules(field: str, who: str) -> list[dict[str, str]]:
+    """CEL rules of an S3 options object with `endpoint` and `allowLinkLocal` (`field` is its path in the spec)."""
+    return [
+        cel(
+            f"!has(self.endpoint) || !self.endpoint.matches({cel_string(NUMERIC_ENDPOINT_PATTERN)}) "
+            f"|| self.endpoint.matches({cel_string(DOTTED_QUAD_ENDPOINT_PATTERN)})",
+            f"{field}.endpoint {ENDPOINT_DOTTED_QUAD}",
+            field_path=".endpoint",
+        ),
+        cel(
+            "(has(self.allowLinkLocal) && self.allowLinkLocal) || !has(self.endpoint) "
+            f"|| !self.endpoint.matches({cel_string(LINK_LOCAL_ENDPOINT_PATTERN)})",
+            endpoint_link_local_message(field, who),
+            field_path=".endpoint",
+        ),
+    ]
+
+
+def endpoint_problem(endpoint: str | None, allow_link_local: bool, field: str, who: str) -> str | None:
+    """The models' side of `endpoint_rules` (the same regexes), so a spec stored under an older CRD is refused too."""
+    if endpoint is None:
+        return None
+    if re.search(NUMERIC_ENDPOINT_PATTERN, endpoint) and not re.search(DOTTED_QUAD_ENDPOINT_PATTERN, endpoint):
+        return f"{field}.endpoint {ENDPOINT_DOTTED_QUAD}"
+    if not allow_link_local and re.search(LINK_LOCAL_ENDPOINT_PATTERN, endpoint):
+        return endpoint_link_local_message(field, who)
+    return None
+
+
+def allow_link_local_field() -> Any:
+    return Field(
+        default=False,
+        description="Allow an endpoint on a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, "
+        "metadata.google.internal). Refused by default: requests and credentials sent there reach the node's "
+        "metadata service, not an object store.",
+    )

@@ -10,9 +10,20 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from strata_operator.api.base import Condition, CRDModel, PullPolicy, SecretKeyRef, cel
+from strata_operator.api.base import (
+    HOST_PATH_RULES,
+    Condition,
+    CRDModel,
+    HostDirectory,
+    PullPolicy,
+    SecretKeyRef,
+    allow_link_local_field,
+    cel,
+    endpoint_problem,
+    endpoint_rules,
+)
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 QUANTITY_PATTERN = r"^([0-9]+)(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -109,7 +120,10 @@ class L2PVC(CRDModel):
 class HostPath(CRDModel):
     """Node-local NVMe: each node keeps its own L2 (needs a namespace that admits hostPath volumes)."""
 
-    path: str = Field(pattern=r"^/.+", description="An existing directory on the node, writable by UID 65532.")
+    path: HostDirectory = Field(
+        description="An existing directory on the node, writable by UID 65532; the server writes and evicts "
+        "chunk files in it." + HOST_PATH_RULES
+    )
 
 
 class L2FS(CRDModel):
@@ -140,13 +154,18 @@ class L2S3(CRDModel):
             "!has(self.endpoint) || has(self.secretRef)",
             "l2.s3.endpoint needs l2.s3.secretRef: an S3-compatible endpoint has no pod identity",
             field_path=".secretRef",
-        )
+        ),
+        *endpoint_rules("l2.s3", "the KV server"),
     )
 
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = Field(default="", description="Key prefix inside the bucket.")
     endpoint: str | None = Field(
-        default=None, pattern=r"^https?://.+", description="S3-compatible endpoint; AWS when omitted."
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=2048,
+        description="S3-compatible endpoint; AWS when omitted. Link-local and cloud metadata addresses are "
+        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
     )
     region: str | None = None
     addressing_style: S3AddressingStyle | None = Field(
@@ -156,6 +175,13 @@ class L2S3(CRDModel):
         default=None,
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; pod identity when omitted.",
     )
+    allow_link_local: bool = allow_link_local_field()
+
+    @model_validator(mode="after")
+    def _endpoint_is_no_metadata_service(self) -> L2S3:
+        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "l2.s3", "the KV server"):
+            raise ValueError(problem)
+        return self
 
 
 class L2Spec(CRDModel):

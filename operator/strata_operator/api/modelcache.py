@@ -6,16 +6,36 @@ The spec and status models, their defaults and the CEL rules the API server enfo
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from strata_operator.api.base import Condition, CRDModel, PullPolicy, cel
+from strata_operator.api.base import (
+    HOST_PATH_RULES,
+    Condition,
+    CRDModel,
+    HostDirectory,
+    PullPolicy,
+    allow_link_local_field,
+    cel,
+    endpoint_problem,
+    endpoint_rules,
+)
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"
-"""A Kubernetes resource quantity as users write it (`500Gi`, `1T`); the API server parses it again."""
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+"""A storage size as a Kubernetes quantity (`500Gi`, `1.5T`) with the API server's own suffixes: not `1g` or `1K`,
+which a claim would refuse, nor milli (`500m`), which is no size for a volume."""
+
+BYTE_COUNT_PATTERN = r"^0*[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+"""A whole, positive number of bytes as the preloader reads it: digits with an optional binary or decimal suffix.
+No fractions (`1.5Gi`), and no `m`: a Kubernetes quantity reads it as milli, the loader as mega."""
+BYTE_COUNT_RULE = (
+    "must be a whole number of bytes above 0: an integer, or an integer followed by Ki, Mi, Gi or Ti (powers "
+    "of 1024) or k, M, G or T (powers of 1000), e.g. 16Mi; not a fraction such as 1.5Gi nor milli such as 500m"
+)
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -47,6 +67,57 @@ def _validations(*rules: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(rules)}
 
 
+def _whole_bytes(value: int | str) -> int | str:
+    """The model's side of the CEL rule below, so a spec stored under an older CRD is refused as well."""
+    if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
+    if isinstance(value, str) and not re.fullmatch(BYTE_COUNT_PATTERN, value):
+        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
+    return value
+
+
+ByteCount = Annotated[
+    int | str,
+    AfterValidator(_whole_bytes),
+    Field(
+        json_schema_extra=_validations(
+            cel(
+                f"type(self) == int ? self > 0 : self.matches('{BYTE_COUNT_PATTERN}')",
+                BYTE_COUNT_RULE,
+            )
+        )
+    ),
+]
+"""A byte count in a spec (int-or-string in the CRD): checked by the API server and again by the model."""
+
+
+OPTION_LIKE = "must not start with '-': the preloader's argument parser would read it as an option"
+
+
+def _not_option_like(value: str) -> str:
+    """The model's side of the `startsWith('-')` rules below."""
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} {OPTION_LIKE}")
+    return value
+
+
+Glob = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=1024,
+        json_schema_extra=_validations(
+            cel(
+                "!self.startsWith('-')",
+                f"{OPTION_LIKE}; to match names starting with '-', begin the glob with [-] (e.g. '[-]*.bin')",
+            )
+        ),
+    ),
+    AfterValidator(_not_option_like),
+]
+"""One include/exclude glob on relative paths, passed to the preloader as an argument."""
+
+
 class Credentials(CRDModel):
     """Credentials come only from a Secret in the same namespace or from the pod's service account."""
 
@@ -68,10 +139,23 @@ class SecretRef(CRDModel):
 
 
 class S3Options(CRDModel):
+    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules("source.s3", "the preloader")))
+
     endpoint: str | None = Field(
-        default=None, pattern=r"^https?://.+", description="S3-compatible endpoint URL (MinIO, Ceph, R2)."
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=2048,
+        description="S3-compatible endpoint URL (MinIO, Ceph, R2). Link-local and cloud metadata addresses are "
+        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
     )
     region: str | None = Field(default=None, max_length=64)
+    allow_link_local: bool = allow_link_local_field()
+
+    @model_validator(mode="after")
+    def _endpoint_is_no_metadata_service(self) -> S3Options:
+        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "source.s3", "the preloader"):
+            raise ValueError(problem)
+        return self
 
 
 class ModelSource(CRDModel):
@@ -85,15 +169,23 @@ class ModelSource(CRDModel):
             cel("self == oldSelf", "source.uri is immutable; create a new ModelCache for another model")
         ),
     )
-    revision: str | None = Field(
+    revision: Annotated[str, AfterValidator(_not_option_like)] | None = Field(
         default=None,
         max_length=256,
-        description="Hugging Face revision (branch, tag or commit); for S3 a label recorded in status.",
+        description="Hugging Face revision (branch, tag or commit); for S3 a label recorded in status. Must not "
+        "start with '-'.",
+        json_schema_extra=_validations(cel("!self.startsWith('-')", f"source.revision {OPTION_LIKE}")),
     )
-    include: list[str] = Field(
-        default_factory=list, max_length=64, description="Globs on relative paths to copy; empty means all."
+    include: list[Glob] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Globs on relative paths to copy; empty means all. A glob must not start with '-'.",
     )
-    exclude: list[str] = Field(default_factory=list, max_length=64, description="Globs on relative paths to skip.")
+    exclude: list[Glob] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Globs on relative paths to skip. A glob must not start with '-'.",
+    )
     credentials: Credentials | None = None
     s3: S3Options | None = None
 
@@ -109,7 +201,8 @@ class SharedPVCStorage(CRDModel):
     size: str | None = Field(
         default=None,
         pattern=QUANTITY_PATTERN,
-        description="Size of the claim the operator creates (e.g. 200Gi).",
+        description="Size of the claim the operator creates: a quantity with Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or "
+        "E (e.g. 200Gi).",
     )
     storage_class_name: str | None = Field(default=None, max_length=253)
     access_mode: str = Field(
@@ -119,11 +212,10 @@ class SharedPVCStorage(CRDModel):
 
 
 class NodeLocalStorage(CRDModel):
-    path: str = Field(
+    path: HostDirectory = Field(
         default="/var/lib/strata/models",
-        pattern=r"^/.*$",
         description="Directory on each node (NVMe) that must exist and be writable by UID 65532; the copy "
-        "lands in <path>/<namespace>/<name>.",
+        "lands in <path>/<namespace>/<name>, which deletion removes." + HOST_PATH_RULES,
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Nodes that get a copy.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -173,7 +265,9 @@ class Storage(CRDModel):
 
 class ShardSpec(CRDModel):
     tensor_parallel_size: int = Field(ge=1, le=1024)
-    max_part_bytes: int | str = Field(default="5Gi", description="Size cap of one part file.")
+    max_part_bytes: ByteCount = Field(
+        default="5Gi", description="Size cap of one part file: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    )
 
 
 class Resources(CRDModel):
@@ -187,8 +281,13 @@ class Preload(CRDModel):
     )
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     concurrency: int = Field(default=16, ge=1, le=1024, description="Reads in flight.")
-    block_size: int | str = Field(default="16Mi", description="Bytes per read.")
-    memory_limit: int | str = Field(default="1Gi", description="Buffer pool bound of the preloader.")
+    block_size: ByteCount = Field(
+        default="16Mi", description="Bytes per read: an integer, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    )
+    memory_limit: ByteCount = Field(
+        default="1Gi",
+        description="Buffer pool bound of the preloader: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T.",
+    )
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardSpec | None = None
     backoff_limit: int = Field(default=3, ge=0, le=100)

@@ -27,7 +27,7 @@ from strata_operator.handlers.modelcache_io import (
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache import storage
 from strata_operator.resources.modelcache.owner import Owner
-from strata_operator.resources.modelcache.status import Outcome, Problem
+from strata_operator.resources.modelcache.status import Outcome, Problem, SpecError
 from strata_operator.resources.modelcache.volume import build_volume_snippet
 
 CARRIED = ("totalBytes", "totalFiles", "size", "seconds", "resolvedRevision", "manifestSha256", "claimUid")
@@ -36,24 +36,36 @@ CARRIED = ("totalBytes", "totalFiles", "size", "seconds", "resolvedRevision", "m
 def reconcile(body: Mapping[str, Any], previous: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """Returns (the status now stored, Events to post). `previous` is the status last seen or written."""
     owner = Owner.from_body(body)
+    ctx = None
     try:
         spec = ModelCacheSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        outcome = st.blocked_outcome(Problem("InvalidSpec", f"spec cannot be used: {error}"), {})
-        ctx = None
+        outcome = st.blocked_outcome(invalid_spec(error), {})
     else:
         ctx = Context(body, owner, spec, dict(previous))
-        outcome = {
-            StorageMode.SHARED_PVC: reconcile_shared_pvc,
-            StorageMode.NODE_LOCAL: pernode.reconcile_node_local,
-            StorageMode.IMAGE_VOLUME: reconcile_image_volume,
-        }[spec.storage.mode](ctx)
+        try:
+            outcome = {
+                StorageMode.SHARED_PVC: reconcile_shared_pvc,
+                StorageMode.NODE_LOCAL: pernode.reconcile_node_local,
+                StorageMode.IMAGE_VOLUME: reconcile_image_volume,
+            }[spec.storage.mode](ctx)
+        except SpecError as error:  # the builders refuse what the CRD let through: a person must change it
+            outcome = st.blocked_outcome(error.problem(), {})
     desired = st.render_status(previous, outcome, owner.generation)
     events = (ctx.events if ctx else []) + st.transition_events(previous, desired)
     patch = st.status_patch(previous, desired)
     if patch is not None:
         patch_status(owner, patch)
     return desired, events
+
+
+def invalid_spec(error: ValidationError) -> Problem:
+    """The model's refusal, one `spec.<field>: <what is wrong>` per error (pydantic's text names no fields)."""
+    details = "; ".join(
+        f"spec.{'.'.join(str(part) for part in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    return Problem("InvalidSpec", f"{details}; fix the spec, the operator retries when it changes")
 
 
 def ensure_claim(ctx: Context) -> tuple[dict[str, Any] | None, Problem | None]:

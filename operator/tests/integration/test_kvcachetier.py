@@ -105,6 +105,18 @@ def require_kwok(control_plane: Any) -> None:
         ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
         ({"port": 9121}, "port and metricsPort must differ"),
         ({"hash": {"seed": "9999999999"}}, "hash.seed must be at most"),
+        ({"l2": {"fs": {"hostPath": {"path": "/etc"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/var/lib/containerd/x"}}}}, "must not be a system directory"),
+        ({"l2": {"fs": {"hostPath": {"path": "/mnt/../etc"}}}}, "clean absolute path"),
+        (
+            {"l2": {"s3": {"bucket": "kvc", "endpoint": "http://169.254.169.254", "secretRef": {"name": "s3"}}}},
+            "l2.s3.endpoint points at a link-local or cloud metadata address",
+        ),
+        (
+            {"l2": {"s3": {"bucket": "kvc", "endpoint": "http://[fe80::1]:9000", "secretRef": {"name": "s3"}}}},
+            "set l2.s3.allowLinkLocal: true",
+        ),
     ],
 )
 def test_api_server_rejects_invalid_specs(
@@ -114,6 +126,13 @@ def test_api_server_rejects_invalid_specs(
         create_tier(k8s, namespace, tier_body("bad", {}, **spec))
     assert error.value.status == 422
     assert message in error.value.body
+
+
+def test_a_link_local_s3_endpoint_is_accepted_when_allowed(
+    k8s: DynamicClient, strata_crds: Any, namespace: str
+) -> None:
+    s3 = {"bucket": "kvc", "endpoint": "http://169.254.10.20", "secretRef": {"name": "s3"}, "allowLinkLocal": True}
+    create_tier(k8s, namespace, tier_body("allowed", {}, l2={"s3": s3}))
 
 
 def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:

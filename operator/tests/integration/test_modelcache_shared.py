@@ -178,3 +178,20 @@ def test_retain_policy_keeps_the_claim(k8s: DynamicClient, operator: Any, namesp
     wait_for(lambda: get_or_none(k8s, "strata.dev/v1alpha1", "ModelCache", name, namespace) is None, what="deleted")
     time.sleep(2)  # the garbage collector had its chance
     assert claims.get(name=f"{name}-model", namespace=namespace).metadata.deletionTimestamp is None
+
+
+def test_a_dotted_cache_name_gives_a_volume_pods_accept(k8s: DynamicClient, operator: Any, namespace: str) -> None:
+    name = unique("llama") + ".v3.1"
+    create_cache(k8s, namespace, name, shared_spec())
+    volume = wait_for_status(k8s, namespace, name, lambda s: s.get("volume"), "status.volume")["volume"]
+    assert "." not in volume["volume"]["name"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "server"},
+        "spec": {
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "volumeMounts": [volume["volumeMount"]]}],
+            "volumes": [volume["volume"]],
+        },
+    }
+    resource(k8s, "v1", "Pod").create(body=pod, namespace=namespace, dry_run="All")

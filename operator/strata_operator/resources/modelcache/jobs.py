@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 from strata_loader import contract
 
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL, short_hash
 from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.status import SpecError
 from strata_operator.resources.runtime_image import default_runtime_image
 from strata_operator.resources.security import container_security_context, pod_security_context
 
@@ -29,10 +32,33 @@ def runtime_image(spec: ModelCacheSpec) -> str:
     return spec.preload.image or default_runtime_image()
 
 
+_REQUEST_FIELDS = {
+    "source": "source.uri",
+    "revision": "source.revision",
+    "include": "source.include",
+    "exclude": "source.exclude",
+    "concurrency": "preload.concurrency",
+    "block_size": "preload.blockSize",
+    "memory_limit": "preload.memoryLimit",
+    "verify": "preload.verify",
+    "shard": "preload.shard",
+}
+"""The spec field each FetchRequest field comes from, to say which one the loader's contract refused."""
+
+
+def _spec_field(loc: tuple[int | str, ...]) -> str:
+    parts = [str(part) for part in loc] or [""]
+    field = _REQUEST_FIELDS.get(parts[0], parts[0])
+    if parts[0] == "shard" and len(parts) > 1:
+        field += f".{to_camel(parts[1])}"
+    return field
+
+
 def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
     """The preloader's one run, as the loader's own contract model (validated on construction).
 
-    Sizes may be quantities ("16Mi"); the contract's validators parse them, hence `model_validate`.
+    Sizes may be quantities ("16Mi"); the contract's validators parse them, hence `model_validate`. A value
+    the CRD let through but the contract refuses is a `SpecError` naming the spec field, not a crash.
     """
     preload = spec.preload
     shard = None
@@ -41,25 +67,32 @@ def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
             "tensor_parallel_size": preload.shard.tensor_parallel_size,
             "max_part_bytes": preload.shard.max_part_bytes,
         }
-    return contract.FetchRequest.model_validate(
-        {
-            "source": spec.source.uri,
-            "dest": dest,
-            "revision": spec.source.revision,
-            "include": list(spec.source.include),
-            "exclude": list(spec.source.exclude),
-            "concurrency": preload.concurrency,
-            "block_size": preload.block_size,
-            "memory_limit": preload.memory_limit,
-            "verify": contract.VerifyMode(preload.verify.value),
-            "shard": shard,
-        }
-    )
+    try:
+        return contract.FetchRequest.model_validate(
+            {
+                "source": spec.source.uri,
+                "dest": dest,
+                "revision": spec.source.revision,
+                "include": list(spec.source.include),
+                "exclude": list(spec.source.exclude),
+                "concurrency": preload.concurrency,
+                "block_size": preload.block_size,
+                "memory_limit": preload.memory_limit,
+                "verify": contract.VerifyMode(preload.verify.value),
+                "shard": shard,
+            }
+        )
+    except ValidationError as error:
+        errors = error.errors()
+        message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in errors)
+        raise SpecError(_spec_field(tuple(errors[0]["loc"])), f"the preloader would refuse it: {message}") from None
 
 
 def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: str) -> str:
     """Changes whenever what the Job would do changes: a new hash means a new Job (and a new preload)."""
+    # allowLinkLocal only widens what the API accepts; the Job it leads to is the same, so it is not hashed.
     s3 = spec.source.s3.to_k8s() if spec.source.s3 else {}
+    s3.pop("allowLinkLocal", None)
     return short_hash(request.to_args(), s3, runtime_image(spec), *extra)
 
 

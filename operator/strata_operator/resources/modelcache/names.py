@@ -24,6 +24,7 @@ MODEL_LABEL_PREFIX = f"{GROUP}/model."
 """Node labels Strata owns: `<prefix><namespace>.<name>` (see `node_label_key`)."""
 
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def short_hash(*parts: Any, length: int = 10) -> str:
@@ -40,6 +41,24 @@ def bounded_name(*parts: str, limit: int = MAX_NAME) -> str:
     digest = short_hash(full, length=8)
     prefix = full[: limit - len(digest) - 1].rstrip("-.")
     return f"{prefix}-{digest}"
+
+
+def dns_label(*parts: str) -> str:
+    """Join parts with '-' into a DNS-1123 label (what a pod's volume name must be: no dots, at most 63).
+
+    A join that already is one is kept, and one that is only too long is shortened as `bounded_name` does. Any
+    other (a cache name is a DNS subdomain, dots allowed) has each run of characters a label cannot hold turned
+    into '-' and a hash of the original appended, so `a.b` and `a-b` still get different labels.
+    """
+    full = "-".join(p for p in parts if p)
+    if _DNS_LABEL.match(full) and len(full) <= MAX_NAME:
+        return full
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", full.lower())
+    if cleaned == full:
+        return bounded_name(full)
+    digest = short_hash(full, length=8)
+    prefix = cleaned[: MAX_NAME - len(digest) - 1].strip("-")
+    return f"{prefix}-{digest}" if prefix else digest
 
 
 def claim_name(cache_name: str) -> str:

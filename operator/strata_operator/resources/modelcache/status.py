@@ -33,6 +33,17 @@ class Problem:
     message: str
 
 
+class SpecError(ValueError):
+    """A spec the API server accepted but the builders cannot turn into children: names the field to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"spec.{field}: {message}")
+        self.field = field
+
+    def problem(self) -> Problem:
+        return Problem("InvalidSpec", f"{self}; fix the spec, the operator retries when it changes")
+
+
 @dataclass
 class Outcome:
     """What one reconcile concluded, before it is rendered into conditions."""

@@ -26,6 +26,7 @@ from strata_operator.resources.modelcache.jobs import (
     source_mounts,
 )
 from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.status import SpecError
 
 ROLE_PRELOAD = "preload"
 ROLE_PREPULL = "prepull"
@@ -34,7 +35,7 @@ ROLE_CLEANUP = "cleanup"
 
 def shared_pvc(spec: ModelCacheSpec) -> SharedPVCStorage:
     if spec.storage.shared_pvc is None:  # the CRD's CEL rules make this unreachable for stored objects
-        raise ValueError("storage.mode SharedPVC needs storage.sharedPVC")
+        raise SpecError("storage.sharedPVC", "storage.mode SharedPVC needs storage.sharedPVC with size or claimName")
     return spec.storage.shared_pvc
 
 
@@ -59,7 +60,7 @@ def build_claim(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
     """The RWX claim the operator creates; owned by the cache only when the deletion policy is Delete."""
     storage = shared_pvc(spec)
     if storage.size is None:
-        raise ValueError("storage.sharedPVC.size is needed to create a claim")
+        raise SpecError("storage.sharedPVC.size", "is needed to create a claim (or name one in claimName)")
     metadata: dict[str, Any] = {
         "name": claim_name(owner, spec),
         "namespace": owner.namespace,

@@ -10,7 +10,8 @@ from strata_operator.resources.modelcache.owner import Owner
 
 
 def volume_name(owner: Owner) -> str:
-    return names.bounded_name("model", owner.name)
+    """The name of the volume in status.volume: pods refuse one that is not a DNS label (a dotted cache name)."""
+    return names.dns_label("model", owner.name)
 
 
 def build_volume_snippet(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
