@@ -191,13 +191,12 @@ class FetchRequest(BaseModel):
 
     def to_args(self) -> list[str]:
         """The container `args` (after `command: ["strata-loader"]`); `parse_args` is the exact inverse."""
+        # `--flag=value`: a value that starts with '-' stays a value, never a flag of its own.
         args = [SUBCOMMAND, self.source, self.dest]
         if self.revision:
-            args += ["--revision", self.revision]
-        for g in self.include:
-            args += ["--include", g]
-        for g in self.exclude:
-            args += ["--exclude", g]
+            args.append(f"--revision={self.revision}")
+        args += [f"--include={g}" for g in self.include]
+        args += [f"--exclude={g}" for g in self.exclude]
         args += [
             "--concurrency", str(self.concurrency),
             "--block-size", str(self.block_size),
@@ -208,7 +207,7 @@ class FetchRequest(BaseModel):
             args += [
                 "--shard-tp", str(self.shard.tensor_parallel_size),
                 "--shard-max-part-bytes", str(self.shard.max_part_bytes),
-                "--shard-output-subdir", self.shard.output_subdir,
+                f"--shard-output-subdir={self.shard.output_subdir}",
             ]
         return args
 

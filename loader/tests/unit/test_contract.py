@@ -33,6 +33,12 @@ def test_args_round_trip_with_every_option():
     assert req.block_size == 8 * 2**20
 
 
+def test_values_that_start_with_a_dash_stay_values():
+    """A revision or glob like `-rc1` must not become a flag of its own in the Job's args."""
+    req = FetchRequest(source="s3://models/m", dest="/d", revision="-rc1", include=["-x*"], exclude=["-y*"])
+    assert FetchRequest.parse_args(req.to_args()) == req
+
+
 def test_defaults_round_trip():
     req = FetchRequest(source="hf://org/name", dest="/d")
     assert FetchRequest.parse_args(req.to_args()) == req
