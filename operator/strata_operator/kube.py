@@ -15,6 +15,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 FIELD_MANAGER = "strata-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "strata"
 
 _client_lock = threading.Lock()
@@ -62,8 +63,26 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
 def child_labels(owner_name: str, component: str | None = None) -> dict[str, str]:
     labels = {MANAGED_BY_LABEL: MANAGED_BY, INSTANCE_LABEL: owner_name}
     if component:
-        labels["app.kubernetes.io/component"] = component
+        labels[COMPONENT_LABEL] = component
     return labels
+
+
+def created_by_strata(live: Mapping[str, Any], owner_uid: str, owner_name: str, component: str) -> bool:
+    """Whether Strata made this object for that owner: its ownerReference (the owner's uid), or, for a child
+    kept without one (a claim under deletionPolicy Retain), Strata's managed-by, instance and component labels.
+
+    Anything else of the same name belongs to someone else: applying over it (forced) would take it over, and the
+    garbage collector would later delete it with the owner.
+    """
+    meta = live.get("metadata") or {}
+    if any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or []):
+        return True
+    labels = meta.get("labels") or {}
+    return (
+        labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+        and labels.get(INSTANCE_LABEL) == owner_name
+        and labels.get(COMPONENT_LABEL) == component
+    )
 
 
 def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> Any:
