@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import threading
@@ -10,7 +11,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 FIELD_MANAGER = "strata-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -122,5 +123,31 @@ def delete(api_version: str, kind: str, name: str, namespace: str | None = None)
             body={"propagationPolicy": "Background"},
         )
     except NotFoundError:
+        return False
+    return True
+
+
+def post_node_event(node: str, uid: str, type_: str, reason: str, message: str) -> bool:
+    """An Event about a Node, where the kubelet puts them (namespace default, involvedObject without a
+    namespace), so `kubectl describe node` shows it; kopf's events would name the object namespace default.
+    False when it could not be posted (e.g. no permission for Events in default)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        dynamic_client().resources.get(api_version="v1", kind="Event").create(body=body, namespace="default")
+    except ApiException:
         return False
     return True

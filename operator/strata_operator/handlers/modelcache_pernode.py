@@ -1,4 +1,5 @@
 """Per-node work: NodeLocal copies (a Job per selected Ready node, then a node label) and image pre-pulls.
+(Removing the copies when a cache is deleted is `modelcache_cleanup`.)
 
 Level-based: the wanted set is "selected Ready nodes now"; each gets exactly the Job its current request hash
 names, anything else of ours is deleted, and a node is labelled exactly when its copy is verified.
@@ -6,19 +7,16 @@ names, anything else of ours is deleted, and a node is labelled exactly when its
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
-from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
 from strata_operator.handlers.modelcache_io import (
     Context,
     api_error_message,
     delete_job,
-    get_dict,
     job_result,
     list_children,
 )
@@ -26,7 +24,6 @@ from strata_operator.handlers.modelcache_nodes import NODES, NodeInfo, patch_nod
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
-from strata_operator.resources.modelcache.owner import Owner
 from strata_operator.resources.modelcache.status import Outcome
 from strata_operator.resources.modelcache.volume import build_volume_snippet
 
@@ -176,35 +173,3 @@ def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Out
     outcome.ready = (True, "VolumeAvailable", message)
     outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
     return outcome
-
-
-def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy.
-
-    Returns (nodes whose clean-up is still running, nodes whose clean-up failed).
-    """
-    for job in list_children(owner, "batch/v1", "Job", storage.ROLE_PRELOAD):
-        delete_job(owner.namespace, job["metadata"]["name"])
-    key = names.node_label_key(owner.namespace, owner.name)
-    nodes = NODES.snapshot()
-    holders = {n for n, i in nodes.items() if key in i.labels}
-    holders |= {s["name"] for s in status.get("nodes") or [] if s["name"] in nodes}
-    for name in sorted(holders):
-        if key in nodes[name].labels:
-            with contextlib.suppress(NotFoundError):
-                patch_node_label(name, key, None)
-    if spec.deletion_policy == DeletionPolicy.RETAIN:
-        return [], []
-    running, failed = [], []
-    for name in sorted(holders):
-        job = storage.node_cleanup(owner, spec, name)
-        live = get_dict("batch/v1", "Job", job["metadata"]["name"], owner.namespace)
-        if live is None:
-            kube.apply(job)
-            live = job
-        phase = st.job_phase(live)
-        if phase == st.JOB_FAILED:
-            failed.append(name)
-        elif phase != st.JOB_SUCCEEDED and nodes[name].ready:
-            running.append(name)  # a NotReady node cannot run it; its copy is left for the node's owner
-    return running, failed
