@@ -150,3 +150,26 @@ def test_deleting_the_namespace_does_not_hang_and_records_the_copy(
     assert annotations[f"strata.dev/leftover.{namespace}.{name}"] == f"/var/lib/strata/models/{namespace}/{name}"
     events = resource(k8s, "v1", "Event").get(namespace="default", field_selector=f"involvedObject.name={a}").items
     assert any(e.reason == "ModelCopyLeftBehind" and name in e.message for e in events)
+
+
+def test_a_zero_ttl_cannot_make_jobs_vanish_before_their_result_is_read(
+    k8s: DynamicClient, operator: Any, namespace: str, nodes: Heartbeat
+) -> None:
+    """With ttlSecondsAfterFinished 0 a finished Job vanished before its result was read and was created
+    again at once, in a loop (306 Jobs in 110 s over 3 nodes)."""
+    pool = {"strata-test/pool": unique("pool")}
+    for prefix in ("gpu-a", "gpu-b", "gpu-c"):
+        nodes.add(unique(prefix), pool)
+    name = unique("mc")
+    spec = {
+        "source": {"uri": SOURCE},
+        "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool}},
+        "preload": {"ttlSecondsAfterFinished": 0},
+    }
+    create_cache(k8s, namespace, name, spec)
+    status = wait_for_status(k8s, namespace, name, lambda s: s.get("desiredNodes") == 3, "three nodes")
+    jobs = cache_jobs(k8s, namespace, name)
+    assert jobs and all(j["spec"]["ttlSecondsAfterFinished"] == 60 for j in jobs)
+    finish_pending(k8s, namespace, status)
+    wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Ready", "all three copies Ready")
+    assert len(cache_jobs(k8s, namespace, name)) == 3  # one Job per node, still there to be read
