@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import threading
@@ -10,11 +11,12 @@ from typing import Any
 
 import kubernetes
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 FIELD_MANAGER = "strata-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "strata"
 
 _client_lock = threading.Lock()
@@ -62,8 +64,26 @@ def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
 def child_labels(owner_name: str, component: str | None = None) -> dict[str, str]:
     labels = {MANAGED_BY_LABEL: MANAGED_BY, INSTANCE_LABEL: owner_name}
     if component:
-        labels["app.kubernetes.io/component"] = component
+        labels[COMPONENT_LABEL] = component
     return labels
+
+
+def created_by_strata(live: Mapping[str, Any], owner_uid: str, owner_name: str, component: str) -> bool:
+    """Whether Strata made this object for that owner: its ownerReference (the owner's uid), or, for a child
+    kept without one (a claim under deletionPolicy Retain), Strata's managed-by, instance and component labels.
+
+    Anything else of the same name belongs to someone else: applying over it (forced) would take it over, and the
+    garbage collector would later delete it with the owner.
+    """
+    meta = live.get("metadata") or {}
+    if any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or []):
+        return True
+    labels = meta.get("labels") or {}
+    return (
+        labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+        and labels.get(INSTANCE_LABEL) == owner_name
+        and labels.get(COMPONENT_LABEL) == component
+    )
 
 
 def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> Any:
@@ -103,5 +123,31 @@ def delete(api_version: str, kind: str, name: str, namespace: str | None = None)
             body={"propagationPolicy": "Background"},
         )
     except NotFoundError:
+        return False
+    return True
+
+
+def post_node_event(node: str, uid: str, type_: str, reason: str, message: str) -> bool:
+    """An Event about a Node, where the kubelet puts them (namespace default, involvedObject without a
+    namespace), so `kubectl describe node` shows it; kopf's events would name the object namespace default.
+    False when it could not be posted (e.g. no permission for Events in default)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        dynamic_client().resources.get(api_version="v1", kind="Event").create(body=body, namespace="default")
+    except ApiException:
         return False
     return True

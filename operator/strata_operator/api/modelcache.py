@@ -291,7 +291,7 @@ class Preload(CRDModel):
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardSpec | None = None
     backoff_limit: int = Field(default=3, ge=0, le=100)
-    ttl_seconds_after_finished: int = Field(default=86400, ge=0)
+    ttl_seconds_after_finished: int = Field(default=86400, ge=0, description="Values under 60 are raised to 60.")
     active_deadline_seconds: int | None = Field(default=None, ge=1)
     resources: Resources = Field(default_factory=Resources)
 
@@ -337,6 +337,8 @@ class NodeState(CRDModel):
     files: int | None = None
     seconds: float | None = None
     message: str | None = None
+    recreations: int | None = Field(default=None, description="Times its Job vanished before its result was read.")
+    retry_after: str | None = Field(default=None, description="When the vanished Job is created again.")
 
 
 class ModelCacheStatus(CRDModel):

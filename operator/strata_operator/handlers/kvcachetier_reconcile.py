@@ -17,11 +17,12 @@ import kopf
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 from pydantic import ValidationError
 
+from strata_operator import kube
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
 from strata_operator.resources.kvcachetier.children import Children, build_children
-from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.names import COMPONENT, TierRef
 from strata_operator.resources.kvcachetier.status import (
     CONFIG_VALID,
     Observed,
@@ -98,8 +99,15 @@ def check(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[Problem], list[str
     return problems, warnings
 
 
-def apply_children(children: Children) -> Problem | None:
-    """Apply in dependency order; a child the API server refuses (e.g. a claim shrunk) becomes a Problem."""
+def apply_children(children: Children, tier: TierRef) -> Problem | None:
+    """Apply in dependency order; a child the API server refuses (e.g. a claim shrunk) becomes a Problem.
+
+    Nothing is applied while any child's name is taken by an object the tier did not create: forced apply
+    would make the tier its controller, and deleting the tier would then garbage-collect it.
+    """
+    for child in children.in_apply_order():
+        if problem := name_conflict(child, tier):
+            return problem
     for child in children.in_apply_order():
         try:
             stored = io.apply(child)
@@ -111,6 +119,19 @@ def apply_children(children: Children) -> Problem | None:
             str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
         )
     return None
+
+
+def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
+    kind, name = child["kind"], child["metadata"]["name"]
+    live = io.read(child["apiVersion"], kind, name, tier.namespace)
+    if live is None or kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
+        return None
+    hint = " (or set l2.fs.pvc.claimName to use that claim)" if kind == "PersistentVolumeClaim" else ""
+    return Problem(
+        "NameConflict",
+        f"{kind} {name!r} already exists in namespace {tier.namespace!r} and was not created by KVCacheTier "
+        f"{tier.name!r}: rename the tier, or rename or delete that {kind}{hint}",
+    )
 
 
 def _api_message(error: UnprocessibleEntityError) -> str:
@@ -165,7 +186,7 @@ def _reconcile_locked(
     children = build_children(spec, tier)
     applied = full and not problems
     if applied:
-        rejection = apply_children(children)
+        rejection = apply_children(children, tier)
         if rejection is not None:
             applied, problems = False, [rejection]
     daemonset, pods = observe(tier)

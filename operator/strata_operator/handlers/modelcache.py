@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from strata_operator.api import GROUP, VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, finish_cleanup
 from strata_operator.handlers.modelcache_nodes import NODES
-from strata_operator.handlers.modelcache_pernode import cleanup_node_copies
 from strata_operator.handlers.modelcache_reconcile import reconcile
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import Owner
@@ -142,7 +142,10 @@ def modelcache_deleted(
 ) -> None:
     """NodeLocal copies live outside Kubernetes' garbage collection: remove them before the finalizer goes.
 
-    Claims, Jobs and everything else with an ownerReference are left to the garbage collector.
+    Claims, Jobs and everything else with an ownerReference are left to the garbage collector. The finalizer
+    never outstays what can still happen: in a namespace being deleted no clean-up Job can be created, so the
+    deletion gives up at once; otherwise it waits about five minutes. Copies left behind are recorded on their
+    nodes (see `modelcache_cleanup`).
     """
     try:
         parsed = ModelCacheSpec.model_validate(dict(spec))
@@ -150,14 +153,20 @@ def modelcache_deleted(
         return
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
-    running, failed = cleanup_node_copies(Owner.from_body(body), parsed, dict(status))
-    for node in failed:
-        kopf.warn(
-            body,
-            reason="CleanupFailed",
-            message=f"clean-up Job on node {node} failed; remove the copy by hand",
-        )
-    if running and retry < CLEANUP_ATTEMPTS:
-        raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(running)}", delay=2)
-    if running:
-        kopf.warn(body, reason="CleanupTimedOut", message=f"gave up waiting for clean-up on {', '.join(running)}")
+    owner = Owner.from_body(body)
+    state = cleanup_node_copies(owner, parsed, dict(status))
+    if state.running and retry < CLEANUP_ATTEMPTS:
+        raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)
+    if state.namespace_terminating:
+        logger.warning(f"namespace {owner.namespace} is being deleted: no clean-up Job can be created there")
+    else:  # an Event in a namespace being deleted would be refused
+        for node in state.failed:
+            kopf.warn(
+                body, reason="CleanupFailed", message=f"clean-up Job on node {node} failed; remove the copy by hand"
+            )
+        if state.running:
+            kopf.warn(
+                body, reason="CleanupTimedOut", message=f"gave up waiting for clean-up on {', '.join(state.running)}"
+            )
+    for node, message in finish_cleanup(owner, state):
+        logger.warning(f"node {node}: {message}")

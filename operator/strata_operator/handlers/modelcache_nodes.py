@@ -110,6 +110,16 @@ def patch_node_label(name: str, key: str, value: str | None) -> None:
     NODES.observe(patched.to_dict())
 
 
+def patch_node_annotation(name: str, key: str, value: str | None) -> None:
+    """Merge patch of one annotation (None removes it); the node cache keeps no annotations, nothing to record."""
+    nodes = kube.dynamic_client().resources.get(api_version="v1", kind="Node")
+    nodes.patch(
+        name=name,
+        body={"metadata": {"annotations": {key: value}}},
+        content_type="application/merge-patch+json",
+    )
+
+
 def _older(candidate: str, known: str) -> bool:
     """Whether a node's resourceVersion predates the one we hold. They are etcd revisions: integers that only
     grow for one object; anything else is treated as new, which at worst costs one extra reconcile."""

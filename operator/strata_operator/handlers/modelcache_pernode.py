@@ -1,4 +1,5 @@
 """Per-node work: NodeLocal copies (a Job per selected Ready node, then a node label) and image pre-pulls.
+(Removing the copies when a cache is deleted is `modelcache_cleanup`.)
 
 Level-based: the wanted set is "selected Ready nodes now"; each gets exactly the Job its current request hash
 names, anything else of ours is deleted, and a node is labelled exactly when its copy is verified.
@@ -6,19 +7,17 @@ names, anything else of ours is deleted, and a node is labelled exactly when its
 
 from __future__ import annotations
 
-import contextlib
+import datetime
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
-from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
 from strata_operator.handlers.modelcache_io import (
     Context,
     api_error_message,
     delete_job,
-    get_dict,
     job_result,
     list_children,
 )
@@ -26,9 +25,12 @@ from strata_operator.handlers.modelcache_nodes import NODES, NodeInfo, patch_nod
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
-from strata_operator.resources.modelcache.owner import Owner
 from strata_operator.resources.modelcache.status import Outcome
 from strata_operator.resources.modelcache.volume import build_volume_snippet
+
+RECREATE_BASE_SECONDS = 30
+RECREATE_MAX_SECONDS = 1800
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 JobBuilder = Callable[[str, str], tuple[str, dict[str, Any]]]
 
@@ -53,12 +55,52 @@ def node_states(ctx: Context, role: str, wanted: dict[str, NodeInfo], build: Job
         if prev.get("job") == job_name and prev.get("phase") == st.PHASE_READY:
             states.append(prev)  # settled: the Job may be gone (TTL) and the verified result is recorded
         elif live is None:
-            states.append(start_node_job(ctx, name, job, role))
+            states.append(missing_job(ctx, name, job, role, prev))
         else:
-            states.append(state_from_job(ctx, name, live, read_result=role == storage.ROLE_PRELOAD))
+            state = state_from_job(ctx, name, live, read_result=role == storage.ROLE_PRELOAD)
+            if prev.get("job") == job_name and prev.get("recreations") and state["phase"] != st.PHASE_READY:
+                state["recreations"] = prev["recreations"]  # so the next vanishing waits longer
+            states.append(state)
     for job_name in jobs.keys() - keep:
         delete_job(ctx.owner.namespace, job_name)
     return states
+
+
+def missing_job(ctx: Context, node: str, job: dict[str, Any], role: str, prev: dict[str, Any]) -> dict[str, Any]:
+    """Create the node's Job, unless it is one we created that vanished before its result was recorded (a TTL
+    shorter than our reading, someone deleting it): then back off exponentially, counting in status, instead of
+    creating it again at once in a loop."""
+    job_name = job["metadata"]["name"]
+    ours = prev.get("job") == job_name and prev.get("phase") in (st.PHASE_PRELOADING, st.PHASE_FAILED)
+    if not ours:
+        return start_node_job(ctx, node, job, role)
+    now = _now()
+    recreations = int(prev.get("recreations") or 0)
+    if retry_after := prev.get("retryAfter"):
+        if now < _parse_time(retry_after):
+            return prev
+        state = start_node_job(ctx, node, job, role)
+        return {**state, "recreations": recreations} if state["phase"] == st.PHASE_PRELOADING else state
+    recreations += 1
+    delay = min(RECREATE_MAX_SECONDS, RECREATE_BASE_SECONDS * 2 ** (recreations - 1))
+    when = now + datetime.timedelta(seconds=delay)
+    return {
+        "name": node,
+        "job": job_name,
+        "phase": st.PHASE_PRELOADING,
+        "recreations": recreations,
+        "retryAfter": when.strftime(TIME_FORMAT),
+        "message": f"Job {job_name} vanished before its result was read ({recreations} time(s)); "
+        f"creating it again after {delay}s",
+    }
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _parse_time(value: str) -> datetime.datetime:
+    return datetime.datetime.strptime(value, TIME_FORMAT).replace(tzinfo=datetime.UTC)
 
 
 def start_node_job(ctx: Context, node: str, job: dict[str, Any], role: str) -> dict[str, Any]:
@@ -176,35 +218,3 @@ def reconcile_prepull(ctx: Context, fields: dict[str, Any], message: str) -> Out
     outcome.ready = (True, "VolumeAvailable", message)
     outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
     return outcome
-
-
-def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy.
-
-    Returns (nodes whose clean-up is still running, nodes whose clean-up failed).
-    """
-    for job in list_children(owner, "batch/v1", "Job", storage.ROLE_PRELOAD):
-        delete_job(owner.namespace, job["metadata"]["name"])
-    key = names.node_label_key(owner.namespace, owner.name)
-    nodes = NODES.snapshot()
-    holders = {n for n, i in nodes.items() if key in i.labels}
-    holders |= {s["name"] for s in status.get("nodes") or [] if s["name"] in nodes}
-    for name in sorted(holders):
-        if key in nodes[name].labels:
-            with contextlib.suppress(NotFoundError):
-                patch_node_label(name, key, None)
-    if spec.deletion_policy == DeletionPolicy.RETAIN:
-        return [], []
-    running, failed = [], []
-    for name in sorted(holders):
-        job = storage.node_cleanup(owner, spec, name)
-        live = get_dict("batch/v1", "Job", job["metadata"]["name"], owner.namespace)
-        if live is None:
-            kube.apply(job)
-            live = job
-        phase = st.job_phase(live)
-        if phase == st.JOB_FAILED:
-            failed.append(name)
-        elif phase != st.JOB_SUCCEEDED and nodes[name].ready:
-            running.append(name)  # a NotReady node cannot run it; its copy is left for the node's owner
-    return running, failed

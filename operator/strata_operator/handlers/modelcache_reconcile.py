@@ -81,6 +81,15 @@ def ensure_claim(ctx: Context) -> tuple[dict[str, Any] | None, Problem | None]:
                 f"{owner.namespace!r}: create it, or set storage.sharedPVC.size and drop claimName",
             )
         return live, None
+    if live is not None and not owner.created(live):
+        # Someone else's claim under our default name: forced apply would make the cache its controller, and
+        # deleting the cache would then garbage-collect the user's data. Adopting is the user's call.
+        return None, Problem(
+            "NameConflict",
+            f"PersistentVolumeClaim {name!r} already exists in namespace {owner.namespace!r} and was not created "
+            f"by this ModelCache: to fill it on purpose set storage.sharedPVC.claimName: {name}; otherwise rename "
+            "the cache or delete that claim",
+        )
     desired = storage.build_claim(owner, spec)
     if live is not None and claim_matches(desired, live, owner.uid):
         return live, None

@@ -6,6 +6,7 @@ collection through ownerReferences.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -301,6 +302,25 @@ def test_deleting_the_tier_removes_its_children(
             timeout=60,
             what=f"{kind} {name} garbage-collected",
         )
+
+
+def test_a_users_config_map_under_a_childs_name_is_never_taken_over(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    """Forced apply would make the tier its controller, and deleting the tier would delete it."""
+    config_maps = resource(k8s, "v1", "ConfigMap")
+    mine = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kv-config"}, "data": {"mine": "yes"}}
+    config_maps.create(namespace=namespace, body=mine)
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "NameConflict"))
+    assert condition(tier(k8s, namespace, "kv"), "Ready") == ("False", "NameConflict")
+    live = config_maps.get(name="kv-config", namespace=namespace).to_dict()
+    assert live["data"] == {"mine": "yes"} and not live["metadata"].get("ownerReferences")
+    assert daemonset(k8s, namespace, "kv") is None
+    resource(k8s, API, KIND).delete(name="kv", namespace=namespace)
+    wait_for(lambda: get_or_none(k8s, API, KIND, "kv", namespace) is None, timeout=30, what="tier gone")
+    time.sleep(2)  # give the garbage collector its chance
+    assert get_or_none(k8s, "v1", "ConfigMap", "kv-config", namespace) is not None
 
 
 def test_l1_larger_than_every_selected_node_is_reported(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
+from strata_operator.api import API_VERSION
 from strata_testsupport.kube import get_or_none, resource, wait_for
 
 from .test_modelcache_support import (
@@ -71,7 +72,7 @@ def ready_cache(k8s: DynamicClient, namespace: str, spec: dict[str, Any]) -> tup
 def test_a_revision_change_starts_a_new_preload(k8s: DynamicClient, operator: Any, namespace: str) -> None:
     name, first = ready_cache(k8s, namespace, shared_spec())
     patch = {"spec": {"source": {"revision": "v2"}}}
-    resource(k8s, "strata.dev/v1alpha1", "ModelCache").patch(
+    resource(k8s, API_VERSION, "ModelCache").patch(
         name=name, namespace=namespace, body=patch, content_type="application/merge-patch+json"
     )
     second = wait_for_status(k8s, namespace, name, lambda s: s.get("job") != first["job"], "a new Job")
@@ -105,7 +106,7 @@ def test_a_deleted_claim_is_recreated_and_refilled(k8s: DynamicClient, operator:
 
 def test_nothing_is_written_when_nothing_changed(k8s: DynamicClient, operator: Any, namespace: str) -> None:
     name, status = ready_cache(k8s, namespace, shared_spec())
-    caches = resource(k8s, "strata.dev/v1alpha1", "ModelCache")
+    caches = resource(k8s, API_VERSION, "ModelCache")
     before = caches.get(name=name, namespace=namespace).metadata.resourceVersion
     claim_before = resource(k8s, "v1", "PersistentVolumeClaim").get(name=f"{name}-model", namespace=namespace)
     events_before = len(events_for(k8s, namespace, name))
@@ -163,7 +164,7 @@ def test_a_missing_storage_class_is_reported(k8s: DynamicClient, operator: Any, 
 def test_retain_policy_keeps_the_claim(k8s: DynamicClient, operator: Any, namespace: str) -> None:
     name, _ = ready_cache(k8s, namespace, shared_spec())
     claims = resource(k8s, "v1", "PersistentVolumeClaim")
-    caches = resource(k8s, "strata.dev/v1alpha1", "ModelCache")
+    caches = resource(k8s, API_VERSION, "ModelCache")
     caches.patch(
         name=name,
         namespace=namespace,
@@ -175,7 +176,7 @@ def test_retain_policy_keeps_the_claim(k8s: DynamicClient, operator: Any, namesp
         what="the claim released from the cache",
     )
     caches.delete(name=name, namespace=namespace)
-    wait_for(lambda: get_or_none(k8s, "strata.dev/v1alpha1", "ModelCache", name, namespace) is None, what="deleted")
+    wait_for(lambda: get_or_none(k8s, API_VERSION, "ModelCache", name, namespace) is None, what="deleted")
     time.sleep(2)  # the garbage collector had its chance
     assert claims.get(name=f"{name}-model", namespace=namespace).metadata.deletionTimestamp is None
 
@@ -195,3 +196,35 @@ def test_a_dotted_cache_name_gives_a_volume_pods_accept(k8s: DynamicClient, oper
         },
     }
     resource(k8s, "v1", "Pod").create(body=pod, namespace=namespace, dry_run="All")
+
+
+def test_a_users_claim_under_the_default_name_is_never_taken_over(
+    k8s: DynamicClient, operator: Any, namespace: str
+) -> None:
+    """Forced apply would make the cache the claim's controller, and deleting the cache would delete it."""
+    name = unique("llama")
+    claims = resource(k8s, "v1", "PersistentVolumeClaim")
+    claims.create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{name}-model", "labels": {"team": "data"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    create_cache(k8s, namespace, name, shared_spec())
+    wait_for_status(
+        k8s, namespace, name, lambda s: condition({"status": s}, "Ready").get("reason") == "NameConflict", "conflict"
+    )
+    ready = condition(get_cache(k8s, namespace, name), "Ready")
+    assert ready["status"] == "False" and "claimName" in ready["message"]
+    assert any(e["type"] == "Warning" and e["reason"] == "NameConflict" for e in events_for(k8s, namespace, name))
+    claim = claims.get(name=f"{name}-model", namespace=namespace).to_dict()
+    assert not claim["metadata"].get("ownerReferences") and claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert cache_jobs(k8s, namespace, name) == []
+
+    resource(k8s, API_VERSION, "ModelCache").delete(name=name, namespace=namespace)
+    wait_for(lambda: get_or_none(k8s, API_VERSION, "ModelCache", name, namespace) is None, what="cache gone")
+    time.sleep(2)  # give the garbage collector its chance
+    assert get_or_none(k8s, "v1", "PersistentVolumeClaim", f"{name}-model", namespace) is not None

@@ -24,6 +24,9 @@ CONTAINER = "fetch"
 MODEL_MOUNT = "/strata/model"
 NODE_ROOT_MOUNT = "/strata/node"
 NODE_ANNOTATION = "strata.dev/node"
+MIN_TTL_SECONDS = 60
+"""A finished Job must outlive the operator's reading of its result (a watch event, then a reconcile): with a
+TTL of 0 it vanished first, and was created again at once, again and again."""
 HF_HOME = "/tmp/hf"
 
 
@@ -195,7 +198,7 @@ def build_job(owner: Owner, spec: ModelCacheSpec, shape: JobShape, request: Any 
         pod["tolerations"] = list(shape.tolerations)
     job_spec: dict[str, Any] = {
         "backoffLimit": preload.backoff_limit,
-        "ttlSecondsAfterFinished": preload.ttl_seconds_after_finished,
+        "ttlSecondsAfterFinished": max(preload.ttl_seconds_after_finished, MIN_TTL_SECONDS),
         "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod},
     }
     if preload.active_deadline_seconds:

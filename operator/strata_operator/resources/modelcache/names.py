@@ -86,5 +86,14 @@ def node_label_key(namespace: str, cache_name: str) -> str:
     return f"{GROUP}/{name_part}"
 
 
+def leftover_annotation_key(namespace: str, cache_name: str) -> str:
+    """`strata.dev/leftover.<namespace>.<name>` on a node: a deleted cache's copy that nobody removed (value: its
+    path). Like `node_label_key`, bounded to the 63 characters an annotation's name part allows."""
+    name_part = bounded_name(f"leftover.{namespace}.{cache_name}")
+    if not _LABEL_NAME.match(name_part):
+        raise ValueError(f"node annotation name {name_part!r} is not a valid name")
+    return f"{GROUP}/{name_part}"
+
+
 def selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -11,6 +11,7 @@ from strata_operator.api import API_VERSION
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
 
 KIND = "ModelCache"
+COMPONENT = "modelcache"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class Owner:
             {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.name, "uid": self.uid}}
         )
 
+    def created(self, live: Mapping[str, Any]) -> bool:
+        """Whether this cache made `live` (see `kube.created_by_strata`): only then may it be applied over."""
+        return kube.created_by_strata(live, self.uid, self.name, COMPONENT)
+
     def labels(self, role: str) -> dict[str, str]:
         """Labels on every child: Strata's ownership labels plus the cache name, for watches and listing."""
-        return {**kube.child_labels(self.name, "modelcache"), CACHE_LABEL: self.name, ROLE_LABEL: role}
+        return {**kube.child_labels(self.name, COMPONENT), CACHE_LABEL: self.name, ROLE_LABEL: role}

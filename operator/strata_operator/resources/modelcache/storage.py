@@ -126,12 +126,16 @@ def node_preload(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -
     return node_hash, build_job(owner, spec, shape, request)
 
 
+def node_cleanup_job_name(owner: Owner, node: str) -> str:
+    return names.node_job_name(owner.name, ROLE_CLEANUP, names.short_hash("cleanup", owner.uid, node))
+
+
 def node_cleanup(owner: Owner, spec: ModelCacheSpec, node: str) -> dict[str, Any]:
     """A Job removing the node's copy after the cache is deleted (a shell `rm`: the runtime image has one)."""
     target = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
     node_hash = names.short_hash("cleanup", owner.uid, node)
     shape = JobShape(
-        name=names.node_job_name(owner.name, ROLE_CLEANUP, node_hash),
+        name=node_cleanup_job_name(owner, node),
         role=ROLE_CLEANUP,
         command=["/bin/sh", "-c"],
         args=[f"rm -rf -- '{target}'"],
