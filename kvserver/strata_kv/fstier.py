@@ -62,7 +62,7 @@ class FsTier:
 
     # -- paths ------------------------------------------------------------------------------------
     def relpath(self, key: bytes) -> str:
-        return locate(key, self.cfg.rank).relpath(self.namespace_dir)
+        return locate(key, self.cfg.rank, self.cfg.max_ranks, self.cfg.max_kv_groups).relpath(self.namespace_dir)
 
     def path(self, key: bytes) -> Path:
         return self.root / self.relpath(key)

@@ -30,11 +30,46 @@ def test_layout_follows_vllm_file_mapper(tmp_path: Path) -> None:
     assert (tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}" / "config.json").is_file()
 
 
-def test_lmcache_keys_keep_rank_and_group_and_salt_separates_tenants() -> None:
-    a = locate(b"llama@0000000a@1@deadbeef01@tenantA")
-    b = locate(b"llama@0000000a@1@deadbeef01@tenantB")
-    assert (a.rank, a.group) == (10, 1)
+def test_lmcache_keys_follow_the_0_5_6_format_and_every_suffix_gets_its_own_file() -> None:
+    # LMCache 0.5.6: model@world_size@worker_id@chunk_hash@dtype[@suffix]; its redis connector appends
+    # `kv_bytes` / `metadata` to the key.
+    a = locate(b"llama@4@3@deadbeef01@bfloat16@tenantA")
+    b = locate(b"llama@4@3@deadbeef01@bfloat16@tenantB")
+    assert (a.rank, a.group) == (3, 0)
     assert a.hash_hex.startswith("deadbeef01") and a.hash_hex != b.hash_hex
+    kv = locate(b"llama@4@3@deadbeef01@bfloat16kv_bytes")
+    meta = locate(b"llama@4@3@deadbeef01@bfloat16metadata")
+    assert kv.rank == meta.rank == 3 and kv.hash_hex != meta.hash_hex
+
+
+# Pairs of keys that differ as bytes but that an earlier parser normalised to one block file.
+ALIASES = [
+    pytest.param(b"llama@2@1@DEADBEEF01@bfloat16", b"llama@2@1@deadbeef01@bfloat16", id="hash-case"),
+    pytest.param(b"llama@2@1@1@bfloat16", b"llama@2@1@00001@bfloat16", id="hash-leading-zeros"),
+    pytest.param(b"llama@2@1@abcdef@bfloat16", b"llama@0002@0001@abcdef@bfloat16", id="rank-group-padding"),
+    pytest.param(b"llama@1@2@abcdef@salt", b"llama@0001@00002@abcdef@salt", id="old-rank-group-padding"),
+    pytest.param(
+        hashlib.sha256(b"tokens").digest() + bytes(4), b"tokens", id="binary-key-vs-the-plain-key-it-encodes"
+    ),
+    pytest.param(
+        hashlib.sha256(b"tokens").digest() + bytes(4),
+        hashlib.sha256(b"tokens").hexdigest().encode(),
+        id="binary-key-vs-its-hex",
+    ),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), ALIASES)
+def test_keys_that_differ_as_bytes_never_share_a_block_file(tmp_path: Path, a: bytes, b: bytes) -> None:
+    t = make(tmp_path)
+    assert t.relpath(a) != t.relpath(b)
+    t.put(a, b"value-a")
+    t.put(b, b"value-b")  # must not replace a's file
+    assert t.contains(a) and t.get(a) == b"value-a"
+    assert t.delete(b)
+    assert t.get(b) is None and not t.contains(b)
+    assert t.get(a) == b"value-a"  # DEL b left a alone
+    assert t.delete(a) and not t.contains(a)
 
 
 def test_round_trip_and_value_sits_at_the_end_of_the_file(tmp_path: Path) -> None:
