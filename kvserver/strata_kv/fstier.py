@@ -211,10 +211,17 @@ class FsTier:
 
     def _write(self, rel: str, value: bytes, trailer: bytes) -> None:
         final = self.root / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.{self._tmp_tag}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+        for attempt in range(3):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                f = open(tmp, "wb")
+                break
+            except FileNotFoundError:  # a DEL or eviction removed the emptied directory just now: make it again
+                if attempt == 2:
+                    raise
         try:
-            with open(tmp, "wb") as f:
+            with f:
                 f.write(value)
                 f.write(trailer)
                 if self.cfg.fsync:
@@ -267,7 +274,7 @@ class FsTier:
                     continue
                 self._pins.pop(rel, None)
                 self.used -= size
-            self._unlink(str(self.root / rel))
+            self._unlink_block(rel)
             removed += 1
             self.evictions += 1
         return removed
@@ -297,7 +304,21 @@ class FsTier:
             size = self._index.pop(rel, None)
             if size is not None:
                 self.used -= size
-        return self._unlink(str(self.root / rel))
+        return self._unlink_block(rel)
+
+    def _unlink_block(self, rel: str) -> bool:
+        """Remove a block file, then its directories that it left empty (`<h[3:5]>_g<group>/`, `<h[:3]>/`).
+
+        Rank directories stay (at most `max_ranks` of them). A writer racing with the rmdir re-creates it."""
+        removed = self._unlink(str(self.root / rel))
+        parts = rel.split("/")
+        if len(parts) == 4:  # <ns>_r<rank>/<h[:3]>/<h[3:5]>_g<group>/<h>.bin
+            for depth in (3, 2):
+                try:
+                    os.rmdir(self.root.joinpath(*parts[:depth]))
+                except OSError:  # not empty (or gone): stop climbing
+                    break
+        return removed
 
     @staticmethod
     def _unlink(path: str) -> bool:

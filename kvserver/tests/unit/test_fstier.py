@@ -255,3 +255,44 @@ def test_rescan_counts_blocks_other_nodes_wrote_and_enforces_capacity(tmp_path: 
     ours.make_room(0)
     assert ours.used <= 60_000 * 0.5
     assert ours.stats()["files"] < 12
+
+
+def _dirs_below_ranks(root: Path) -> list[Path]:
+    """Directories under the rank directories (`<ns>_r<rank>/...`)."""
+    return [p for top in root.iterdir() if top.is_dir() and "_r" in top.name for p in top.rglob("*") if p.is_dir()]
+
+
+def test_sets_and_dels_leave_no_empty_directories(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    keys = [b"llama@2@%d@%x@bfloat16" % (i % 2, i * 7919) for i in range(300)] + [b"plain%d" % i for i in range(300)]
+    keys += [hashlib.sha256(b"%d" % i).digest() + (i % 3).to_bytes(4, "big") for i in range(300)]
+    for k in keys:
+        t.put(k, b"v")
+    assert len(_dirs_below_ranks(tmp_path)) > 100
+    for k in keys:
+        assert t.delete(k)
+    assert _dirs_below_ranks(tmp_path) == []
+    t.put(keys[0], b"again")  # a removed directory is made again
+    assert t.get(keys[0]) == b"again"
+
+
+def test_eviction_removes_the_directories_it_empties(tmp_path: Path) -> None:
+    t = make(tmp_path, capacity=200_000, high_watermark=0.9, low_watermark=0.5)
+    for i in range(400):
+        t.put(b"e%d" % i, b"x" * 5_000)
+    files = list(tmp_path.rglob("*.bin"))
+    dirs = _dirs_below_ranks(tmp_path)
+    assert len(files) < 40 and len(dirs) <= 2 * len(files)
+    assert all(any(d.iterdir()) for d in dirs)
+
+
+def test_a_hostile_key_spray_creates_a_bounded_set_of_directories(tmp_path: Path) -> None:
+    t = make(tmp_path, max_ranks=4, max_kv_groups=2)
+    for i in range(1000):  # every key names another rank / group
+        t.put(b"m@%d@%d@abcdef@bf16" % (i + 1, i), b"v")
+        t.put(b"m@%d@%d@abcdef@bf16@%d" % (i % 4 + 1, i % 4, i), b"v")
+        t.put(hashlib.sha256(b"%d" % (i % 7)).digest() + i.to_bytes(4, "big"), b"v")
+    rank_dirs = [p for p in tmp_path.iterdir() if p.is_dir() and "_r" in p.name]
+    assert len(rank_dirs) <= 4
+    groups = {p.name.split("_g")[1] for p in _dirs_below_ranks(tmp_path) if "_g" in p.name}
+    assert groups <= {"0", "1"}
