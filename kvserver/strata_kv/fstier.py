@@ -242,9 +242,12 @@ class FsTier:
 
     # -- capacity ---------------------------------------------------------------------------------
     def _capacity(self) -> int:
-        if self.cfg.capacity:
-            return int(self.cfg.capacity)
+        """The effective capacity. A configured one is capped by what the filesystem can really hold for us:
+        our blocks plus its free space (a capacity larger than the disk would otherwise never evict, and a
+        full disk would fail every write)."""
         st = os.statvfs(self.root)
+        if self.cfg.capacity:
+            return min(int(self.cfg.capacity), self.used + st.f_bavail * st.f_frsize)
         return st.f_blocks * st.f_frsize
 
     def _fill(self) -> int:
