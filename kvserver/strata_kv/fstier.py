@@ -215,13 +215,13 @@ class FsTier:
         for attempt in range(3):
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
-                f = open(tmp, "wb")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 break
             except FileNotFoundError:  # a DEL or eviction removed the emptied directory just now: make it again
                 if attempt == 2:
                     raise
         try:
-            with f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(value)
                 f.write(trailer)
                 if self.cfg.fsync:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from .policy import EvictionPolicy
 
-
 ENTRY_OVERHEAD = 640
 """Bytes one resident L1 entry costs besides its key and value bytes, counted against `l1.size`: the two
 bytes objects' headers, the value dict entry, the eviction policy's bookkeeping (LIRS stack, queue, size map,
@@ -91,7 +90,9 @@ class MemoryTier:
         """
         size = self._cost(key, value)
         if size > self.capacity:
-            raise MemoryError(f"value of {len(value)} bytes (+ key and overhead) is larger than L1 ({self.capacity} bytes)")
+            raise MemoryError(
+                f"value of {len(value)} bytes (+ key and overhead) is larger than L1 ({self.capacity} bytes)"
+            )
         old = self._values.get(key)
         if old is not None:
             self._drop(key)

@@ -48,9 +48,7 @@ ALIASES = [
     pytest.param(b"llama@2@1@1@bfloat16", b"llama@2@1@00001@bfloat16", id="hash-leading-zeros"),
     pytest.param(b"llama@2@1@abcdef@bfloat16", b"llama@0002@0001@abcdef@bfloat16", id="rank-group-padding"),
     pytest.param(b"llama@1@2@abcdef@salt", b"llama@0001@00002@abcdef@salt", id="old-rank-group-padding"),
-    pytest.param(
-        hashlib.sha256(b"tokens").digest() + bytes(4), b"tokens", id="binary-key-vs-the-plain-key-it-encodes"
-    ),
+    pytest.param(hashlib.sha256(b"tokens").digest() + bytes(4), b"tokens", id="binary-key-vs-the-plain-key-it-encodes"),
     pytest.param(
         hashlib.sha256(b"tokens").digest() + bytes(4),
         hashlib.sha256(b"tokens").hexdigest().encode(),

@@ -1,6 +1,7 @@
 """L1's byte bound covers what its structures really use: keys, values and per-entry bookkeeping, and the
 admission filter's counters stay fixed in size however many distinct keys are asked for."""
 
+import contextlib
 import gc
 import tracemalloc
 
@@ -30,10 +31,8 @@ def test_many_tiny_values_stay_within_the_l1_bound() -> None:
             parent = None
             for i in range(30_000):  # 1-byte values: the bound used to count 30 KB of them
                 key = b"model@1@0@%016x@bfloat16" % i
-                try:
+                with contextlib.suppress(MemoryError):  # not admitted: the store sends it to L2 only
                     t.put(key, b"v", parent)  # linked as consecutive SETs on one connection are
-                except MemoryError:  # not admitted: the store sends it to L2 only
-                    pass
                 t.get(key)
                 parent = key if i % 32 else None  # requests of 32 chunks, each one chain
             return t

@@ -7,7 +7,6 @@ from strata_kv.memory import MemoryTier, NotAdmitted, entry_cost
 from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
 
 
-
 def value_bytes(key: bytes, value: bytes) -> int:
     """Policy tests count value bytes only, so capacities read as numbers of small chunks."""
     return len(value)
