@@ -2,6 +2,7 @@
 
 import hashlib
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,19 @@ def test_aliased_key_pairs_round_trip_independently_through_l2(kv_server_factory
         assert r.exists(a) == 1 and r.get(a) == b"A:" + a, a
         assert r.delete(a) == 1 and r.exists(a) == 0
     assert c.stats()["hits_fs"] >= 2 * len(PAIRS)
+
+
+def test_sets_and_dels_through_a_server_leave_no_directories_behind(kv_server_factory) -> None:
+    server = kv_server_factory({"l1": {"size": 1}})
+    r = server.redis()
+    keys = [b"llama@8@%d@%012x@bfloat16" % (i % 8, i * 104729) for i in range(300)]
+    keys += [b"spray@%d@%d@abc@x" % (i + 100, i + 99) for i in range(100)]  # ranks past max_ranks
+    keys += [b"plain-%d" % i for i in range(100)]
+    for k in keys:
+        r.set(k, b"v")
+    root = Path(server.config["l2"]["fs"]["root_dir"])
+    assert sum(1 for top in root.iterdir() if "_r" in top.name) <= 8  # ranks 0..7 only
+    for k in keys:
+        assert r.delete(k) == 1
+    leftover = [p for top in root.iterdir() if "_r" in top.name for p in top.rglob("*")]
+    assert leftover == []
