@@ -23,12 +23,17 @@ VERSION = 2
 TRAILER = struct.Struct(">4sBBHIQI")  # magic, version, flags, reserved, key_len, value_len, crc32
 TRAILER_SIZE = TRAILER.size
 
+# LMCache 0.5.6 `CacheEngineKey.to_string()`: `model@world_size@worker_id@chunk_hash@dtype[@suffix]`; its redis
+# connector stores `<key>kv_bytes` and `<key>metadata`, which land in the dtype/suffix part. Only the canonical
+# spelling (decimal sizes without leading zeros, lower-case hex hash) is read as such: anything else is just bytes.
 _LMCACHE_KEY = re.compile(
-    rb"^(?P<model>[^@]+)@(?P<rank>[0-9a-fA-F]{1,8})@(?P<group>[0-9a-fA-F]{1,8})"
-    rb"@(?P<hash>-?[0-9a-fA-F]+)(?:@(?P<salt>.+))?$",
+    rb"^(?P<model>[^@]+)@(?P<world>0|[1-9][0-9]{0,8})@(?P<worker>0|[1-9][0-9]{0,8})"
+    rb"@(?P<hash>-?[0-9a-f]{1,64})@(?P<rest>.+)$",
     re.DOTALL,
 )
 _VLLM_HASH_SIZES = (8, 16, 32)
+DEFAULT_MAX_RANKS = 64
+DEFAULT_MAX_KV_GROUPS = 16
 
 
 @dataclass(frozen=True)
@@ -44,24 +49,45 @@ class BlockLocation:
         return f"{namespace_dir}_r{self.rank}/{h[:3]}/{h[3:5]}_g{self.group}/{h}.bin"
 
 
-def locate(key: bytes, default_rank: int = 0) -> BlockLocation:
-    """Map a client key to its block location.
+def _raw_location(key: bytes, default_rank: int) -> BlockLocation:
+    """A key in no canonical form: named by the sha256 of its exact bytes. The `_k` tail keeps these names
+    apart from vLLM's (pure hex) and LMCache's (`<hash>s<digest>`), so no other kind of key can land here."""
+    return BlockLocation(default_rank, 0, hashlib.sha256(key).hexdigest() + "_k")
 
-    LMCache keys (`model@rank@group@hash[@salt]`) keep their rank, group and hash; model and tenant
-    salt are folded into the file name so neither models nor tenants ever share a file. vLLM offload
-    keys (hash bytes + 4-byte big-endian group) keep their hash. Anything else: sha256 of the key.
+
+def locate(
+    key: bytes,
+    default_rank: int = 0,
+    max_ranks: int = DEFAULT_MAX_RANKS,
+    max_kv_groups: int = DEFAULT_MAX_KV_GROUPS,
+) -> BlockLocation:
+    """Map a client key to its block location. Two keys that differ in any byte never share a file.
+
+    - LMCache keys (`model@world_size@worker_id@chunk_hash@dtype[@suffix]`, canonical spelling only, with
+      `worker_id < world_size <= max_ranks`): rank directory = worker_id, group 0, file name = the chunk hash
+      plus `s` and 32 hex of the sha256 of the whole key (so model, dtype, tenant suffix and the connector's
+      `kv_bytes`/`metadata` tails each get their own file).
+    - vLLM offload keys (8/16/32 hash bytes + 4-byte big-endian KV group < max_kv_groups): exactly vLLM's
+      FileMapper path, the hash in hex.
+    - Anything else (including non-canonical spellings of the above): sha256 of the key bytes.
+
+    Directory names thus come from bounded sets (ranks < max_ranks, groups < max_kv_groups, hex prefixes),
+    so keys cannot spray directories.
     """
     m = _LMCACHE_KEY.match(key)
     if m is not None:
-        hash_hex = m.group("hash").decode().lower().replace("-", "n")
+        world, worker = int(m.group("world")), int(m.group("worker"))
+        if not (worker < world <= max_ranks):
+            return _raw_location(key, default_rank)
+        hash_hex = m.group("hash").decode().replace("-", "n")
         if len(hash_hex) < 5:
             hash_hex = hash_hex.rjust(5, "0")
-        scope = m.group("model") + b"\0" + (m.group("salt") or b"")
-        hash_hex = f"{hash_hex}s{hashlib.sha256(scope).hexdigest()[:16]}"
-        return BlockLocation(int(m.group("rank"), 16), int(m.group("group"), 16), hash_hex)
+        return BlockLocation(worker, 0, f"{hash_hex}s{hashlib.sha256(key).hexdigest()[:32]}")
     if len(key) - 4 in _VLLM_HASH_SIZES and not key.isascii():
-        return BlockLocation(default_rank, int.from_bytes(key[-4:], "big"), key[:-4].hex())
-    return BlockLocation(default_rank, 0, hashlib.sha256(key).hexdigest())
+        group = int.from_bytes(key[-4:], "big")
+        if group < max_kv_groups:
+            return BlockLocation(default_rank, group, key[:-4].hex())
+    return _raw_location(key, default_rank)
 
 
 def encode_trailer(key: bytes, value: bytes | memoryview) -> bytes:

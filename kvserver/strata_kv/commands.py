@@ -44,8 +44,10 @@ def check_key(state: ServerState, key: bytes) -> bytes | None:
     if len(key) > limits.max_key_size:
         return resp.error(f"key of {len(key)} bytes exceeds limits.max_key_size ({limits.max_key_size})")
     tenancy = state.store.cfg.tenancy
-    if tenancy.require_salt and key.count(tenancy.salt_separator.encode()) < 4:
-        return resp.error("key carries no tenant salt (expected model@rank@group@hash@salt); tenancy requires one")
+    if tenancy.require_salt and key.count(tenancy.salt_separator.encode()) < 5:
+        return resp.error(
+            "key carries no tenant salt (expected model@world_size@worker_id@hash@dtype@salt); tenancy requires one"
+        )
     return None
 
 

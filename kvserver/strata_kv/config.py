@@ -134,6 +134,19 @@ class L2FsConfig(_Model):
         description="Rescan the directory this often so chunks other nodes wrote count against capacity; 0 = never",
     )
     fsync: bool = Field(default=False, description="fsync each block file before the rename (durability over speed)")
+    max_ranks: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="LMCache keys name their rank directory (worker_id) only when worker_id < world_size <= this; "
+        "other keys are stored under a hash of their bytes, so keys cannot create rank directories at will",
+    )
+    max_kv_groups: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="vLLM offload keys keep their `_g<group>` directory only for groups below this",
+    )
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> L2FsConfig:

@@ -62,7 +62,7 @@ class FsTier:
 
     # -- paths ------------------------------------------------------------------------------------
     def relpath(self, key: bytes) -> str:
-        return locate(key, self.cfg.rank).relpath(self.namespace_dir)
+        return locate(key, self.cfg.rank, self.cfg.max_ranks, self.cfg.max_kv_groups).relpath(self.namespace_dir)
 
     def path(self, key: bytes) -> Path:
         return self.root / self.relpath(key)
@@ -211,10 +211,17 @@ class FsTier:
 
     def _write(self, rel: str, value: bytes, trailer: bytes) -> None:
         final = self.root / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.{self._tmp_tag}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+        for attempt in range(3):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                break
+            except FileNotFoundError:  # a DEL or eviction removed the emptied directory just now: make it again
+                if attempt == 2:
+                    raise
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(value)
                 f.write(trailer)
                 if self.cfg.fsync:
@@ -235,9 +242,12 @@ class FsTier:
 
     # -- capacity ---------------------------------------------------------------------------------
     def _capacity(self) -> int:
-        if self.cfg.capacity:
-            return int(self.cfg.capacity)
+        """The effective capacity. A configured one is capped by what the filesystem can really hold for us:
+        our blocks plus its free space (a capacity larger than the disk would otherwise never evict, and a
+        full disk would fail every write)."""
         st = os.statvfs(self.root)
+        if self.cfg.capacity:
+            return min(int(self.cfg.capacity), self.used + st.f_bavail * st.f_frsize)
         return st.f_blocks * st.f_frsize
 
     def _fill(self) -> int:
@@ -267,7 +277,7 @@ class FsTier:
                     continue
                 self._pins.pop(rel, None)
                 self.used -= size
-            self._unlink(str(self.root / rel))
+            self._unlink_block(rel)
             removed += 1
             self.evictions += 1
         return removed
@@ -297,7 +307,21 @@ class FsTier:
             size = self._index.pop(rel, None)
             if size is not None:
                 self.used -= size
-        return self._unlink(str(self.root / rel))
+        return self._unlink_block(rel)
+
+    def _unlink_block(self, rel: str) -> bool:
+        """Remove a block file, then its directories that it left empty (`<h[3:5]>_g<group>/`, `<h[:3]>/`).
+
+        Rank directories stay (at most `max_ranks` of them). A writer racing with the rmdir re-creates it."""
+        removed = self._unlink(str(self.root / rel))
+        parts = rel.split("/")
+        if len(parts) == 4:  # <ns>_r<rank>/<h[:3]>/<h[3:5]>_g<group>/<h>.bin
+            for depth in (3, 2):
+                try:
+                    os.rmdir(self.root.joinpath(*parts[:depth]))
+                except OSError:  # not empty (or gone): stop climbing
+                    break
+        return removed
 
     @staticmethod
     def _unlink(path: str) -> bool:

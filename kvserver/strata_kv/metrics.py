@@ -77,6 +77,13 @@ class _StoreCollector(Collector):
                 if f"{tier}_write_errors" in st:
                     errors.add_metric([tier], st[f"{tier}_write_errors"])
             yield errors
+            failing = GaugeMetricFamily(
+                "strata_kv_l2_failing", "1 while the tier's latest L2 write failed (e.g. disk full)", labels=["tier"]
+            )
+            for tier in ("fs", "s3"):
+                if f"{tier}_write_failing" in st:
+                    failing.add_metric([tier], st[f"{tier}_write_failing"])
+            yield failing
         yield GaugeMetricFamily("strata_kv_connected_clients", "Open client connections", len(self.state.sessions))
         rejected = self.state.rejected_connections
         yield CounterMetricFamily("strata_kv_rejected_connections", "Connections refused: no slot free", value=rejected)
@@ -145,5 +152,8 @@ class Metrics:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         if self.state.store.ready:
+            failing = self.state.store.failing_l2_tiers()
+            if failing:  # L1 still serves: stay ready, but say so
+                return web.Response(text=f"ready; L2 writes failing: {','.join(failing)}\n")
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready: store starting or shutting down\n")

@@ -114,23 +114,57 @@ class LRUPolicy:
         return None
 
 
-class FrequencySketch:
-    """Recent access counts with aging (TinyLFU's idea, kept exact: a dict halved every period)."""
+_HALVE = bytes(i >> 1 for i in range(256))  # bytes.translate table: every counter halved at once
+_MIX = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
 
-    def __init__(self, min_period: int = 1024) -> None:
-        self._counts: dict[Key, int] = {}
+
+class FrequencySketch:
+    """Recent access counts with aging, in fixed memory: a count-min sketch (TinyLFU's frequency filter).
+
+    `depth` rows of `width` one-byte saturating counters, indexed by double hashing of `hash(key)` (SipHash
+    for bytes, seeded per process, so clients cannot aim collisions). Keys are never stored: a flood of
+    GET misses for distinct large keys costs nothing beyond the `width * depth` bytes. Every period all
+    counters are halved. Overestimates only (collisions add), never underestimates.
+    """
+
+    def __init__(self, min_period: int = 1024, width: int = 1 << 16, depth: int = 4) -> None:
+        if width & (width - 1):
+            raise ValueError("sketch width must be a power of two")
+        self._rows = [bytearray(width) for _ in range(depth)]
+        self._mask = width - 1
         self._events = 0
         self._min_period = min_period
 
+    @property
+    def nbytes(self) -> int:
+        return sum(len(r) for r in self._rows)
+
+    def _indexes(self, key: Key) -> list[int]:
+        x = (hash(key) * _MIX) & _MASK64
+        h1, h2 = x >> 32, (x & 0xFFFFFFFF) | 1
+        return [(h1 + i * h2) & self._mask for i in range(len(self._rows))]
+
     def add(self, key: Key, resident: int) -> None:
-        self._counts[key] = self._counts.get(key, 0) + 1
+        for row, i in zip(self._rows, self._indexes(key), strict=True):
+            if row[i] < 255:
+                row[i] += 1
         self._events += 1
         if self._events >= max(self._min_period, 10 * resident):
             self._events = 0
-            self._counts = {k: c // 2 for k, c in self._counts.items() if c > 1}
+            self._rows = [bytearray(r.translate(_HALVE)) for r in self._rows]
 
     def __getitem__(self, key: Key) -> int:
-        return self._counts.get(key, 0)
+        return min(row[i] for row, i in zip(self._rows, self._indexes(key), strict=True))
+
+
+GHOST_OVERHEAD = 120
+"""Bytes one ghost (a non-resident key in the LIRS stack) costs besides its key: the OrderedDict node and the
+bytes object header, as measured with tracemalloc on CPython 3.12."""
+
+
+def _ghost_cost(key: Key) -> int:
+    return GHOST_OVERHEAD + (len(key) if isinstance(key, bytes | bytearray) else 0)
 
 
 class PrefixLIRSPolicy:
@@ -143,7 +177,9 @@ class PrefixLIRSPolicy:
     as the chunk it would displace (popular documents survive one-off requests under Zipf).
     """
 
-    def __init__(self, capacity: int, hir_fraction: float = 0.05, ghost_factor: float = 2.0) -> None:
+    def __init__(
+        self, capacity: int, hir_fraction: float = 0.05, ghost_factor: float = 2.0, ghost_bytes_fraction: float = 0.05
+    ) -> None:
         self._capacity = max(1, capacity)
         self._lir_limit = int(self._capacity * (1.0 - hir_fraction))
         self._s: OrderedDict[Key, None] = OrderedDict()  # recency stack, last = most recent
@@ -152,6 +188,8 @@ class PrefixLIRSPolicy:
         self._lir: set[Key] = set()
         self._lir_bytes = 0
         self._ghosts = 0
+        self._ghost_bytes = 0  # what the ghosts' keys cost: bounded to ghost_bytes_fraction of the capacity
+        self._ghost_budget = int(self._capacity * ghost_bytes_fraction)
         self._ghost_factor = ghost_factor
         self._chains = _Chains()
         self._freq = FrequencySketch()
@@ -165,7 +203,11 @@ class PrefixLIRSPolicy:
                 return
             del self._s[bottom]
             if bottom not in self._size:
-                self._ghosts -= 1
+                self._forget_ghost(bottom)
+
+    def _forget_ghost(self, key: Key) -> None:
+        self._ghosts -= 1
+        self._ghost_bytes -= _ghost_cost(key)
 
     def _demote_excess_lir(self) -> None:
         while self._lir_bytes > self._lir_limit and self._s:
@@ -187,14 +229,15 @@ class PrefixLIRSPolicy:
 
     def _bound_ghosts(self) -> None:
         limit = int(self._ghost_factor * max(16, len(self._size)))
-        if self._ghosts <= limit:
+        if self._ghosts <= limit and self._ghost_bytes <= self._ghost_budget:
             return
+        limit, budget = limit * 3 // 4, self._ghost_budget * 3 // 4  # trim by a quarter: one scan per many evictions
         for key in list(self._s):
-            if self._ghosts <= limit:
+            if self._ghosts <= limit and self._ghost_bytes <= budget:
                 break
             if key not in self._size:
                 del self._s[key]
-                self._ghosts -= 1
+                self._forget_ghost(key)
         self._prune()
 
     # -- policy interface -------------------------------------------------------------------------
@@ -204,7 +247,7 @@ class PrefixLIRSPolicy:
         self._size[key] = size
         was_ghost = key in self._s
         if was_ghost:
-            self._ghosts -= 1
+            self._forget_ghost(key)
         self._s[key] = None
         self._s.move_to_end(key)
         if parent is not None and parent in self._size:
@@ -263,6 +306,8 @@ class PrefixLIRSPolicy:
         self._chains.forget(key)
         if key in self._s:
             self._ghosts += 1
+            self._ghost_bytes += _ghost_cost(key)
+            self._bound_ghosts()
 
     def choose_victim(self, skip: Skip) -> Key | None:
         for _ in range(2):

@@ -223,6 +223,12 @@ class TieredStore:
         self.l1.link(parent, child)
 
     # -- introspection ----------------------------------------------------------------------------
+    def failing_l2_tiers(self) -> list[str]:
+        """L2 tiers whose latest write failed (disk full, bucket gone...): L1 still serves, L2 does not grow."""
+        if not self.write_behind:
+            return []
+        return [tier for tier, failing in self.write_behind.failing.items() if failing]
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "l1_used_bytes": self.l1.used,
@@ -241,6 +247,8 @@ class TieredStore:
             out["write_behind_backpressure_waits"] = self.write_behind.backpressure_waits
             for tier, n in self.write_behind.errors.items():
                 out[f"{tier}_write_errors"] = n
+                out[f"{tier}_write_failing"] = int(self.write_behind.failing[tier])
+            out["l2_failing"] = int(any(self.write_behind.failing.values()))
             out["write_behind_last_error"] = self.write_behind.last_error
         if self.fs:
             out.update({f"fs_{k}": v for k, v in self.fs.stats().items() if k != "write_errors"})

@@ -39,6 +39,7 @@ class WriteBehind:
         self.written = 0
         self.errors: dict[str, int] = {name: 0 for name, _ in sinks}
         self.last_error: str = ""
+        self.failing: dict[str, bool] = {name: False for name, _ in sinks}  # the tier's latest write failed
         self.backpressure_waits = 0
 
     @property
@@ -142,10 +143,12 @@ class WriteBehind:
                 await asyncio.to_thread(sink, key, value)
             except Exception as e:
                 self.errors[name] += 1
+                self.failing[name] = True
                 self.last_error = f"{name}: {e}"
                 log.warning("write-behind to %s failed for a %d-byte chunk: %s", name, len(value), e)
             else:
                 self.written += 1
+                self.failing[name] = False
 
     async def drain(self, timeout: float) -> bool:
         """Wait until everything queued is written; True if it finished within `timeout`."""

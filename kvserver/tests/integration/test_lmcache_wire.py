@@ -51,7 +51,9 @@ class LMCacheLikeConnection:
 
 
 def key_for(i: int) -> bytes:
-    return b"meta-llama/Llama-3.1-8B@00000000@0@%s@tenant-a.v1" % hashlib.sha256(b"%d" % i).hexdigest()[:16].encode()
+    """LMCache 0.5.6's key (model@world_size@worker_id@chunk_hash@dtype@suffix) + its redis connector's tail."""
+    chunk_hash = hashlib.sha256(b"%d" % i).hexdigest()[:16].encode()
+    return b"meta-llama/Llama-3.1-8B@1@0@%s@bfloat16@tenant-a.v1kv_bytes" % chunk_hash
 
 
 def chunk_for(i: int) -> bytes:

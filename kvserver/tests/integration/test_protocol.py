@@ -239,7 +239,7 @@ def test_tenancy_requiring_a_salt_refuses_unsalted_keys(kv_server_factory) -> No
     server = kv_server_factory({"tenancy": {"require_salt": True}}, l2_fs=False)
     r = server.redis()
     with pytest.raises(redis.ResponseError, match="tenant salt"):
-        r.set("llama@00000000@0@abcdef", b"v")
-    assert r.set("llama@00000000@0@abcdef@tenant-a", b"v")
-    assert r.get("llama@00000000@0@abcdef@tenant-a") == b"v"
-    assert r.get("llama@00000000@0@abcdef@tenant-b") is None
+        r.set("llama@1@0@abcdef@bfloat16", b"v")
+    assert r.set("llama@1@0@abcdef@bfloat16@tenant-a", b"v")
+    assert r.get("llama@1@0@abcdef@bfloat16@tenant-a") == b"v"
+    assert r.get("llama@1@0@abcdef@bfloat16@tenant-b") is None

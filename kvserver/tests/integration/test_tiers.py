@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -136,10 +137,47 @@ def test_full_disk_gives_errors_and_a_live_server(kv_server_factory, tmp_path: P
         stats = c.stats()
         assert stats["fs_write_errors"] > 0
         assert "No space left" in stats["write_behind_last_error"] or "full" in stats["write_behind_last_error"]
+        assert stats["l2_failing"] == 1 and stats["fs_write_failing"] == 1  # reported, not silent
+        assert server.redis().info("strata")["l2_failing"] == 1
+        ready = urllib.request.urlopen(server.metrics_url + "/readyz", timeout=10)
+        assert ready.status == 200 and b"L2 writes failing: fs" in ready.read()  # L1 still serves
+        metrics = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+        assert 'strata_kv_l2_failing{tier="fs"} 1.0' in metrics
+        assert 'strata_kv_l2_write_errors_total{tier="fs"}' in metrics
         assert c.ping() and server.alive()
         assert c.get("full39") == value_for("full39")  # the newest chunks are still in L1
         c.set("after", b"still works")
         assert c.get("after") == b"still works"
+        c.close()
+        server.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_configured_capacity_larger_than_the_disk_still_evicts_and_recovers(kv_server_factory, tmp_path) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    try:
+        config = {"l1": {"size": "512KiB"}, "l2": {"fs": {"root_dir": str(mnt), "capacity": "1GiB"}}}
+        server = kv_server_factory(config, name="small-disk")
+        c = server.client()
+        keys = [f"big{i}" for i in range(80)]  # 5 MiB through a 2 MiB disk that is configured as 1 GiB
+        for k in keys:
+            c.set(k, value_for(k))
+        assert wait_until(lambda: c.stats()["write_behind_depth"] == 0)
+        stats = c.stats()
+        assert stats["fs_evictions"] > 0  # the real free space counted: old chunks made room
+        assert stats["fs_capacity_bytes"] <= 2 * 1024 * 1024  # effective capacity: the smaller of the two
+        assert stats["l2_failing"] == 0
+        assert stats["fs_write_errors"] <= 2
+        hits_before = stats["hits_fs"]
+        recent_l2 = keys[-16:-8]  # out of L1 by now, so they come from the disk
+        for k in recent_l2:
+            assert c.get(k) == value_for(k), k
+        assert c.stats()["hits_fs"] >= hits_before + len(recent_l2) // 2
         c.close()
         server.stop()
     finally:

@@ -30,11 +30,44 @@ def test_layout_follows_vllm_file_mapper(tmp_path: Path) -> None:
     assert (tmp_path / f"meta-llama_Llama-3.1-8B_{NS.digest}" / "config.json").is_file()
 
 
-def test_lmcache_keys_keep_rank_and_group_and_salt_separates_tenants() -> None:
-    a = locate(b"llama@0000000a@1@deadbeef01@tenantA")
-    b = locate(b"llama@0000000a@1@deadbeef01@tenantB")
-    assert (a.rank, a.group) == (10, 1)
+def test_lmcache_keys_follow_the_0_5_6_format_and_every_suffix_gets_its_own_file() -> None:
+    # LMCache 0.5.6: model@world_size@worker_id@chunk_hash@dtype[@suffix]; its redis connector appends
+    # `kv_bytes` / `metadata` to the key.
+    a = locate(b"llama@4@3@deadbeef01@bfloat16@tenantA")
+    b = locate(b"llama@4@3@deadbeef01@bfloat16@tenantB")
+    assert (a.rank, a.group) == (3, 0)
     assert a.hash_hex.startswith("deadbeef01") and a.hash_hex != b.hash_hex
+    kv = locate(b"llama@4@3@deadbeef01@bfloat16kv_bytes")
+    meta = locate(b"llama@4@3@deadbeef01@bfloat16metadata")
+    assert kv.rank == meta.rank == 3 and kv.hash_hex != meta.hash_hex
+
+
+# Pairs of keys that differ as bytes but that an earlier parser normalised to one block file.
+ALIASES = [
+    pytest.param(b"llama@2@1@DEADBEEF01@bfloat16", b"llama@2@1@deadbeef01@bfloat16", id="hash-case"),
+    pytest.param(b"llama@2@1@1@bfloat16", b"llama@2@1@00001@bfloat16", id="hash-leading-zeros"),
+    pytest.param(b"llama@2@1@abcdef@bfloat16", b"llama@0002@0001@abcdef@bfloat16", id="rank-group-padding"),
+    pytest.param(b"llama@1@2@abcdef@salt", b"llama@0001@00002@abcdef@salt", id="old-rank-group-padding"),
+    pytest.param(hashlib.sha256(b"tokens").digest() + bytes(4), b"tokens", id="binary-key-vs-the-plain-key-it-encodes"),
+    pytest.param(
+        hashlib.sha256(b"tokens").digest() + bytes(4),
+        hashlib.sha256(b"tokens").hexdigest().encode(),
+        id="binary-key-vs-its-hex",
+    ),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), ALIASES)
+def test_keys_that_differ_as_bytes_never_share_a_block_file(tmp_path: Path, a: bytes, b: bytes) -> None:
+    t = make(tmp_path)
+    assert t.relpath(a) != t.relpath(b)
+    t.put(a, b"value-a")
+    t.put(b, b"value-b")  # must not replace a's file
+    assert t.contains(a) and t.get(a) == b"value-a"
+    assert t.delete(b)
+    assert t.get(b) is None and not t.contains(b)
+    assert t.get(a) == b"value-a"  # DEL b left a alone
+    assert t.delete(a) and not t.contains(a)
 
 
 def test_round_trip_and_value_sits_at_the_end_of_the_file(tmp_path: Path) -> None:
@@ -220,3 +253,44 @@ def test_rescan_counts_blocks_other_nodes_wrote_and_enforces_capacity(tmp_path: 
     ours.make_room(0)
     assert ours.used <= 60_000 * 0.5
     assert ours.stats()["files"] < 12
+
+
+def _dirs_below_ranks(root: Path) -> list[Path]:
+    """Directories under the rank directories (`<ns>_r<rank>/...`)."""
+    return [p for top in root.iterdir() if top.is_dir() and "_r" in top.name for p in top.rglob("*") if p.is_dir()]
+
+
+def test_sets_and_dels_leave_no_empty_directories(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    keys = [b"llama@2@%d@%x@bfloat16" % (i % 2, i * 7919) for i in range(300)] + [b"plain%d" % i for i in range(300)]
+    keys += [hashlib.sha256(b"%d" % i).digest() + (i % 3).to_bytes(4, "big") for i in range(300)]
+    for k in keys:
+        t.put(k, b"v")
+    assert len(_dirs_below_ranks(tmp_path)) > 100
+    for k in keys:
+        assert t.delete(k)
+    assert _dirs_below_ranks(tmp_path) == []
+    t.put(keys[0], b"again")  # a removed directory is made again
+    assert t.get(keys[0]) == b"again"
+
+
+def test_eviction_removes_the_directories_it_empties(tmp_path: Path) -> None:
+    t = make(tmp_path, capacity=200_000, high_watermark=0.9, low_watermark=0.5)
+    for i in range(400):
+        t.put(b"e%d" % i, b"x" * 5_000)
+    files = list(tmp_path.rglob("*.bin"))
+    dirs = _dirs_below_ranks(tmp_path)
+    assert len(files) < 40 and len(dirs) <= 2 * len(files)
+    assert all(any(d.iterdir()) for d in dirs)
+
+
+def test_a_hostile_key_spray_creates_a_bounded_set_of_directories(tmp_path: Path) -> None:
+    t = make(tmp_path, max_ranks=4, max_kv_groups=2)
+    for i in range(1000):  # every key names another rank / group
+        t.put(b"m@%d@%d@abcdef@bf16" % (i + 1, i), b"v")
+        t.put(b"m@%d@%d@abcdef@bf16@%d" % (i % 4 + 1, i % 4, i), b"v")
+        t.put(hashlib.sha256(b"%d" % (i % 7)).digest() + i.to_bytes(4, "big"), b"v")
+    rank_dirs = [p for p in tmp_path.iterdir() if p.is_dir() and "_r" in p.name]
+    assert len(rank_dirs) <= 4
+    groups = {p.name.split("_g")[1] for p in _dirs_below_ranks(tmp_path) if "_g" in p.name}
+    assert groups <= {"0", "1"}

@@ -3,13 +3,18 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strata_kv.memory import MemoryTier, NotAdmitted
+from strata_kv.memory import MemoryTier, NotAdmitted, entry_cost
 from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
 
 
-def tier(policy: str, capacity: int, grace: float = 0.0, clock=None) -> MemoryTier:
+def value_bytes(key: bytes, value: bytes) -> int:
+    """Policy tests count value bytes only, so capacities read as numbers of small chunks."""
+    return len(value)
+
+
+def tier(policy: str, capacity: int, grace: float = 0.0, clock=None, cost=value_bytes) -> MemoryTier:
     kwargs = {"clock": clock} if clock else {}
-    return MemoryTier(capacity, make_policy(policy, capacity), grace_seconds=grace, **kwargs)
+    return MemoryTier(capacity, make_policy(policy, capacity), grace_seconds=grace, cost=cost, **kwargs)
 
 
 ops = st.lists(
@@ -19,10 +24,10 @@ ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, policy=st.sampled_from(["lru", "prefix-lirs"]), capacity=st.integers(300, 3000))
+@given(ops=ops, policy=st.sampled_from(["lru", "prefix-lirs"]), capacity=st.integers(1000, 8000))
 def test_l1_never_holds_more_than_its_capacity(ops, policy: str, capacity: int) -> None:
     now = [0.0]
-    t = tier(policy, capacity, grace=5.0, clock=lambda: now[0])
+    t = tier(policy, capacity, grace=5.0, clock=lambda: now[0], cost=entry_cost)
     model: dict[bytes, bytes] = {}
     for i, (op, k, size) in enumerate(ops):
         now[0] = i * 0.5
@@ -45,7 +50,7 @@ def test_l1_never_holds_more_than_its_capacity(ops, policy: str, capacity: int) 
         else:
             t.pin(key)
         assert t.used <= capacity
-        assert t.used == sum(len(v) for v in model.values())
+        assert t.used == sum(entry_cost(k, v) for k, v in model.items())
         assert len(t) == len(model)
 
 
@@ -64,7 +69,7 @@ def test_pinned_keys_survive_pressure_until_the_grace_period_ends() -> None:
 
 
 def loop_hits(policy, capacity_units: int, working_set: int, rounds: int = 20) -> int:
-    t = MemoryTier(capacity_units, policy)
+    t = MemoryTier(capacity_units, policy, cost=value_bytes)
     hits = 0
     for r in range(rounds):
         for i in range(working_set):
@@ -87,7 +92,7 @@ def test_default_policy_keeps_hitting_on_that_loop() -> None:
 
 def test_chain_tail_is_evicted_before_its_head() -> None:
     policy = PrefixLIRSPolicy(1000, hir_fraction=0.5)
-    t = MemoryTier(1000, policy)
+    t = MemoryTier(1000, policy, cost=value_bytes)
     t.put(b"warm", b"w" * 500)  # fills the protected (LIR) share
     t.put(b"h", b"x" * 100)
     t.put(b"m", b"x" * 100, parent=b"h")
@@ -98,7 +103,7 @@ def test_chain_tail_is_evicted_before_its_head() -> None:
 
 
 def test_plain_lru_evicts_the_head_of_a_chain_first() -> None:
-    t = MemoryTier(300, LRUPolicy())
+    t = MemoryTier(300, LRUPolicy(), cost=value_bytes)
     t.put(b"h", b"x" * 100)
     t.put(b"m", b"x" * 100, parent=b"h")
     t.put(b"t", b"x" * 100, parent=b"m")
@@ -116,7 +121,7 @@ def test_value_larger_than_l1_is_refused_with_a_reason() -> None:
 
 
 def test_one_off_chunks_do_not_displace_popular_ones() -> None:
-    t = MemoryTier(4, PrefixLIRSPolicy(4, hir_fraction=0.25))
+    t = MemoryTier(4, PrefixLIRSPolicy(4, hir_fraction=0.25), cost=value_bytes)
     for k in (b"a", b"b", b"c", b"d"):
         t.put(k, b"x")
     for _ in range(3):  # every cached chunk is popular
@@ -129,7 +134,7 @@ def test_one_off_chunks_do_not_displace_popular_ones() -> None:
 
 
 def test_without_an_l2_admission_can_be_forced() -> None:
-    t = MemoryTier(1, PrefixLIRSPolicy(1))
+    t = MemoryTier(1, PrefixLIRSPolicy(1), cost=value_bytes)
     t.put(b"a", b"x")
     for _ in range(3):
         t.get(b"a")

@@ -1,0 +1,57 @@
+"""L1's byte bound covers what its structures really use: keys, values and per-entry bookkeeping, and the
+admission filter's counters stay fixed in size however many distinct keys are asked for."""
+
+import contextlib
+import gc
+import tracemalloc
+
+from strata_kv.memory import MemoryTier
+from strata_kv.policy import make_policy
+
+CAPACITY = 2 * 1024 * 1024
+
+
+def traced_growth(fill) -> tuple[int, object]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = fill()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before, kept
+    finally:
+        tracemalloc.stop()
+
+
+def test_many_tiny_values_stay_within_the_l1_bound() -> None:
+    for policy in ("prefix-lirs", "lru"):
+
+        def fill(policy: str = policy) -> MemoryTier:
+            t = MemoryTier(CAPACITY, make_policy(policy, CAPACITY))
+            parent = None
+            for i in range(30_000):  # 1-byte values: the bound used to count 30 KB of them
+                key = b"model@1@0@%016x@bfloat16" % i
+                with contextlib.suppress(MemoryError):  # not admitted: the store sends it to L2 only
+                    t.put(key, b"v", parent)  # linked as consecutive SETs on one connection are
+                t.get(key)
+                parent = key if i % 32 else None  # requests of 32 chunks, each one chain
+            return t
+
+        used, tier = traced_growth(fill)
+        assert isinstance(tier, MemoryTier)
+        assert tier.used <= CAPACITY
+        assert used <= CAPACITY * 1.15, f"{policy}: {used} bytes traced for a {CAPACITY}-byte L1"
+
+
+def test_get_misses_of_large_keys_do_not_grow_the_admission_filter() -> None:
+    capacity = 64 * 1024 * 1024
+    t = MemoryTier(capacity, make_policy("prefix-lirs", capacity))
+    for i in range(10_000):  # many residents: the old exact counters aged only every 10 x resident events
+        t.put(b"resident%d" % i, b"x" * 100)
+
+    def misses() -> None:
+        for i in range(20_000):  # 80 MB of distinct keys, each asked for once
+            assert t.get(b"%08d" % i + b"k" * 3992) is None
+
+    used, _ = traced_growth(misses)
+    assert used < 1024 * 1024, f"{used} bytes kept after 20k misses"
