@@ -141,5 +141,6 @@ def deleting_leaves_nothing_behind(site: Site, caches: list[str], tiers: list[st
             interval=1,
             what=f"every {kind} Strata made to be gone",
         )
-    nodes = resource(site.client, "v1", "Node").get().items
-    assert not [k for node in nodes for k in (node.metadata.labels or {}) if k.startswith("strata.dev/model")]
+    nodes = resource(site.client, "v1", "Node").get().to_dict()["items"]
+    labels = [key for node in nodes for key in node["metadata"].get("labels") or {}]
+    assert not [key for key in labels if key.startswith("strata.dev/model")], labels
