@@ -13,9 +13,8 @@ import json
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
-from .format import DTYPE_BITS, METADATA_KEY
+from .format import DTYPE_BITS, METADATA_KEY, TensorInfo
 
 DTYPE_ORDER: tuple[str, ...] = (
     "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
@@ -26,21 +25,6 @@ DTYPE_ORDER: tuple[str, ...] = (
 _RANK = {name: i for i, name in enumerate(DTYPE_ORDER)}
 
 
-@dataclass(frozen=True, slots=True)
-class Placed:
-    """One tensor of a file being written: `start`/`end` relative to the start of the data section."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-
 def tensor_nbytes(dtype: str, shape: Sequence[int]) -> int:
     bits = math.prod(shape) * DTYPE_BITS[dtype]
     if bits % 8:
@@ -48,19 +32,19 @@ def tensor_nbytes(dtype: str, shape: Sequence[int]) -> int:
     return bits // 8
 
 
-def layout(tensors: Iterable[tuple[str, str, Sequence[int]]]) -> list[Placed]:
+def layout(tensors: Iterable[tuple[str, str, Sequence[int]]]) -> list[TensorInfo]:
     """Place (name, dtype, shape) entries in the data section, in the order the reference writes them."""
     entries = sorted(tensors, key=lambda t: (-_RANK[t[1]], t[0]))
-    out: list[Placed] = []
+    out: list[TensorInfo] = []
     pos = 0
     for name, dtype, shape in entries:
         n = tensor_nbytes(dtype, shape)
-        out.append(Placed(name, dtype, tuple(shape), pos, pos + n))
+        out.append(TensorInfo(name, dtype, tuple(shape), pos, pos + n))
         pos += n
     return out
 
 
-def encode_header(placed: Sequence[Placed], metadata: Mapping[str, str] | None = None) -> bytes:
+def encode_header(placed: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> bytes:
     """The 8-byte little-endian length followed by the padded JSON header: everything before the data."""
     names = [p.name for p in placed]
     if len(set(names)) != len(names):

@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.dynamic import DynamicClient
+from strata_operator.resources.security import container_security_context
 
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
@@ -21,14 +22,8 @@ API = "strata.dev/v1alpha1"
 RUNTIME_IMAGE = "ghcr.io/strata-dev/strata-runtime:0.1.0"
 RUNTIME_UID = 65532
 STATIC_CLASS = "strata-node-static"
-RESTRICTED_CONTAINER = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "runAsUser": RUNTIME_UID,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+# What the operator renders for its own pods, with the runtime image's user made explicit.
+RESTRICTED_CONTAINER = {**container_security_context(), "runAsUser": RUNTIME_UID}
 
 # Run inside a consumer pod from the runtime image (no torch there): every tensor's bytes through Strata's own
 # safetensors parser, hashed, so the test compares them with the source bit for bit.
