@@ -27,7 +27,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)
@@ -107,7 +107,7 @@ class LocalCluster(Started):
                 "--log-level=warn",
             ],
         )
-        self._wait(etcd, lambda: _http_ok(f"{self.etcd_url}/health"))
+        self._wait(etcd, lambda: http_ok(f"{self.etcd_url}/health"))
 
     def _start_apiserver(self) -> None:
         apiserver = self._spawn(

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from strata_testsupport.localcluster.binaries import cache_dir
-from strata_testsupport.localcluster.cluster import LocalCluster, free_port
+from strata_testsupport.localcluster.cluster import LocalCluster, free_port, http_ok
 from strata_testsupport.localcluster.processes import ManagedProcess, Started, StartupError, wait_ready
 
 NODE_NAME = "strata-node"
@@ -93,7 +93,7 @@ def _run(*argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
 
 
 # -- the sweep: whatever a node (this run's or an interrupted one's) left behind ---------------------------------
-def _kill_node_processes() -> None:
+def _node_pids() -> set[int]:
     """containerd's shims outlive containerd (they detach on purpose); container processes sit in our cgroups."""
     pids: set[int] = set()
     for proc in Path("/proc").iterdir():
@@ -105,6 +105,11 @@ def _kill_node_processes() -> None:
     for procs in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}/**/cgroup.procs"):
         with contextlib.suppress(OSError):
             pids.update(int(line) for line in procs.read_text().split())
+    return pids
+
+
+def _kill_node_processes() -> None:
+    pids = _node_pids()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -114,15 +119,19 @@ def _kill_node_processes() -> None:
         time.sleep(0.1)
 
 
-def _unmount_under(root: Path) -> None:
-    prefix = str(root)
-    mounts = []
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below `root`, deepest first (the order to unmount them in)."""
+    prefix, mounts = str(root), []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             point = line.split()[4].encode().decode("unicode_escape")
             if point == prefix or point.startswith(prefix + "/"):
                 mounts.append(point)
-    for point in sorted(mounts, key=len, reverse=True):  # deepest first
+    return sorted(mounts, key=len, reverse=True)
+
+
+def _unmount_under(root: Path) -> None:
+    for point in _mounts_under(root):
         _run("umount", "--lazy", point)
 
 
@@ -138,23 +147,32 @@ def _remove_cgroups() -> None:
             top.rmdir()
 
 
-def _remove_kube_chains() -> None:
-    """The kubelet's own chains (KUBE-FIREWALL, canaries) and whatever `kube-proxy --cleanup` left."""
+def _kube_chains() -> list[tuple[str, str, list[str], list[str]]]:
+    """(tool, table, KUBE-* chains, the table's dump) wherever such chains exist."""
+    found = []
     for tool in ("iptables", "ip6tables"):
         if shutil.which(tool) is None:
             continue
         for table in ("filter", "nat", "mangle"):
             dump = _run(f"{tool}-save", "-t", table).stdout.splitlines()
             chains = [line[1:].split()[0] for line in dump if line.startswith(":KUBE-")]
-            for line in dump:  # jumps from built-in chains first, then the chains themselves
-                words = shlex.split(line)
-                builtin_jump = words[:1] == ["-A"] and not words[1].startswith("KUBE-") and "-j" in words
-                if builtin_jump and words[words.index("-j") + 1].startswith("KUBE-"):
-                    _run(tool, "-t", table, "-D", *words[1:])
-            for chain in chains:
-                _run(tool, "-t", table, "-F", chain)
-            for chain in chains:
-                _run(tool, "-t", table, "-X", chain)
+            if chains:
+                found.append((tool, table, chains, dump))
+    return found
+
+
+def _remove_kube_chains() -> None:
+    """The kubelet's own chains (KUBE-FIREWALL, canaries) and whatever `kube-proxy --cleanup` left."""
+    for tool, table, chains, dump in _kube_chains():
+        for line in dump:  # jumps from built-in chains first, then the chains themselves
+            words = shlex.split(line)
+            builtin_jump = words[:1] == ["-A"] and not words[1].startswith("KUBE-") and "-j" in words
+            if builtin_jump and words[words.index("-j") + 1].startswith("KUBE-"):
+                _run(tool, "-t", table, "-D", *words[1:])
+        for chain in chains:
+            _run(tool, "-t", table, "-F", chain)
+        for chain in chains:
+            _run(tool, "-t", table, "-X", chain)
 
 
 def _create_cgroups() -> None:
@@ -171,26 +189,11 @@ def _create_cgroups() -> None:
 
 def leftovers() -> list[str]:
     """What a node left on this machine (empty when clean): the sweep's checklist, for tests and diagnostics."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if str(WORK_DIR).encode() in (proc / "cmdline").read_bytes():
-                    found.append(f"process {proc.name}")
-    found += [
-        f"cgroup {p.parent}"
-        for p in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}/**/cgroup.procs")
-        if p.read_text().strip()
-    ]
-    with contextlib.suppress(OSError):
-        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-        found += [f"mount {m}" for m in mounts if m.startswith(str(WORK_DIR))]
+    found = [f"process {pid}" for pid in sorted(_node_pids())]
+    found += [f"mount {point}" for point in _mounts_under(WORK_DIR)]
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         found.append(f"bridge {BRIDGE}")
-    for tool in ("iptables", "ip6tables"):
-        for table in ("filter", "nat", "mangle"):
-            dump = _run(f"{tool}-save", "-t", table).stdout
-            found += [f"{tool} {table} {line.split()[0]}" for line in dump.splitlines() if line.startswith(":KUBE-")]
+    found += [f"{tool} {table} {chain}" for tool, table, chains, _ in _kube_chains() for chain in chains]
     if f"{NODE_IP}/32" in _run("ip", "address", "show", "dev", "lo").stdout:
         found.append(f"address {NODE_IP} on lo")
     if WORK_DIR.exists():
@@ -350,9 +353,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return _run(str(self.binaries.ctr), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args)
 
     def _import_images(self) -> None:
-        result = self._ctr("images", "import", "--no-unpack=false", str(self.images))
-        if result.returncode != 0:
-            result = self._ctr("images", "import", str(self.images))
+        result = self._ctr("images", "import", str(self.images))
         if result.returncode != 0:
             raise StartupError(f"ctr images import {self.images} failed: {result.stderr.strip()}")
 
@@ -446,7 +447,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "--v=1",
             ],
         )
-        self._wait(proxy, lambda: _http_status(f"http://127.0.0.1:{health}/healthz") == 200)
+        self._wait(proxy, lambda: http_ok(f"http://127.0.0.1:{health}/healthz"))
 
     def _start_coredns(self) -> None:
         assert self.cluster is not None
@@ -468,7 +469,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
         )
         coredns = self._spawn("coredns", [str(self.binaries.coredns), "-conf", str(corefile)])
-        self._wait(coredns, lambda: _http_status(f"http://127.0.0.1:{ready}/ready") == 200)
+        self._wait(coredns, lambda: http_ok(f"http://127.0.0.1:{ready}/ready"))
 
     def _wait(self, process: ManagedProcess, ready: Any) -> None:
         wait_ready(process, ready, self.startup_timeout)
@@ -479,16 +480,3 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if process.name == name:
                 return process.log_tail(lines)
         return ""
-
-
-def _http_status(url: str) -> int:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except (TimeoutError, urllib.error.URLError, OSError):
-        return 0
