@@ -15,14 +15,29 @@ if TYPE_CHECKING:
     from .shard import load_rank
 
 _WHERE = {
-    "SafetensorsFile": "api", "TensorSlice": "api", "iter_tensors": "api", "load_file": "api",
-    "load_files": "api", "Header": "format", "SafetensorsError": "format", "TensorInfo": "format",
-    "parse_header": "format", "load_rank": "shard",
+    "SafetensorsFile": "api",
+    "TensorSlice": "api",
+    "iter_tensors": "api",
+    "load_file": "api",
+    "load_files": "api",
+    "Header": "format",
+    "SafetensorsError": "format",
+    "TensorInfo": "format",
+    "parse_header": "format",
+    "load_rank": "shard",
 }
 
 __all__ = [
-    "Header", "SafetensorsError", "SafetensorsFile", "TensorInfo", "TensorSlice", "iter_tensors", "load_file",
-    "load_files", "load_rank", "parse_header",
+    "Header",
+    "SafetensorsError",
+    "SafetensorsFile",
+    "TensorInfo",
+    "TensorSlice",
+    "iter_tensors",
+    "load_file",
+    "load_files",
+    "load_rank",
+    "parse_header",
 ]
 
 

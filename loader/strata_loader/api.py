@@ -52,9 +52,13 @@ def load_files(
         # one fresh host buffer per file: the result owns it, so no copy-out is needed
         bufs = [alloc_host(h.file_size - h.data_offset) for h in headers]
         read_ranges(
-            ((r, h.data_offset, writable_view(b)) for r, h, b in zip(readers, headers, bufs, strict=True)
-             if h.file_size > h.data_offset),
-            block_size, concurrency,
+            (
+                (r, h.data_offset, writable_view(b))
+                for r, h, b in zip(readers, headers, bufs, strict=True)
+                if h.file_size > h.data_offset
+            ),
+            block_size,
+            concurrency,
         )
         out: dict[str, torch.Tensor] = {}
         for h, buf in zip(headers, bufs, strict=True):
@@ -114,8 +118,9 @@ def iter_tensors(
 class SafetensorsFile:
     """Like `safetensors.safe_open(path, "pt")`: read single tensors or slices of them without the rest."""
 
-    def __init__(self, filename: PathLike, *, concurrency: int | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(
+        self, filename: PathLike, *, concurrency: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE
+    ) -> None:
         self.reader: RangeReader = open_reader(filename)
         concurrency = concurrency_for([filename], concurrency)
         self.header: Header = read_header(self.reader)
@@ -138,8 +143,11 @@ class SafetensorsFile:
         t = self.info(name)
         buf = alloc_host(t.nbytes)
         if t.nbytes:
-            read_ranges([(self.reader, self.header.data_offset + t.start, writable_view(buf))],
-                        self.block_size, self.concurrency)
+            read_ranges(
+                [(self.reader, self.header.data_offset + t.start, writable_view(buf))],
+                self.block_size,
+                self.concurrency,
+            )
         return view_tensor(buf, 0, t)
 
     def get_slice(self, name: str) -> TensorSlice:

@@ -91,8 +91,9 @@ def selected(relpath: str, include: Sequence[str], exclude: Sequence[str]) -> bo
     return (not include or hit(include)) and not hit(exclude)
 
 
-def _list_dir(root: Path, checksum_of: Callable[[Path], dict[str, str]] | None = None,
-              fence: Path | None = None) -> list[SourceFile]:
+def _list_dir(
+    root: Path, checksum_of: Callable[[Path], dict[str, str]] | None = None, fence: Path | None = None
+) -> list[SourceFile]:
     """Every regular file under `root`, read through its resolved path. `fence` (default: `root`) is the tree
     symlinks may point into: the Hugging Face cache's snapshot links point into the repository's blobs."""
     if not root.is_dir():

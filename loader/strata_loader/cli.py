@@ -56,15 +56,25 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch", help="copy a model to a directory; the manifest marks it complete")
     FetchRequest.add_arguments(f)
-    f.add_argument("--progress", choices=["bar", "json", "none"], default=None,
-                   help="default: a bar on a terminal, JSON lines otherwise")
+    f.add_argument(
+        "--progress",
+        choices=["bar", "json", "none"],
+        default=None,
+        help="default: a bar on a terminal, JSON lines otherwise",
+    )
     f.set_defaults(handler=_fetch)
 
-    v = sub.add_parser("verify", help="check a fetched directory against its manifest (sizes, recorded checksums)"
-                                      " and validate safetensors headers and data bounds (files or directories)")
+    v = sub.add_parser(
+        "verify",
+        help="check a fetched directory against its manifest (sizes, recorded checksums)"
+        " and validate safetensors headers and data bounds (files or directories)",
+    )
     v.add_argument("paths", nargs="+")
-    v.add_argument("--fast", action="store_true",
-                   help="check sizes only: do not hash the files whose checksums the manifest recorded")
+    v.add_argument(
+        "--fast",
+        action="store_true",
+        help="check sizes only: do not hash the files whose checksums the manifest recorded",
+    )
     v.set_defaults(handler=_verify)
 
     s = sub.add_parser("shard", help="pre-shard a model for tensor-parallel ranks")
@@ -74,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-part-bytes", default="5Gi")
     s.set_defaults(handler=_shard)
 
-    b = sub.add_parser("bench", help="load files with the streamer and with safetensors; print throughput"
-                       " (needs torch)")
+    b = sub.add_parser(
+        "bench", help="load files with the streamer and with safetensors; print throughput (needs torch)"
+    )
     b.add_argument("paths", nargs="+")
     b.add_argument("--concurrency", type=int, default=None)
     b.set_defaults(handler=_bench)
@@ -129,8 +140,10 @@ def _verify(args: argparse.Namespace) -> int:
             if bad:
                 path, what = bad[0]
                 more = f" (and {len(bad) - 1} more file(s) differ)" if len(bad) > 1 else ""
-                raise CopyDamaged(f"{p / path}: {what}{more}; re-run fetch to repair the copy"
-                                  " (with --verify checksums when only the content differs)")
+                raise CopyDamaged(
+                    f"{p / path}: {what}{more}; re-run fetch to repair the copy"
+                    " (with --verify checksums when only the content differs)"
+                )
             matched += len(m.files)
             targets = sorted(p.rglob("*.safetensors"))
         for t in targets:
@@ -162,8 +175,9 @@ def _bench(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         if e.name is None or e.name.partition(".")[0] not in {"torch", "safetensors"}:
             raise
-        raise RuntimeError(f"needs torch and safetensors ({e.name} is not installed):"
-                           " pip install 'strata[tensor]'") from None
+        raise RuntimeError(
+            f"needs torch and safetensors ({e.name} is not installed): pip install 'strata[tensor]'"
+        ) from None
     from .concurrency import concurrency_for
 
     total = sum(os.path.getsize(p) for p in args.paths)
@@ -171,8 +185,10 @@ def _bench(args: argparse.Namespace) -> int:
     rows = []
     for name, fn in (
         ("strata_loader.load_files", lambda: load_files(args.paths, concurrency=conc)),
-        ("safetensors load_file+clone", lambda: {k: v.clone() for p in args.paths
-                                                 for k, v in safetensors.torch.load_file(p).items()}),
+        (
+            "safetensors load_file+clone",
+            lambda: {k: v.clone() for p in args.paths for k, v in safetensors.torch.load_file(p).items()},
+        ),
     ):
         t0 = time.perf_counter()
         out = fn()

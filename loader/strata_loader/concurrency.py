@@ -18,6 +18,7 @@ def concurrency_for(locations: Sequence[object], requested: int | None) -> int:
     remote = any(str(loc).startswith("s3://") for loc in locations)
     return S3_CONCURRENCY if remote else DEFAULT_CONCURRENCY
 
+
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 

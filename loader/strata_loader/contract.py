@@ -65,10 +65,23 @@ DEFAULT_BLOCK_SIZE = 16 * 2**20
 DEFAULT_MEMORY_LIMIT = 1 * 2**30
 
 _UNITS = {
-    "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _QUANTITY = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 
@@ -173,9 +186,7 @@ class FetchRequest(BaseModel):
             try:
                 safe_relative_path(g)
             except UnsafePathError as e:
-                raise ValueError(
-                    f"glob {e}; globs match relative paths like '*.safetensors' or 'original/*'"
-                ) from None
+                raise ValueError(f"glob {e}; globs match relative paths like '*.safetensors' or 'original/*'") from None
         return v
 
     @field_validator("dest")
@@ -198,15 +209,21 @@ class FetchRequest(BaseModel):
         args += [f"--include={g}" for g in self.include]
         args += [f"--exclude={g}" for g in self.exclude]
         args += [
-            "--concurrency", str(self.concurrency),
-            "--block-size", str(self.block_size),
-            "--memory-limit", str(self.memory_limit),
-            "--verify", self.verify.value,
+            "--concurrency",
+            str(self.concurrency),
+            "--block-size",
+            str(self.block_size),
+            "--memory-limit",
+            str(self.memory_limit),
+            "--verify",
+            self.verify.value,
         ]
         if self.shard:
             args += [
-                "--shard-tp", str(self.shard.tensor_parallel_size),
-                "--shard-max-part-bytes", str(self.shard.max_part_bytes),
+                "--shard-tp",
+                str(self.shard.tensor_parallel_size),
+                "--shard-max-part-bytes",
+                str(self.shard.max_part_bytes),
                 f"--shard-output-subdir={self.shard.output_subdir}",
             ]
         return args
@@ -240,9 +257,16 @@ class FetchRequest(BaseModel):
                 output_subdir=ns.shard_output_subdir,
             )
         return cls(
-            source=ns.source, dest=ns.dest, revision=ns.revision, include=ns.include, exclude=ns.exclude,
-            concurrency=ns.concurrency, block_size=ns.block_size, memory_limit=ns.memory_limit,
-            verify=VerifyMode(ns.verify), shard=shard,
+            source=ns.source,
+            dest=ns.dest,
+            revision=ns.revision,
+            include=ns.include,
+            exclude=ns.exclude,
+            concurrency=ns.concurrency,
+            block_size=ns.block_size,
+            memory_limit=ns.memory_limit,
+            verify=VerifyMode(ns.verify),
+            shard=shard,
         )
 
     @classmethod

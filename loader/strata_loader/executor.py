@@ -24,9 +24,7 @@ def writable_view(buf: torch.Tensor) -> memoryview:
     return memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
 
 
-def read_ranges(
-    jobs: Iterable[tuple[RangeReader, int, memoryview]], block_size: int, concurrency: int
-) -> None:
+def read_ranges(jobs: Iterable[tuple[RangeReader, int, memoryview]], block_size: int, concurrency: int) -> None:
     """Fill every (reader, file offset, destination) job, split into parallel block-sized reads."""
     ex = thread_pool(concurrency)
     futures = [
@@ -80,10 +78,7 @@ def stream_batches(
         todo.popleft()
         mv = writable_view(buf) if batch.length else memoryview(bytearray())
         reader = readers[batch.file_index]
-        futs = [
-            ex.submit(reader.read_into, batch.offset + o, mv[o : o + n])
-            for o, n in batch.chunks(block_size)
-        ]
+        futs = [ex.submit(reader.read_into, batch.offset + o, mv[o : o + n]) for o, n in batch.chunks(block_size)]
         pending.append((batch, keep, futs, pooled))
         return True
 

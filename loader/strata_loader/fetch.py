@@ -55,8 +55,14 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
         return _fetch_into(tree, req, files, revision, t0, progress_mode)
 
 
-def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revision: str | None, t0: float,
-                progress_mode: str | None) -> FetchResult:
+def _fetch_into(
+    tree: DestDir,
+    req: FetchRequest,
+    files: list[SourceFile],
+    revision: str | None,
+    t0: float,
+    progress_mode: str | None,
+) -> FetchResult:
     dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
@@ -68,8 +74,11 @@ def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revis
         for path, what in damaged.items():
             print(f"strata-loader fetch: {dest / path}: {what}; fetching it again", file=sys.stderr, flush=True)
     remove_manifest(dest)
-    known = ({f.path: f.version for f in old.files if f.path not in damaged}
-             if old is not None and old.source == req.source else {})
+    known = (
+        {f.path: f.version for f in old.files if f.path not in damaged}
+        if old is not None and old.source == req.source
+        else {}
+    )
 
     states = [_FileState(f, tree, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
@@ -91,14 +100,17 @@ def _fetch_into(tree: DestDir, req: FetchRequest, files: list[SourceFile], revis
         from .shard import shard_directory
 
         tree.dir_fd(req.shard.output_subdir, create=True)  # refuses a link planted where the parts go
-        shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size,
-                        req.shard.max_part_bytes)
+        shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size, req.shard.max_part_bytes)
     for d in {s.src.relpath.rpartition("/")[0] for s in states}:
         tree.fsync_dir(d)
     manifest = Manifest(
-        source=req.source, revision=revision, bytes=sum(f.size for f in files),
-        files=[ManifestFile(path=s.src.relpath, size=s.src.size, version=s.src.version, checksums=s.checksums)
-               for s in states],
+        source=req.source,
+        revision=revision,
+        bytes=sum(f.size for f in files),
+        files=[
+            ManifestFile(path=s.src.relpath, size=s.src.size, version=s.src.version, checksums=s.checksums)
+            for s in states
+        ],
     )
     write_manifest(dest, manifest)
     for s in states:  # the manifest now vouches for every file: the per-file markers are done
@@ -112,13 +124,18 @@ def _damaged(tree: DestDir, m: Manifest, checksums: bool) -> dict[str, str]:
     return {f.path: what for f in m.files if (what := damage(tree, f, checksums)) is not None}
 
 
-def _result(req: FetchRequest, revision: str | None, m: Manifest, dest: Path, t0: float,
-            resumed: int) -> FetchResult:
+def _result(req: FetchRequest, revision: str | None, m: Manifest, dest: Path, t0: float, resumed: int) -> FetchResult:
     path = dest / MANIFEST_NAME
     return FetchResult(
-        source=req.source, revision=revision, bytes=m.bytes, files=len(m.files),
-        seconds=round(time.monotonic() - t0, 3), bytes_resumed=resumed, manifest_path=str(path),
-        manifest_sha256=manifest_digest(path.read_bytes()), checksums=manifest_checksums(m),
+        source=req.source,
+        revision=revision,
+        bytes=m.bytes,
+        files=len(m.files),
+        seconds=round(time.monotonic() - t0, 3),
+        bytes_resumed=resumed,
+        manifest_path=str(path),
+        manifest_sha256=manifest_digest(path.read_bytes()),
+        checksums=manifest_checksums(m),
     )
 
 
@@ -126,16 +143,15 @@ def _check_space(dest: Path, needed: int) -> None:
     st = os.statvfs(dest)
     free = st.f_bavail * st.f_frsize
     if needed > free:
-        raise FetchError(
-            f"{dest} has {free} bytes free but the copy needs {needed} more; enlarge the volume"
-        )
+        raise FetchError(f"{dest} has {free} bytes free but the copy needs {needed} more; enlarge the volume")
 
 
 class _FileState:
     """One destination file: what is already there, the contiguous watermark, and completion."""
 
-    def __init__(self, src: SourceFile, tree: DestDir, verify: VerifyMode, block_size: int,
-                 manifest_version: str | None) -> None:
+    def __init__(
+        self, src: SourceFile, tree: DestDir, verify: VerifyMode, block_size: int, manifest_version: str | None
+    ) -> None:
         self.src, self.tree, self.verify = src, tree, verify
         self.checkpoint_every = CHECKPOINT_BLOCKS * block_size
         self.final = src.relpath  # relative to DEST, like the two names beside it
@@ -150,8 +166,9 @@ class _FileState:
         marker = _read_marker(tree, self.marker)
         same_source = marker.get("version") == src.version
         partial_size = tree.regular_size(self.partial)
-        if (tree.regular_size(self.final) == src.size
-                and (manifest_version == src.version or (same_source and marker.get("complete")))):
+        if tree.regular_size(self.final) == src.size and (
+            manifest_version == src.version or (same_source and marker.get("complete"))
+        ):
             self.complete = True  # renamed into place by an earlier run from the same source version
             self.start = src.size
         elif partial_size is not None and same_source:
@@ -208,8 +225,7 @@ def _copy_all(states: list[_FileState], tree: DestDir, req: FetchRequest, progre
             for off, n in chunks:
                 while not slots.acquire(timeout=0.5):
                     _raise_first_error(futures)
-                futures.append(ex.submit(_copy_chunk, s, reader, fd, off, n, buffers, slots, progress,
-                                         len(chunks)))
+                futures.append(ex.submit(_copy_chunk, s, reader, fd, off, n, buffers, slots, progress, len(chunks)))
         finish(futures)
 
 
@@ -219,9 +235,17 @@ def _raise_first_error(futures: list[Future[None]]) -> None:
             finish(futures)
 
 
-def _copy_chunk(s: _FileState, reader: RangeReader, fd: int, off: int, n: int,
-                buffers: queue.SimpleQueue[bytearray], slots: threading.Semaphore, progress: Progress,
-                nchunks: int) -> None:
+def _copy_chunk(
+    s: _FileState,
+    reader: RangeReader,
+    fd: int,
+    off: int,
+    n: int,
+    buffers: queue.SimpleQueue[bytearray],
+    slots: threading.Semaphore,
+    progress: Progress,
+    nchunks: int,
+) -> None:
     buf = buffers.get()
     try:
         mv = memoryview(buf)[:n]

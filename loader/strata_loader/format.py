@@ -19,9 +19,28 @@ MAX_HEADER_SIZE = 100_000_000
 METADATA_KEY = "__metadata__"
 
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 
@@ -167,8 +186,7 @@ def _tensor(name: str, entry: Any) -> TensorInfo:
         raise SafetensorsError(f"{where}: {dtype} x {numel} elements is not a whole number of bytes")
     if bits // 8 != end - start:
         raise SafetensorsError(
-            f"{where}: shape {shape[:8]} of {dtype} needs {bits // 8} bytes,"
-            f" but data_offsets span {end - start}"
+            f"{where}: shape {shape[:8]} of {dtype} needs {bits // 8} bytes, but data_offsets span {end - start}"
         )
     return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), start=start, end=end)
 

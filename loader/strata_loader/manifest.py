@@ -54,8 +54,7 @@ class Manifest(BaseModel):
     bytes: int = 0
     files: list[ManifestFile]
 
-    def same_copy(self, source: str, revision: str | None, files: list[tuple[str, int]],
-                  versions: list[str]) -> bool:
+    def same_copy(self, source: str, revision: str | None, files: list[tuple[str, int]], versions: list[str]) -> bool:
         mine = sorted((f.path, f.size, f.version) for f in self.files)
         theirs = sorted((p, n, v) for (p, n), v in zip(files, versions, strict=True))
         return self.source == source and self.revision == revision and mine == theirs

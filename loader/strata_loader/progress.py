@@ -15,8 +15,14 @@ from .contract import ENV_PROGRESS
 class Progress:
     """Thread-safe byte counter rendered as a tqdm bar, JSON lines (at most one a second) or nothing."""
 
-    def __init__(self, total_bytes: int, total_files: int, mode: str | None = None,
-                 stream: TextIO | None = None, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        total_files: int,
+        mode: str | None = None,
+        stream: TextIO | None = None,
+        interval: float = 1.0,
+    ) -> None:
         self.total_bytes, self.total_files = total_bytes, total_files
         self.stream = stream or sys.stdout
         self.mode = mode or os.environ.get(ENV_PROGRESS) or ("bar" if sys.stderr.isatty() else "json")
@@ -28,8 +34,15 @@ class Progress:
         if self.mode == "bar":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                             desc="fetch", file=sys.stderr, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc="fetch",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
 
     def add(self, n: int) -> None:
         with self._lock:
@@ -55,8 +68,12 @@ class Progress:
         self._last = now
         elapsed = max(now - self._t0, 1e-9)
         line = {
-            "event": event, "bytes": self.done_bytes, "total_bytes": self.total_bytes,
-            "files": self.done_files, "total_files": self.total_files,
-            "seconds": round(elapsed, 3), "bytes_per_second": int(self.done_bytes / elapsed),
+            "event": event,
+            "bytes": self.done_bytes,
+            "total_bytes": self.total_bytes,
+            "files": self.done_files,
+            "total_files": self.total_files,
+            "seconds": round(elapsed, 3),
+            "bytes_per_second": int(self.done_bytes / elapsed),
         }
         print(json.dumps(line), file=self.stream, flush=True)

@@ -34,8 +34,16 @@ _TRANSIENT = (
     ConnectionError,
     TimeoutError,
 )
-_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                   "ServiceUnavailable", "503", "500"}
+_THROTTLE_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+}
 
 
 class S3Error(RuntimeError):
@@ -99,8 +107,7 @@ def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         except _TRANSIENT as e:
             if attempt == RETRIES - 1:
                 raise S3Error(
-                    f"{what}: {type(e).__name__} after {RETRIES} attempts ({e}); check AWS_ENDPOINT_URL and"
-                    " the network"
+                    f"{what}: {type(e).__name__} after {RETRIES} attempts ({e}); check AWS_ENDPOINT_URL and the network"
                 ) from None
         time.sleep(min(8.0, 0.1 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
@@ -166,9 +173,7 @@ class S3Reader:
                     n = len(chunk)
                     buf[done : done + n] = chunk
                 if not n:
-                    raise botocore.exceptions.IncompleteReadError(
-                        actual_bytes=done, expected_bytes=len(buf)
-                    )
+                    raise botocore.exceptions.IncompleteReadError(actual_bytes=done, expected_bytes=len(buf))
                 done += n
         finally:
             body.close()

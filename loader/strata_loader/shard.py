@@ -40,14 +40,21 @@ COPY_BYTES = 64 * 2**20
 DEFAULT_RULES: tuple[tuple[str, int | None], ...] = (
     ("*embed_tokens.weight", 0),
     ("*lm_head.weight", 0),
-    ("*q_proj.*", 0), ("*k_proj.*", 0), ("*v_proj.*", 0), ("*qkv_proj.*", 0),
-    ("*gate_proj.*", 0), ("*up_proj.*", 0), ("*gate_up_proj.*", 0),
-    ("*o_proj.weight", 1), ("*down_proj.weight", 1),
+    ("*q_proj.*", 0),
+    ("*k_proj.*", 0),
+    ("*v_proj.*", 0),
+    ("*qkv_proj.*", 0),
+    ("*gate_proj.*", 0),
+    ("*up_proj.*", 0),
+    ("*gate_up_proj.*", 0),
+    ("*o_proj.weight", 1),
+    ("*down_proj.weight", 1),
 )
 
 
-def shard_dim(name: str, shape: Sequence[int], tp: int,
-              rules: Sequence[tuple[str, int | None]] = DEFAULT_RULES) -> int | None:
+def shard_dim(
+    name: str, shape: Sequence[int], tp: int, rules: Sequence[tuple[str, int | None]] = DEFAULT_RULES
+) -> int | None:
     """The dimension `name` splits along for `tp` ranks, or None to replicate it."""
     for glob, dim in rules:
         if fnmatch.fnmatchcase(name, glob):
@@ -96,13 +103,20 @@ def _item(source: int, info: TensorInfo, dim: int | None, tp: int) -> _Item:
     inner_bits = math.prod(info.shape[dim + 1 :]) * DTYPE_BITS[info.dtype]
     run_bits = info.shape[dim] // tp * inner_bits
     if run_bits % 8:
-        raise ValueError(f"tensor {info.name!r}: a 1/{tp} slice of {info.dtype} {list(info.shape)} along dim"
-                         f" {dim} does not start on a byte boundary")
+        raise ValueError(
+            f"tensor {info.name!r}: a 1/{tp} slice of {info.dtype} {list(info.shape)} along dim"
+            f" {dim} does not start on a byte boundary"
+        )
     return _Item(source, info, dim, math.prod(info.shape[:dim]), tp, run_bits // 8)
 
 
-def _plan(files: Sequence[Path], headers: Sequence[Header], tp: int, max_part_bytes: int,
-          rules: Sequence[tuple[str, int | None]]) -> list[list[_Item]]:
+def _plan(
+    files: Sequence[Path],
+    headers: Sequence[Header],
+    tp: int,
+    max_part_bytes: int,
+    rules: Sequence[tuple[str, int | None]],
+) -> list[list[_Item]]:
     """Parts in order, the same for every rank (each rank's slice of a tensor is the same size): files in name
     order, tensors in name order within each, a new part when the next tensor would pass the cap."""
     parts: list[list[_Item]] = [[]]
@@ -122,8 +136,9 @@ def _plan(files: Sequence[Path], headers: Sequence[Header], tp: int, max_part_by
     return parts
 
 
-def shard_directory(src: Path, out: Path, tp: int, max_part_bytes: int,
-                    rules: Sequence[tuple[str, int | None]] = DEFAULT_RULES) -> list[Path]:
+def shard_directory(
+    src: Path, out: Path, tp: int, max_part_bytes: int, rules: Sequence[tuple[str, int | None]] = DEFAULT_RULES
+) -> list[Path]:
     """Write every rank's parts into `out`, each part at most `max_part_bytes` (a bigger tensor gets its
     own). Returns the paths rank by rank, parts in order."""
     if tp < 1:
@@ -151,8 +166,15 @@ def shard_directory(src: Path, out: Path, tp: int, max_part_bytes: int,
     return [p for paths in by_rank for p in paths]
 
 
-def _write_part(out: Path, part: int, tp: int, items: Sequence[_Item], readers: Sequence[RangeReader],
-                headers: Sequence[Header], bufs: tuple[np.ndarray, np.ndarray]) -> list[Path]:
+def _write_part(
+    out: Path,
+    part: int,
+    tp: int,
+    items: Sequence[_Item],
+    readers: Sequence[RangeReader],
+    headers: Sequence[Header],
+    bufs: tuple[np.ndarray, np.ndarray],
+) -> list[Path]:
     """Part `part` of every rank: written to temporary files side by side, renamed once all are complete."""
     placed = layout((i.info.name, i.info.dtype, i.shape) for i in items)
     where = {p.name: p for p in placed}
@@ -172,8 +194,13 @@ def _write_part(out: Path, part: int, tp: int, items: Sequence[_Item], readers: 
             starts.append(len(header))
         for item in sorted(items, key=lambda i: (i.source, i.info.start)):  # each source front to back
             at = where[item.info.name].start
-            _copy(readers[item.source], headers[item.source].data_offset + item.info.start, item,
-                  [(fd, start + at) for fd, start in zip(fds, starts, strict=True)], bufs)
+            _copy(
+                readers[item.source],
+                headers[item.source].data_offset + item.info.start,
+                item,
+                [(fd, start + at) for fd, start in zip(fds, starts, strict=True)],
+                bufs,
+            )
         complete = True
     finally:
         for fd in fds:
@@ -186,8 +213,9 @@ def _write_part(out: Path, part: int, tp: int, items: Sequence[_Item], readers: 
     return paths
 
 
-def _copy(reader: RangeReader, src: int, item: _Item, dests: Sequence[tuple[int, int]],
-          bufs: tuple[np.ndarray, np.ndarray]) -> None:
+def _copy(
+    reader: RangeReader, src: int, item: _Item, dests: Sequence[tuple[int, int]], bufs: tuple[np.ndarray, np.ndarray]
+) -> None:
     """Copy `item` from absolute offset `src` to each rank's (file, offset): the whole tensor to every rank,
     or run r of every row to rank r."""
     if item.nbytes == 0:
@@ -236,15 +264,15 @@ def _pwrite(fd: int, data: memoryview, offset: int) -> None:
 
 def rank_files(directory: str | os.PathLike[str], rank: int) -> list[Path]:
     d = Path(directory)
-    files = sorted(d.glob(f"model-rank-{rank}-part-*.safetensors"),
-                   key=lambda p: int(p.stem.rsplit("-", 1)[-1]))
+    files = sorted(d.glob(f"model-rank-{rank}-part-*.safetensors"), key=lambda p: int(p.stem.rsplit("-", 1)[-1]))
     if not files:
         raise FileNotFoundError(f"no model-rank-{rank}-part-*.safetensors files in {d}")
     return files
 
 
-def load_rank(directory: str | os.PathLike[str], rank: int,
-              device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def load_rank(
+    directory: str | os.PathLike[str], rank: int, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """Load one rank's pre-sharded weights (all its parts at once). Needs torch, unlike sharding itself."""
     from .api import load_files
 

@@ -27,8 +27,11 @@ CASES: dict[str, tuple[bytes, str]] = {
     "header_bad_json": (file(None, raw_header=b'{"a": '), "not valid JSON"),
     "header_nan": (file(None, raw_header=b'{"a": NaN}'), "non-JSON number"),
     "duplicate_tensor": (
-        file(None, raw_header=json.dumps(T).join([b'{"a": '.decode(), ', "a": ' + json.dumps(T) + "}"]).encode(),
-             data=b"\0" * 8),
+        file(
+            None,
+            raw_header=json.dumps(T).join([b'{"a": '.decode(), ', "a": ' + json.dumps(T) + "}"]).encode(),
+            data=b"\0" * 8,
+        ),
         "duplicate key",
     ),
     "metadata_not_strings": (file({"__metadata__": {"k": 1}}), "must be a string"),
@@ -50,8 +53,10 @@ CASES: dict[str, tuple[bytes, str]] = {
         "more than 2**64 elements",
     ),
     "offset_past_u64": (file({"a": {**T, "data_offsets": [2**64, 2**64 + 8]}}), "two non-negative integers"),
-    "sub_byte_misaligned": (file({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, b"\0" * 2),
-                            "not a whole number of bytes"),
+    "sub_byte_misaligned": (
+        file({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, b"\0" * 2),
+        "not a whole number of bytes",
+    ),
     "entry_not_object": (file({"a": 5}), "entry must be an object"),
     "deep_nesting": (file(None, raw_header=b"{" + b'"a":[' * 100000 + b"]" * 100000 + b"}"), "not valid JSON"),
 }

@@ -66,14 +66,17 @@ class FaultyProxy:
             conn.close()
             up.close()
 
-
     def _slow_down(self, conn: socket.socket) -> None:
-        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                b"<Message>Please reduce your request rate.</Message></Error>")
+        body = (
+            b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+            b"<Message>Please reduce your request rate.</Message></Error>"
+        )
         try:
             conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            conn.sendall(
+                b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
         except OSError:
             pass
         finally:

@@ -36,8 +36,13 @@ def tree(root: Path) -> dict[str, bytes]:
 
 def test_copy_is_complete_and_marked_last(tmp_path):
     files = make_model(tmp_path / "src")
-    req = FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst"), block_size="256Ki",
-                       concurrency=4, verify=VerifyMode.CHECKSUMS)
+    req = FetchRequest(
+        source=str(tmp_path / "src"),
+        dest=str(tmp_path / "dst"),
+        block_size="256Ki",
+        concurrency=4,
+        verify=VerifyMode.CHECKSUMS,
+    )
     res = fetch(req, progress_mode="none")
     got = tree(tmp_path / "dst")
     manifest = json.loads(got.pop(MANIFEST_NAME))
@@ -46,14 +51,19 @@ def test_copy_is_complete_and_marked_last(tmp_path):
     assert {f["path"] for f in manifest["files"]} == set(files)
     for path, data in files.items():
         assert res.checksums[path] == "sha256:" + hashlib.sha256(data).hexdigest()
-    assert res.manifest_sha256 == "sha256:" + hashlib.sha256(
-        (tmp_path / "dst" / MANIFEST_NAME).read_bytes()).hexdigest()
+    assert (
+        res.manifest_sha256 == "sha256:" + hashlib.sha256((tmp_path / "dst" / MANIFEST_NAME).read_bytes()).hexdigest()
+    )
 
 
 def test_include_exclude_globs(tmp_path):
     make_model(tmp_path / "src")
-    req = FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst"),
-                       include=["*.safetensors", "*.json"], exclude=["model-00002-*"])
+    req = FetchRequest(
+        source=str(tmp_path / "src"),
+        dest=str(tmp_path / "dst"),
+        include=["*.safetensors", "*.json"],
+        exclude=["model-00002-*"],
+    )
     fetch(req, progress_mode="none")
     assert sorted(tree(tmp_path / "dst")) == [MANIFEST_NAME, "config.json", "model-00001-of-00002.safetensors"]
 
@@ -76,8 +86,9 @@ def test_resume_continues_a_partial_file_from_its_recorded_point(tmp_path):
     done = 2 * 2**20
     # what an interrupted run leaves: a verified prefix, bytes past it from out-of-order blocks, a marker
     (dst / ("consolidated.pth" + PARTIAL_SUFFIX)).write_bytes(data[:done] + b"\xff" * 1000)
-    req = FetchRequest(source=str(tmp_path / "src"), dest=str(tmp_path / "dst"), block_size="256Ki",
-                       verify=VerifyMode.CHECKSUMS)
+    req = FetchRequest(
+        source=str(tmp_path / "src"), dest=str(tmp_path / "dst"), block_size="256Ki", verify=VerifyMode.CHECKSUMS
+    )
     version = {f.relpath: f.version for f in list_source(req)[0]}["original/consolidated.pth"]
     marker = {"contiguous_bytes": done, "version": version}
     (dst / ("consolidated.pth" + PROGRESS_SUFFIX)).write_text(json.dumps(marker))
@@ -158,8 +169,13 @@ def test_disk_filling_up_mid_copy_is_a_clean_error_without_manifest(tmp_path):
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "strata_loader.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "strata_loader.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def test_cli_fetch_writes_json_progress_and_termination_message(tmp_path):
@@ -176,8 +192,9 @@ def test_cli_fetch_writes_json_progress_and_termination_message(tmp_path):
 
 def test_cli_fetch_failure_is_one_line_and_a_failed_result(tmp_path):
     term = tmp_path / "termination-log"
-    r = run_cli("fetch", str(tmp_path / "missing"), str(tmp_path / "dst"),
-                env={"STRATA_TERMINATION_MESSAGE_PATH": str(term)})
+    r = run_cli(
+        "fetch", str(tmp_path / "missing"), str(tmp_path / "dst"), env={"STRATA_TERMINATION_MESSAGE_PATH": str(term)}
+    )
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     res = FetchResult.from_termination_message(term.read_text())

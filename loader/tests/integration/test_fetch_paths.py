@@ -19,13 +19,17 @@ pytestmark = pytest.mark.integration
 def files_outside(root: Path, dest: Path) -> list[str]:
     """Regular files under `root` that are not under `dest` (nor the source trees a test built)."""
     return sorted(
-        str(p) for p in root.rglob("*")
-        if p.is_file() and not p.is_symlink() and dest not in p.parents
+        str(p)
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and dest not in p.parents
         and not any(part in ("src", "outside", "mounts", "hub") for part in p.relative_to(root).parts)
     )
 
 
 # --- S3 keys -------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def bucket_with(s3_env):
@@ -90,6 +94,7 @@ def fetch_to(source: str, dest: Path, **kw):
 
 # --- directory sources: names and symlinks -------------------------------------------------------------------
 
+
 @pytest.fixture
 def outside(tmp_path):
     d = tmp_path / "outside"
@@ -128,8 +133,11 @@ def test_symlinks_within_the_source_are_followed_as_plain_files(tmp_path):
     fetch_to(str(tmp_path / "src"), tmp_path / "dst")
     got = tree(tmp_path / "dst")
     got.pop(MANIFEST_NAME)
-    assert got == {**files, "alias.json": files["config.json"],
-                   "mirror/consolidated.pth": files["original/consolidated.pth"]}
+    assert got == {
+        **files,
+        "alias.json": files["config.json"],
+        "mirror/consolidated.pth": files["original/consolidated.pth"],
+    }
     assert not any(p.is_symlink() for p in (tmp_path / "dst").rglob("*"))
 
 
@@ -185,8 +193,7 @@ def test_hf_revision_cannot_climb_out_of_the_repository(tmp_path, monkeypatch, o
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     (outside / "ref").write_text("../../../outside")  # what a ref read from outside the repository could say
     with pytest.raises(SourceError, match=r"revision '.*' has a '\.\.' segment"):
-        list_source(FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "d"),
-                                 revision="../../../outside/ref"))
+        list_source(FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "d"), revision="../../../outside/ref"))
 
 
 def test_hf_ref_that_is_not_a_commit_is_refused(tmp_path, monkeypatch, outside):
@@ -202,9 +209,12 @@ def test_hf_ref_that_is_not_a_commit_is_refused(tmp_path, monkeypatch, outside):
 
 # --- the writer: links planted inside DEST -------------------------------------------------------------------
 
+
 def untouched(outside: Path) -> bool:
-    return sorted(p.name for p in outside.rglob("*")) == ["secret.txt"] and \
-        (outside / "secret.txt").read_text() == "not part of the model"
+    return (
+        sorted(p.name for p in outside.rglob("*")) == ["secret.txt"]
+        and (outside / "secret.txt").read_text() == "not part of the model"
+    )
 
 
 def test_directory_link_planted_in_dest_is_refused_not_written_through(tmp_path, outside):

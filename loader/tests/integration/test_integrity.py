@@ -41,6 +41,7 @@ def assert_one_line_failure(r, *needles: str) -> None:
 
 # --- verify ---------------------------------------------------------------------------------------------------
 
+
 def test_verify_passes_on_an_intact_copy_in_both_modes(fetched):
     _, _, dst = fetched
     for extra in ([], ["--fast"]):
@@ -72,8 +73,9 @@ def test_verify_sees_a_wrong_size_and_counts_the_other_damage(fetched):
     (dst / BIG).unlink()
     n = len(files["config.json"])
     r = run_cli("verify", "--fast", str(dst))
-    assert_one_line_failure(r, f"config.json: {n + 1} bytes, the manifest says {n} (and 1 more file(s) differ)",
-                            "re-run fetch")
+    assert_one_line_failure(
+        r, f"config.json: {n + 1} bytes, the manifest says {n} (and 1 more file(s) differ)", "re-run fetch"
+    )
 
 
 def test_verify_sees_a_file_replaced_by_a_link(fetched):
@@ -92,6 +94,7 @@ def test_verify_refuses_a_manifest_with_a_dirty_path(fetched):
 
 
 # --- fetch re-runs --------------------------------------------------------------------------------------------
+
 
 def test_rerun_fetches_a_deleted_file_again_and_rewrites_the_manifest(fetched):
     req, files, dst = fetched

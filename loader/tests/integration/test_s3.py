@@ -50,8 +50,13 @@ def model_bucket(s3_env, tmp_path):
 
 def test_fetch_from_s3_copies_and_verifies_md5_etags(model_bucket, tmp_path):
     bucket, files = model_bucket
-    req = FetchRequest(source=f"s3://{bucket}/llama", dest=str(tmp_path / "dst"), verify=VerifyMode.CHECKSUMS,
-                       block_size="64Ki", concurrency=4)
+    req = FetchRequest(
+        source=f"s3://{bucket}/llama",
+        dest=str(tmp_path / "dst"),
+        verify=VerifyMode.CHECKSUMS,
+        block_size="64Ki",
+        concurrency=4,
+    )
     res = fetch(req, progress_mode="none")
     for rel, data in files.items():
         assert (tmp_path / "dst" / rel).read_bytes() == data
@@ -68,13 +73,17 @@ def test_multipart_object_has_no_md5_but_still_copies(s3_env, tmp_path):
     up = c.create_multipart_upload(Bucket=bucket, Key="m/big.bin")
     parts = []
     for i, off in enumerate(range(0, len(data), 5 * 2**20), start=1):
-        r = c.upload_part(Bucket=bucket, Key="m/big.bin", UploadId=up["UploadId"], PartNumber=i,
-                          Body=data[off : off + 5 * 2**20])
+        r = c.upload_part(
+            Bucket=bucket, Key="m/big.bin", UploadId=up["UploadId"], PartNumber=i, Body=data[off : off + 5 * 2**20]
+        )
         parts.append({"PartNumber": i, "ETag": r["ETag"]})
-    c.complete_multipart_upload(Bucket=bucket, Key="m/big.bin", UploadId=up["UploadId"],
-                                MultipartUpload={"Parts": parts})
-    res = fetch(FetchRequest(source=f"s3://{bucket}/m", dest=str(tmp_path / "d"), verify=VerifyMode.CHECKSUMS),
-                progress_mode="none")
+    c.complete_multipart_upload(
+        Bucket=bucket, Key="m/big.bin", UploadId=up["UploadId"], MultipartUpload={"Parts": parts}
+    )
+    res = fetch(
+        FetchRequest(source=f"s3://{bucket}/m", dest=str(tmp_path / "d"), verify=VerifyMode.CHECKSUMS),
+        progress_mode="none",
+    )
     assert (tmp_path / "d" / "big.bin").read_bytes() == data
     assert res.checksums["big.bin"].startswith("sha256:")
 
@@ -166,8 +175,9 @@ def test_killed_fetch_resumes_where_it_stopped(s3_env, tmp_path):
     bucket = s3_env.create_bucket()
     data = os.urandom(96 * 2**20)
     s3_env.client().put_object(Bucket=bucket, Key="big/model.bin", Body=data)
-    args = FetchRequest(source=f"s3://{bucket}/big", dest=str(tmp_path / "d"), block_size="1Mi",
-                        concurrency=1).to_args()
+    args = FetchRequest(
+        source=f"s3://{bucket}/big", dest=str(tmp_path / "d"), block_size="1Mi", concurrency=1
+    ).to_args()
     env = {**os.environ, **s3_env.env(), "STRATA_PROGRESS": "none"}
     proc = subprocess.Popen([sys.executable, "-m", "strata_loader", *args], env=env)
     marker = tmp_path / "d" / "model.bin.strata-partial.progress"

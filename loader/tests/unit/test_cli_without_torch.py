@@ -43,8 +43,7 @@ def run_blocked(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]
     """Run `strata-loader ARGS` with torch and safetensors unimportable; also returns the refused imports."""
     here = str(Path(strata_loader.__file__).resolve().parents[1])  # this checkout's loader, not an install
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", RUN_BLOCKED, *args], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", RUN_BLOCKED, *args], capture_output=True, text=True, env=env, timeout=120)
     lines = r.stderr.splitlines()
     assert lines and lines[-1].startswith("blocked imports: "), r.stderr
     attempts = json.loads(lines[-1].removeprefix("blocked imports: "))
@@ -99,8 +98,9 @@ def test_importing_the_cli_imports_neither_torch_nor_safetensors():
 
 def test_shard_without_torch_writes_torchs_slices(tmp_path):
     full = make_model(tmp_path / "model")
-    r, attempts = run_blocked("shard", str(tmp_path / "model"), "--tp", "2", "--max-part-bytes", "600",
-                              "--out", str(tmp_path / "out"))
+    r, attempts = run_blocked(
+        "shard", str(tmp_path / "model"), "--tp", "2", "--max-part-bytes", "600", "--out", str(tmp_path / "out")
+    )
     assert r.returncode == 0, r.stderr
     assert attempts == []
     event = json.loads(r.stdout)
@@ -112,8 +112,17 @@ def test_shard_without_torch_writes_torchs_slices(tmp_path):
 
 def test_fetch_with_shard_and_verify_without_torch(tmp_path):
     full = make_model(tmp_path / "src")
-    r, attempts = run_blocked("fetch", str(tmp_path / "src"), str(tmp_path / "dst"), "--progress", "none",
-                              "--verify", "checksums", "--shard-tp", "2")
+    r, attempts = run_blocked(
+        "fetch",
+        str(tmp_path / "src"),
+        str(tmp_path / "dst"),
+        "--progress",
+        "none",
+        "--verify",
+        "checksums",
+        "--shard-tp",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     assert attempts == []
     assert json.loads(r.stdout.splitlines()[-1])["event"] == "done"

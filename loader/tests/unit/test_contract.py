@@ -58,9 +58,7 @@ def test_bad_args_raise_instead_of_exiting():
         FetchRequest.parse_args(["fetch", "/a"])
 
 
-@pytest.mark.parametrize(
-    "text,expected", [("16Mi", 16 * 2**20), ("1Gi", 2**30), ("500M", 500 * 10**6), (7, 7)]
-)
+@pytest.mark.parametrize("text,expected", [("16Mi", 16 * 2**20), ("1Gi", 2**30), ("500M", 500 * 10**6), (7, 7)])
 def test_quantities(text, expected):
     assert parse_bytes(text) == expected
 
@@ -79,8 +77,13 @@ def test_bad_quantities(bad):
 def test_termination_message_always_fits_and_parses(n, name_len, error):
     checksums = {("f" * name_len) + str(i): "sha256:" + "0" * 64 for i in range(n)}
     res = FetchResult(
-        status="Failed" if error else "Succeeded", error=error, source="s3://b/p", bytes=123, files=n,
-        checksums=checksums, manifest_sha256="sha256:" + "1" * 64,
+        status="Failed" if error else "Succeeded",
+        error=error,
+        source="s3://b/p",
+        bytes=123,
+        files=n,
+        checksums=checksums,
+        manifest_sha256="sha256:" + "1" * 64,
     )
     text = res.to_termination_message()
     assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
@@ -111,8 +114,10 @@ def test_ordinary_globs_are_accepted(glob):
     assert FetchRequest(source="s3://bucket/p", dest="/d", include=[glob], exclude=[glob]).include == [glob]
 
 
-@pytest.mark.parametrize("source", ["pvc://claim/../other-claim", "pvc://claim/a/../../x", "pvc://claim//abs",
-                                    "pvc://claim/./x", "pvc://claim/a\\b"])
+@pytest.mark.parametrize(
+    "source",
+    ["pvc://claim/../other-claim", "pvc://claim/a/../../x", "pvc://claim//abs", "pvc://claim/./x", "pvc://claim/a\\b"],
+)
 def test_pvc_paths_that_climb_out_of_the_claim_are_refused(source):
     with pytest.raises(ValidationError, match="inside the claim"):
         FetchRequest(source=source, dest="/d")

@@ -74,8 +74,7 @@ def _layout(entries, shuffle, jitter):
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(entries=tensor_entries, shuffle=st.booleans(), jitter=st.sampled_from([0, 0, 0, -1, 1]),
-       pad=st.integers(0, 7))
+@given(entries=tensor_entries, shuffle=st.booleans(), jitter=st.sampled_from([0, 0, 0, -1, 1]), pad=st.integers(0, 7))
 def test_agrees_with_reference_on_structured_headers(entries, shuffle, jitter, pad):
     header, data_len = _layout(entries, shuffle, jitter)
     h = json.dumps(header).encode() + b" " * pad
@@ -111,9 +110,13 @@ def test_mutated_real_file_fails_only_with_safetensors_error(pos, byte, cut):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+        max_leaves=12,
+    )
+)
 def test_arbitrary_json_headers_fail_only_with_safetensors_error(value):
     h = json.dumps(value).encode()
     with contextlib.suppress(SafetensorsError):

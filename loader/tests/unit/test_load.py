@@ -11,9 +11,24 @@ from safetensors.torch import save_file
 from strata_loader import SafetensorsError
 
 DTYPES = [
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.uint16, torch.uint32, torch.uint64,
-    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
 ]
 
 
@@ -82,8 +97,9 @@ def test_many_files_at_once(tmp_path):
 def test_iterator_yields_every_tensor_bit_exact(tmp_path, every_dtype_file, copy):
     want = reference_load_file(every_dtype_file)
     got = {}
-    for name, t in strata_loader.iter_tensors([every_dtype_file], copy=copy, batch_bytes=512,
-                                              memory_limit=2048, block_size=256):
+    for name, t in strata_loader.iter_tensors(
+        [every_dtype_file], copy=copy, batch_bytes=512, memory_limit=2048, block_size=256
+    ):
         got[name] = raw(t)  # copy=False: bytes taken before the next item, as the lifetime rule says
     assert got == {k: raw(v) for k, v in want.items()}
 
@@ -99,8 +115,9 @@ def test_iterator_copies_are_safe_to_keep(tmp_path):
 
 def test_misaligned_tensor_is_still_correct(tmp_path):
     # a hand-written file whose F32 tensor starts at an odd offset: views must not be misaligned
-    header = (b'{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},'
-              b'"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}')
+    header = (
+        b'{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}'
+    )
     data = bytes([1, 2, 3]) + struct.pack("<2f", 1.5, -2.0)
     p = tmp_path / "odd.safetensors"
     p.write_bytes(struct.pack("<Q", len(header)) + header + data)
@@ -120,8 +137,16 @@ def matrix_file(tmp_path):
 
 @pytest.mark.parametrize(
     "index",
-    [(slice(3, 9),), (slice(None), slice(5, 12)), (slice(2, 30), slice(0, 24), slice(1, 4)), (5,),
-     (Ellipsis, 2), (slice(-5, None), -1), (slice(10, 10),), (slice(0, 40), slice(23, 99))],
+    [
+        (slice(3, 9),),
+        (slice(None), slice(5, 12)),
+        (slice(2, 30), slice(0, 24), slice(1, 4)),
+        (5,),
+        (Ellipsis, 2),
+        (slice(-5, None), -1),
+        (slice(10, 10),),
+        (slice(0, 40), slice(23, 99)),
+    ],
 )
 def test_slice_equals_slicing_the_full_tensor(matrix_file, index):
     p, t = matrix_file

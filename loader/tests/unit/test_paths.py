@@ -10,13 +10,16 @@ from hypothesis import strategies as st
 from strata_loader.paths import UnsafePathError, is_within, safe_relative_path
 
 # segments a real model directory has: names, dots inside names, spaces, unicode
-segment = st.text(st.characters(blacklist_characters="/\\\x00", blacklist_categories=("Cs",)), min_size=1,
-                  max_size=12).filter(lambda s: s not in (".", ".."))
+segment = st.text(
+    st.characters(blacklist_characters="/\\\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
+).filter(lambda s: s not in (".", ".."))
 clean = st.lists(segment, min_size=1, max_size=5).map("/".join)
 
 
-@pytest.mark.parametrize("path", ["config.json", "original/consolidated.pth", "a/b/c.d", "..x", "x..", ".hidden",
-                                  "a/...", "dir with space/ü.bin"])
+@pytest.mark.parametrize(
+    "path",
+    ["config.json", "original/consolidated.pth", "a/b/c.d", "..x", "x..", ".hidden", "a/...", "dir with space/ü.bin"],
+)
 def test_clean_paths_pass_unchanged(path):
     assert safe_relative_path(path) == path
 

@@ -80,8 +80,7 @@ def _random(dtype: torch.dtype, shape, gen: torch.Generator) -> torch.Tensor:
     n = 1
     for d in shape:
         n *= d
-    bits = torch.randint(0, 2 if dtype == torch.bool else 256, (n * dtype.itemsize,), dtype=torch.uint8,
-                         generator=gen)
+    bits = torch.randint(0, 2 if dtype == torch.bool else 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=gen)
     return bits.view(dtype).reshape(shape)
 
 
@@ -94,8 +93,19 @@ def test_a_split_along_any_dim_is_the_exact_slice_for_every_dtype(tmp_path, monk
     monkeypatch.setattr(shard, "COPY_BYTES", copy_bytes)
     monkeypatch.setattr(shard, "DEFAULT_BLOCK_SIZE", 7)  # larger reads run as parallel 7-byte ones
     gen = torch.Generator().manual_seed(tp)
-    dtypes = [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.float32,
-              torch.float64, torch.int8, torch.int64, torch.bool, torch.complex64, torch.uint16]
+    dtypes = [
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.uint16,
+    ]
     full = {}
     for i, dt in enumerate(dtypes):
         full[f"t{i}.d0"] = _random(dt, (4 * tp, 3, 5), gen)
@@ -110,8 +120,9 @@ def test_a_split_along_any_dim_is_the_exact_slice_for_every_dtype(tmp_path, monk
     save_file({n: full[n] for n in names[::2]}, src / "a.safetensors")
     save_file({n: full[n] for n in names[1::2]}, src / "b.safetensors")
     files = shard_directory(src, tmp_path / "out", tp=tp, max_part_bytes=700, rules=SPLIT_RULES)
-    assert [f.name for f in files] == [f"model-rank-{r}-part-{p}.safetensors"
-                                       for r in range(tp) for p in range(len(files) // tp)]
+    assert [f.name for f in files] == [
+        f"model-rank-{r}-part-{p}.safetensors" for r in range(tp) for p in range(len(files) // tp)
+    ]
     for rank in range(tp):
         got = {}
         for f in rank_files(tmp_path / "out", rank):
@@ -136,7 +147,7 @@ def test_sub_byte_dtypes_split_on_byte_boundaries_or_say_why_not(tmp_path):
         h = parse_file_bytes(buf)
         (t,) = h.tensors
         assert (t.dtype, t.shape) == ("F4", (2, 6))
-        assert buf[h.data_offset:] == data[rank * 6 : rank * 6 + 6]
+        assert buf[h.data_offset :] == data[rank * 6 : rank * 6 + 6]
     placed = layout([("w.d1", "F4", (4, 6))])  # half a row is 3 nibbles: no whole bytes
     (src / "m.safetensors").write_bytes(encode_header(placed) + data)
     with pytest.raises(ValueError, match="byte boundary"):
@@ -147,8 +158,10 @@ def test_output_is_reproducible_and_a_failure_leaves_no_partial_files(tmp_path, 
     gen = torch.Generator().manual_seed(8)
     src = tmp_path / "model"
     src.mkdir()
-    save_file({"a.q_proj.weight": torch.randn(8, 8, generator=gen), "b.norm": torch.randn(8, generator=gen)},
-              src / "m.safetensors")
+    save_file(
+        {"a.q_proj.weight": torch.randn(8, 8, generator=gen), "b.norm": torch.randn(8, generator=gen)},
+        src / "m.safetensors",
+    )
     first = [f.read_bytes() for f in shard_directory(src, tmp_path / "one", tp=2, max_part_bytes=100)]
     again = [f.read_bytes() for f in shard_directory(src, tmp_path / "two", tp=2, max_part_bytes=100)]
     assert first == again

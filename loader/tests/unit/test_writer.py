@@ -7,10 +7,23 @@ from strata_loader.format import DTYPE_BITS, parse_file_bytes
 from strata_loader.writer import DTYPE_ORDER, encode_header, layout
 
 DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-    "C64": torch.complex64, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "C64": torch.complex64,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
     "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
 }
 
@@ -41,8 +54,8 @@ def test_bytes_equal_the_reference_writers(metadata):
             name = f"{kind}.{st.lower()}"
             tensors[name] = bits.view(dt).reshape(shape) if n else torch.empty(shape, dtype=dt)
             dtypes[name] = st
-    tensors["naïve/\x01\"name"] = torch.ones(3)
-    dtypes["naïve/\x01\"name"] = "F32"
+    tensors['naïve/\x01"name'] = torch.ones(3)
+    dtypes['naïve/\x01"name'] = "F32"
     # one key at most: the reference writes several in a per-process hash order
     assert write(tensors, dtypes, metadata) == save(tensors, metadata=metadata)
 
@@ -57,7 +70,8 @@ def test_header_is_padded_to_8_and_valid_for_the_strict_parser():
         parsed = parse_file_bytes(header + bytes(placed[-1].end))
         assert list(parsed.metadata) == ["z", "a", "m", "pad"]  # the caller's order, reproducibly
         assert [(t.name, t.dtype, t.shape, t.start, t.end) for t in parsed.tensors] == [
-            (p.name, p.dtype, p.shape, p.start, p.end) for p in placed]
+            (p.name, p.dtype, p.shape, p.start, p.end) for p in placed
+        ]
 
 
 def test_rejects_what_no_reader_could_load():
