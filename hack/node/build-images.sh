@@ -14,8 +14,8 @@ prefix="${IMAGE_PREFIX-ghcr.io/strata-dev/}"
 pause_ref="localhost/strata-pause:1"
 mkdir -p "$cache"
 
-inputs_hash() {  # what the images are made of: Dockerfiles, packaging, the three packages, these scripts
-  (cd "$root" && find images pyproject.toml README.md operator/strata_operator loader/strata_loader \
+inputs_hash() {  # what the images are made of: Dockerfiles, packaging, the packages, these scripts
+  (cd "$root" && find images pyproject.toml README.md units/strata_units operator/strata_operator loader/strata_loader \
       kvserver/strata_kv hack/node/pause.c hack/node/build-images.sh hack/images/build-base.sh \
       -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum) \
     | sha256sum | cut -c1-16
