@@ -9,64 +9,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+from strata_units import ByteSizeError, format_bytes, parse_bytes
 
 CONFIG_FILE_NAME = "strata-kv.yaml"
 """File name inside the ConfigMap / the `--config` default directory."""
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "ki": 1024,
-    "kib": 1024,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "gi": 1024**3,
-    "gib": 1024**3,
-    "ti": 1024**4,
-    "tib": 1024**4,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
 
 def parse_size(value: Any) -> int:
-    """Turn `1GiB`, `512Mi`, `1.5G`, `4096` or an int into bytes (Kubernetes quantities included)."""
-    if isinstance(value, bool):
-        raise ValueError(f"size must be a number of bytes or a string like '1GiB', not {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size {value} is negative; give a byte count >= 0")
-        return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if not isinstance(value, str):
-        raise ValueError(f"size must be a number of bytes or a string like '1GiB', not {value!r}")
-    match = _SIZE_RE.match(value)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read size {value!r}: use bytes or a unit such as KiB, MiB, GiB, Mi, Gi, MB, GB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """Bytes of a size in the config or on the command line: `1GiB`, `512Mi`, `4096` or an int; 0 is allowed
+    (it means "no limit" or "the filesystem's free space" where a field says so). Fractions and `m` are refused."""
+    try:
+        return parse_bytes(value, minimum=0)
+    except ByteSizeError as e:
+        raise ValueError(f"cannot read size: {e}") from None
 
 
-def format_size(n: int) -> str:
-    """Render bytes compactly for logs and YAML (`1GiB`), exact when a binary unit divides it."""
-    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= factor and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
+format_size = format_bytes
+"""Render bytes compactly for logs and YAML (`1GiB`), exact when a binary unit divides it."""
 
 
 ByteSize = Annotated[int, BeforeValidator(parse_size), PlainSerializer(format_size, return_type=str)]

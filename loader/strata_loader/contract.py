@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from strata_units import parse_bytes
 
 from .paths import UnsafePathError, safe_relative_path
 
@@ -63,43 +64,6 @@ DEFAULT_PVC_MOUNT_ROOT = "/strata/source"
 DEFAULT_CONCURRENCY = 16
 DEFAULT_BLOCK_SIZE = 16 * 2**20
 DEFAULT_MEMORY_LIMIT = 1 * 2**30
-
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "m": 10**6,
-    "g": 10**9,
-    "t": 10**12,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_QUANTITY = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_bytes(value: int | str) -> int:
-    """Accept an int or a Kubernetes quantity (`16Mi`, `1Gi`, `500M`) so the CR says what users write."""
-    if isinstance(value, bool):
-        raise ValueError(f"byte size must be a number or a quantity like '16Mi', not {value!r}")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = _QUANTITY.match(str(value))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"byte size {value!r} is not a number or a quantity like '16Mi' or '1Gi'")
-        n = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if n <= 0:
-        raise ValueError(f"byte size must be positive, got {value!r}")
-    return n
 
 
 class VerifyMode(StrEnum):

@@ -7,13 +7,13 @@ from strata_kv.config import CONFIG_FILE_NAME, EvictionPolicyName, KVServerConfi
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1GiB", 1024**3), ("512Mi", 512 * 1024**2), ("1.5G", 1_500_000_000), ("4096", 4096), (" 2 KiB ", 2048)],
+    [("1GiB", 1024**3), ("512Mi", 512 * 1024**2), ("1500M", 1_500_000_000), ("4096", 4096), (" 2 KiB ", 2048)],
 )
 def test_sizes_accept_binary_decimal_and_kubernetes_units(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["1 gigabyte", "-5", "GiB", "", True])
+@pytest.mark.parametrize("bad", ["1 gigabyte", "-5", "GiB", "", True, "1.5G", "1.5Gi", "500m", "1g", -1, 1.0])
 def test_unreadable_sizes_are_rejected_with_a_hint(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_size(bad)

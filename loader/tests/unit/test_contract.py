@@ -63,7 +63,7 @@ def test_quantities(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "1Xi", "-1", 0, "1.5Gi", True])
+@pytest.mark.parametrize("bad", ["", "1Xi", "-1", 0, "1.5Gi", True, "500m", "1g", 1.0])
 def test_bad_quantities(bad):
     with pytest.raises(ValueError):
         parse_bytes(bad)

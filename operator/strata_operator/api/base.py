@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.alias_generators import to_camel
+from pydantic_core import CoreSchema, core_schema
+from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, parse_bytes
 
 
 class CRDModel(BaseModel):
@@ -54,6 +57,55 @@ def cel(rule: str, message: str, *, field_path: str | None = None, reason: str |
     if reason:
         entry["reason"] = reason
     return entry
+
+
+BYTE_SIZE_UNITS = (
+    "an integer, or one with a suffix Ki, Mi, Gi, Ti, Pi, Ei (powers of 1024) or k, M, G, T, P, E (powers of "
+    "1000); no fractions, no m"
+)
+"""For descriptions of byte-size fields, so `kubectl explain` says how to write one."""
+
+NON_ZERO_PATTERN = "[1-9]"
+"""A size matching BYTE_SIZE_PATTERN is above 0 exactly when one of its digits is (suffixes have none)."""
+
+
+@dataclass(frozen=True)
+class WholeBytes:
+    """Marks a spec field as a byte size: `Annotated[str, WholeBytes("l1.size")]`, or `int | str` for
+    int-or-string. The CRD gets BYTE_SIZE_PATTERN and CEL rules whose messages say what to write; the model
+    reads the value with the same parser as the loader and the KV server, so a spec stored under an older CRD
+    is refused as well. The value itself is kept as written (the API server stores it so)."""
+
+    field: str
+    minimum: Literal[0, 1] = 1
+    """1 where a size must be positive; 0 where 0 has a meaning of its own (say so in the description)."""
+
+    def _check(self, value: int | str) -> int | str:
+        parse_bytes(value, minimum=self.minimum, strict=True)
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        json_schema = dict(handler(schema))
+        json_schema["pattern"] = BYTE_SIZE_PATTERN
+        json_schema["x-kubernetes-validations"] = self.rules(int_or_string="anyOf" in json_schema)
+        return json_schema
+
+    def rules(self, *, int_or_string: bool) -> list[dict[str, str]]:
+        above = " above 0" if self.minimum else ""
+        spelled = f"must be a whole number of bytes{above}: {BYTE_SIZE_SPELLING}; not a fraction such as 1.5Gi"
+        spelled += " nor milli such as 500m"
+        pattern = cel_string(BYTE_SIZE_PATTERN)
+        if int_or_string:
+            number = "self > 0" if self.minimum else "self >= 0"
+            text = f"self.matches({pattern})" + (f" && self.matches('{NON_ZERO_PATTERN}')" if self.minimum else "")
+            return [cel(f"type(self) == int ? {number} : {text}", f"{self.field} {spelled}")]
+        rules = [cel(f"self.matches({pattern})", f"{self.field} {spelled}")]
+        if self.minimum:
+            rules.append(cel(f"self.matches('{NON_ZERO_PATTERN}')", f"{self.field} must be greater than 0"))
+        return rules
 
 
 SYSTEM_DIRECTORY_PATTERN = (

@@ -8,26 +8,25 @@ operator's own checks that need the cluster (node memory, Secrets, PVC access mo
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
 from strata_operator.api.base import (
+    BYTE_SIZE_UNITS,
     HOST_PATH_RULES,
     Condition,
     CRDModel,
     HostDirectory,
     PullPolicy,
     SecretKeyRef,
+    WholeBytes,
     allow_link_local_field,
     cel,
     endpoint_problem,
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
-
-QUANTITY_PATTERN = r"^([0-9]+)(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
-"""A non-negative Kubernetes quantity (bytes); the units are the API server's own."""
 
 _OBJECT_DEFAULT: dict[str, Any] = {"default": {}}
 """Lets the API server fill nested defaults when the parent object is omitted."""
@@ -80,13 +79,10 @@ class LogLevel(StrEnum):
 class L1Spec(CRDModel):
     """The DRAM tier of each server: also what the pod's memory request is derived from."""
 
-    size: str = Field(
+    size: Annotated[str, WholeBytes("l1.size")] = Field(
         default="4Gi",
-        pattern=QUANTITY_PATTERN,
-        description="Bytes of chunk values held in DRAM per node (a quantity: 4Gi, 512Mi).",
-        json_schema_extra=_validations(
-            cel("quantity(self).isGreaterThan(quantity('0'))", "l1.size must be greater than 0")
-        ),
+        description="Bytes of chunk values each server holds in DRAM: " + BYTE_SIZE_UNITS + ". Default 4Gi. The "
+        "pod's memory request is this plus memoryHeadroom.",
     )
     eviction_policy: EvictionPolicy = Field(
         default=EvictionPolicy.PREFIX_LIRS,
@@ -95,7 +91,9 @@ class L1Spec(CRDModel):
 
 
 class PVCCreate(CRDModel):
-    size: str = Field(pattern=QUANTITY_PATTERN, description="Requested storage of the created claim.")
+    size: Annotated[str, WholeBytes("l2.fs.pvc.create.size")] = Field(
+        description="Storage request of the created claim, in bytes: " + BYTE_SIZE_UNITS + " (e.g. 500Gi)."
+    )
     storage_class_name: str | None = Field(
         default=None, description="A class that provisions ReadWriteMany volumes (NFS, CephFS, Lustre ...)."
     )
@@ -139,10 +137,10 @@ class L2FS(CRDModel):
 
     pvc: L2PVC | None = None
     host_path: HostPath | None = None
-    capacity: str = Field(
+    capacity: Annotated[str, WholeBytes("l2.fs.capacity", minimum=0)] = Field(
         default="0",
-        pattern=QUANTITY_PATTERN,
-        description="Bytes the tier may use; 0 means the filesystem's free space.",
+        description="Bytes the tier may use: " + BYTE_SIZE_UNITS + ". Default 0, which means the filesystem's "
+        "free space.",
     )
     high_watermark_percent: int = Field(default=90, ge=1, le=100, description="Start evicting above this.")
     low_watermark_percent: int = Field(default=80, ge=1, le=100, description="Evict down to this.")
@@ -243,8 +241,11 @@ class KVCacheTierSpec(CRDModel):
     resources: dict[str, Any] | None = Field(
         default=None, description="core/v1 ResourceRequirements; memory defaults to l1.size + memoryHeadroom."
     )
-    memory_headroom: str = Field(
-        default="1Gi", pattern=QUANTITY_PATTERN, description="Memory beyond L1 (process, write-behind queue)."
+    memory_headroom: Annotated[str, WholeBytes("memoryHeadroom", minimum=0)] = Field(
+        default="1Gi",
+        description="Memory each server needs beyond l1.size (the process, the write-behind queue), in bytes: "
+        + BYTE_SIZE_UNITS
+        + ". Default 1Gi; added to l1.size for the pod's memory request.",
     )
     update_strategy: UpdateStrategy = Field(default_factory=UpdateStrategy, json_schema_extra=_OBJECT_DEFAULT)
     l1: L1Spec = Field(default_factory=L1Spec, json_schema_extra=_OBJECT_DEFAULT)

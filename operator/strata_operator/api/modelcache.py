@@ -6,36 +6,25 @@ The spec and status models, their defaults and the CEL rules the API server enfo
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from strata_operator.api.base import (
+    BYTE_SIZE_UNITS,
     HOST_PATH_RULES,
     Condition,
     CRDModel,
     HostDirectory,
     PullPolicy,
+    WholeBytes,
     allow_link_local_field,
     cel,
     endpoint_problem,
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
-
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
-"""A storage size as a Kubernetes quantity (`500Gi`, `1.5T`) with the API server's own suffixes: not `1g` or `1K`,
-which a claim would refuse, nor milli (`500m`), which is no size for a volume."""
-
-BYTE_COUNT_PATTERN = r"^0*[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
-"""A whole, positive number of bytes as the preloader reads it: digits with an optional binary or decimal suffix.
-No fractions (`1.5Gi`), and no `m`: a Kubernetes quantity reads it as milli, the loader as mega."""
-BYTE_COUNT_RULE = (
-    "must be a whole number of bytes above 0: an integer, or an integer followed by Ki, Mi, Gi or Ti (powers "
-    "of 1024) or k, M, G or T (powers of 1000), e.g. 16Mi; not a fraction such as 1.5Gi nor milli such as 500m"
-)
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -65,30 +54,6 @@ class VerifyMode(StrEnum):
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
     """`json_schema_extra` carrying CEL rules; crdgen copies them into the CRD as they are."""
     return {"x-kubernetes-validations": list(rules)}
-
-
-def _whole_bytes(value: int | str) -> int | str:
-    """The model's side of the CEL rule below, so a spec stored under an older CRD is refused as well."""
-    if isinstance(value, bool) or (isinstance(value, int) and value < 1):
-        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
-    if isinstance(value, str) and not re.fullmatch(BYTE_COUNT_PATTERN, value):
-        raise ValueError(f"{value!r} {BYTE_COUNT_RULE}")
-    return value
-
-
-ByteCount = Annotated[
-    int | str,
-    AfterValidator(_whole_bytes),
-    Field(
-        json_schema_extra=_validations(
-            cel(
-                f"type(self) == int ? self > 0 : self.matches('{BYTE_COUNT_PATTERN}')",
-                BYTE_COUNT_RULE,
-            )
-        )
-    ),
-]
-"""A byte count in a spec (int-or-string in the CRD): checked by the API server and again by the model."""
 
 
 OPTION_LIKE = "must not start with '-': the preloader's argument parser would read it as an option"
@@ -198,11 +163,10 @@ class SharedPVCStorage(CRDModel):
         description="An existing claim to fill (adopted, never deleted); when omitted the operator creates "
         "<name>-model.",
     )
-    size: str | None = Field(
+    size: Annotated[str, WholeBytes("storage.sharedPVC.size")] | None = Field(
         default=None,
-        pattern=QUANTITY_PATTERN,
-        description="Size of the claim the operator creates: a quantity with Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or "
-        "E (e.g. 200Gi).",
+        description="Storage request of the claim the operator creates, in bytes: " + BYTE_SIZE_UNITS + " (e.g. "
+        "200Gi). Not used with claimName.",
     )
     storage_class_name: str | None = Field(default=None, max_length=253)
     access_mode: str = Field(
@@ -265,8 +229,9 @@ class Storage(CRDModel):
 
 class ShardSpec(CRDModel):
     tensor_parallel_size: int = Field(ge=1, le=1024)
-    max_part_bytes: ByteCount = Field(
-        default="5Gi", description="Size cap of one part file: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    max_part_bytes: Annotated[int | str, WholeBytes("preload.shard.maxPartBytes")] = Field(
+        default="5Gi",
+        description="Size cap of one part file, in bytes: " + BYTE_SIZE_UNITS + ". Default 5Gi (what vLLM uses).",
     )
 
 
@@ -281,12 +246,14 @@ class Preload(CRDModel):
     )
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     concurrency: int = Field(default=16, ge=1, le=1024, description="Reads in flight.")
-    block_size: ByteCount = Field(
-        default="16Mi", description="Bytes per read: an integer, or an integer with Ki, Mi, Gi, Ti, k, M, G or T."
+    block_size: Annotated[int | str, WholeBytes("preload.blockSize")] = Field(
+        default="16Mi", description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
     )
-    memory_limit: ByteCount = Field(
+    memory_limit: Annotated[int | str, WholeBytes("preload.memoryLimit")] = Field(
         default="1Gi",
-        description="Buffer pool bound of the preloader: bytes, or an integer with Ki, Mi, Gi, Ti, k, M, G or T.",
+        description="Bound on the preloader's buffer pool (bytes held in memory at once): "
+        + BYTE_SIZE_UNITS
+        + ". Default 1Gi; keep it below the container's memory limit.",
     )
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardSpec | None = None

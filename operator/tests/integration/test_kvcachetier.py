@@ -129,6 +129,25 @@ def test_api_server_rejects_invalid_specs(
     assert message in error.value.body
 
 
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"l1": {"size": "1.5Gi"}}, "spec.l1.size"),
+        ({"l1": {"size": "500m"}}, "spec.l1.size"),
+        ({"memoryHeadroom": "0.5Gi"}, "spec.memoryHeadroom"),
+        ({"l2": {"fs": {"hostPath": {"path": "/mnt/kv"}, "capacity": "1.5T"}}}, "spec.l2.fs.capacity"),
+        ({"l2": {"fs": {"pvc": {"create": {"size": "2.5Ti"}}}}}, "spec.l2.fs.pvc.create.size"),
+    ],
+)
+def test_api_server_refuses_fractional_sizes(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, spec: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ApiException) as error:
+        create_tier(k8s, namespace, tier_body("frac", {}, **spec))
+    assert error.value.status == 422
+    assert field in error.value.body and "whole number of bytes" in error.value.body
+
+
 def test_a_link_local_s3_endpoint_is_accepted_when_allowed(
     k8s: DynamicClient, strata_crds: Any, namespace: str
 ) -> None:

@@ -84,6 +84,17 @@ def test_sizes_must_be_whole_numbers_of_bytes(
     assert field in message_of(info.value) and "whole number of bytes" in message_of(info.value)
 
 
+@pytest.mark.parametrize("size", ["1.5Ti", "500m", "0"])
+def test_a_created_claims_size_must_be_whole_bytes(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, size: str
+) -> None:
+    spec = {"source": S3, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": size}}}
+    with pytest.raises(DynamicApiError) as info:
+        create_cache(k8s, namespace, unique("pvc"), spec)
+    assert info.value.status == 422
+    assert "spec.storage.sharedPVC.size" in message_of(info.value)
+
+
 @pytest.mark.parametrize("value", ["16Mi", "500M", 1048576])
 def test_whole_byte_counts_are_accepted(k8s: DynamicClient, strata_crds: Any, namespace: str, value: Any) -> None:
     preload = {name: make(value) for name, make in SIZES.items()}

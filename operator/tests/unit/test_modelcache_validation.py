@@ -11,15 +11,32 @@ from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 from strata_loader import contract
 from strata_operator.api import modelcache
+from strata_operator.api.base import NON_ZERO_PATTERN
 from strata_operator.api.crdgen import build_crd
-from strata_operator.api.modelcache import BYTE_COUNT_PATTERN, ModelCacheSpec
+from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.handlers import modelcache_pernode as pernode
 from strata_operator.handlers import modelcache_reconcile as reconciler
 from strata_operator.handlers.modelcache_nodes import NodeInfo
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request
 from strata_operator.resources.modelcache.status import SpecError
+from strata_units import BYTE_SIZE_PATTERN
 
-WHOLE_BYTES: list[int | str] = ["16Mi", "1", "5Gi", "2Ti", "500M", "1k", "3G", "1T", "016Mi", "1024Ki", 1, 16777216]
+WHOLE_BYTES: list[int | str] = [
+    "16Mi",
+    "1",
+    "5Gi",
+    "2Ti",
+    "500M",
+    "1k",
+    "3G",
+    "1T",
+    "016Mi",
+    "1024Ki",
+    "1Pi",
+    "1Ei",
+    1,
+    16777216,
+]
 NOT_WHOLE_BYTES: list[int | str] = [
     "1.5Gi",
     "500m",
@@ -29,8 +46,6 @@ NOT_WHOLE_BYTES: list[int | str] = [
     "0",
     "0Mi",
     "1K",
-    "1Pi",
-    "1Ei",
     "16MiB",
     "16 Mi",
     "16mi",
@@ -64,7 +79,7 @@ def with_size(path: tuple[str, ...], value: int | str) -> dict[str, Any]:
 @pytest.mark.parametrize("value", WHOLE_BYTES, ids=repr)
 def test_whole_byte_counts_match_the_pattern_and_mean_the_same_to_kubernetes_and_the_loader(value: int | str) -> None:
     if isinstance(value, str):
-        assert re.fullmatch(BYTE_COUNT_PATTERN, value)
+        assert re.fullmatch(BYTE_SIZE_PATTERN, value) and re.search(NON_ZERO_PATTERN, value)
         assert contract.parse_bytes(value) == parse_quantity(value)
     for path in SIZE_FIELDS:
         ModelCacheSpec.model_validate(spec_with(with_size(path, value)))
@@ -73,7 +88,7 @@ def test_whole_byte_counts_match_the_pattern_and_mean_the_same_to_kubernetes_and
 @pytest.mark.parametrize("value", NOT_WHOLE_BYTES, ids=repr)
 def test_fractions_milli_negative_and_unknown_units_are_refused(value: int | str) -> None:
     if isinstance(value, str):
-        assert not re.fullmatch(BYTE_COUNT_PATTERN, value)
+        assert not (re.fullmatch(BYTE_SIZE_PATTERN, value) and re.search(NON_ZERO_PATTERN, value))
     for path in SIZE_FIELDS:
         with pytest.raises(ValidationError, match="whole number of bytes"):
             ModelCacheSpec.model_validate(spec_with(with_size(path, value)))
@@ -87,7 +102,8 @@ def test_the_crd_carries_the_byte_count_rule_on_every_size() -> None:
             node = node["properties"][part]
         assert node["x-kubernetes-int-or-string"] is True
         [rule] = node["x-kubernetes-validations"]
-        assert BYTE_COUNT_PATTERN in rule["rule"] and "type(self) == int ? self > 0" in rule["rule"]
+        assert node["pattern"] == BYTE_SIZE_PATTERN
+        assert BYTE_SIZE_PATTERN in rule["rule"] and "type(self) == int ? self > 0" in rule["rule"]
         assert "1.5Gi" in rule["message"] and "500m" in rule["message"]
 
 
@@ -135,7 +151,8 @@ def test_a_spec_the_model_refuses_names_the_field_in_the_condition(monkeypatch: 
 
 
 @pytest.mark.parametrize(
-    ("size", "valid"), [("200Gi", True), ("1.5T", True), ("1g", False), ("1K", False), ("500m", False)]
+    ("size", "valid"),
+    [("200Gi", True), ("1Pi", True), ("1.5T", False), ("1g", False), ("1K", False), ("500m", False), ("0", False)],
 )
 def test_a_created_claims_size_uses_the_suffixes_kubernetes_knows(size: str, valid: bool) -> None:
     spec = spec_with()

@@ -26,8 +26,8 @@ from strata_operator.resources.kvcachetier.names import (
     AUTH_FILE,
     L2_FS_ROOT,
     TierRef,
+    byte_size,
     content_hash,
-    quantity_bytes,
 )
 
 
@@ -49,7 +49,7 @@ def _l2_config(l2: L2Spec | None) -> L2Config:
     if l2.fs is not None:
         fs = L2FsConfig(
             root_dir=L2_FS_ROOT,
-            capacity=quantity_bytes(l2.fs.capacity),
+            capacity=byte_size(l2.fs.capacity),
             high_watermark=l2.fs.high_watermark_percent / 100,
             low_watermark=l2.fs.low_watermark_percent / 100,
         )
@@ -73,7 +73,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     return KVServerConfig(
         listen=ListenConfig(port=spec.port),  # bound to the pod IP by the DaemonSet's args
         l1=L1Config(
-            size=quantity_bytes(spec.l1.size),
+            size=byte_size(spec.l1.size),
             eviction_policy=EvictionPolicyName(spec.l1.eviction_policy.value),
         ),
         l2=_l2_config(spec.l2),

@@ -18,6 +18,7 @@ from strata_operator.resources.kvcachetier.names import (
     METRICS_PORT_NAME,
     RESP_PORT_NAME,
     TierRef,
+    byte_size,
     mebibytes,
     quantity_bytes,
 )
@@ -34,7 +35,7 @@ TERMINATION_GRACE_SECONDS = 45
 
 def derived_memory_request(spec: KVCacheTierSpec) -> int:
     """L1 plus headroom for the process and the write-behind queue, in bytes."""
-    return quantity_bytes(spec.l1.size) + quantity_bytes(spec.memory_headroom)
+    return byte_size(spec.l1.size) + byte_size(spec.memory_headroom)
 
 
 def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:

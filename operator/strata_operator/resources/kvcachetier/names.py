@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
+from strata_units import parse_bytes
 
 from strata_operator.api import API_VERSION
 from strata_operator.kube import child_labels
@@ -84,8 +85,15 @@ class TierRef:
         }
 
 
+def byte_size(value: str | int) -> int:
+    """Bytes of a size field of the spec (l1.size, memoryHeadroom, l2.fs.capacity): read by the parser the CRD's
+    pattern, the loader and the KV server share, so the server is configured with what the user wrote."""
+    return parse_bytes(value, minimum=0, strict=True)
+
+
 def quantity_bytes(value: str | int) -> int:
-    """Bytes of a Kubernetes quantity; rounds fractional bytes up (a request must not shrink)."""
+    """Bytes of a core/v1 memory quantity (container resources, node allocatable), which Kubernetes lets be
+    fractional or milli (`1.5Gi`, `1e9`); rounds up, as a request must not shrink. Not for Strata's own sizes."""
     parsed = parse_quantity(value)
     whole = int(parsed)
     return whole if whole == parsed else whole + 1
