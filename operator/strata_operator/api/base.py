@@ -34,18 +34,28 @@ class PullPolicy(StrEnum):
 class Condition(CRDModel):
     """A Kubernetes-style condition (the shape kstatus, Flux and Argo CD read)."""
 
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    observed_generation: int | None = Field(default=None, ge=0)
-    last_transition_time: str
+    type: str = Field(description="What the condition is about, in CamelCase, e.g. Ready or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        max_length=1024,
+        description="Why the condition has this status, as one CamelCase word meant for tools, e.g. InvalidSpec.",
+    )
+    message: str = Field(
+        default="", max_length=32768, description="The same for people: what happened and what to change."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation of the spec this condition was computed from."
+    )
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339, e.g. 2026-01-31T12:00:00Z); not touched while it holds."
+    )
 
 
 class SecretKeyRef(CRDModel):
     """A key of a Secret in the resource's namespace: the only way credentials enter a spec."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret, in the resource's namespace.")
     key: str | None = Field(default=None, description="Key inside the Secret; all keys when omitted.")
 
 

@@ -147,6 +147,8 @@ class L2FS(CRDModel):
 
 
 class L2S3(CRDModel):
+    """An S3 bucket (or S3-compatible store) shared by every node: the tier behind DRAM and the filesystem."""
+
     model_config = _rules(
         cel(
             "!has(self.endpoint) || has(self.secretRef)",
@@ -156,7 +158,7 @@ class L2S3(CRDModel):
         *endpoint_rules("l2.s3", "the KV server"),
     )
 
-    bucket: str = Field(min_length=3, max_length=63)
+    bucket: str = Field(min_length=3, max_length=63, description="Bucket name, e.g. kv-cache (3 to 63 characters).")
     prefix: str = Field(default="", description="Key prefix inside the bucket.")
     endpoint: str | None = Field(
         default=None,
@@ -165,7 +167,9 @@ class L2S3(CRDModel):
         description="S3-compatible endpoint; AWS when omitted. Link-local and cloud metadata addresses are "
         "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
     )
-    region: str | None = None
+    region: str | None = Field(
+        default=None, description="Region of the bucket, e.g. us-east-1; the client's default when omitted."
+    )
     addressing_style: S3AddressingStyle | None = Field(
         default=None, description="Bucket addressing; `path` when an endpoint is set, else `auto`."
     )
@@ -183,16 +187,24 @@ class L2S3(CRDModel):
 
 
 class L2Spec(CRDModel):
+    """Tiers below DRAM: a filesystem, an S3 bucket, or both (filesystem first)."""
+
     model_config = _rules(cel("has(self.fs) || has(self.s3)", "l2 needs fs, s3 or both"))
 
-    fs: L2FS | None = None
-    s3: L2S3 | None = None
+    fs: L2FS | None = Field(
+        default=None, description="A filesystem tier: a shared ReadWriteMany claim or a node-local hostPath."
+    )
+    s3: L2S3 | None = Field(default=None, description="An S3 tier shared by every node.")
 
 
 class HashSpec(CRDModel):
     """Settings every engine and server must share, or prefixes silently never match."""
 
-    algorithm: HashAlgorithm = Field(default=HashAlgorithm.SHA256_CBOR)
+    algorithm: HashAlgorithm = Field(
+        default=HashAlgorithm.SHA256_CBOR,
+        description="vLLM's --prefix-caching-hash-algo for every engine: sha256, sha256_cbor (default), xxhash or "
+        "xxhash_cbor.",
+    )
     seed: str | None = Field(
         default=None,
         pattern=r"^[0-9]{1,10}$",
@@ -202,6 +214,8 @@ class HashSpec(CRDModel):
 
 
 class TenancySpec(CRDModel):
+    """Keeping tenants' cached prefixes apart on one tier."""
+
     require_salt: bool = Field(default=False, description="Reject keys that carry no tenant cache salt.")
     cache_salt: str | None = Field(
         default=None,
@@ -211,11 +225,19 @@ class TenancySpec(CRDModel):
 
 
 class AuthSpec(CRDModel):
+    """RESP AUTH for every client of the tier; the token is read from a Secret, never from the spec."""
+
     secret_ref: SecretKeyRef = Field(description="Secret key holding the RESP AUTH token (key `token` if unset).")
 
 
 class UpdateStrategy(CRDModel):
-    type: UpdateStrategyType = UpdateStrategyType.ROLLING_UPDATE
+    """How the DaemonSet replaces servers when the spec changes (its updateStrategy)."""
+
+    type: UpdateStrategyType = Field(
+        default=UpdateStrategyType.ROLLING_UPDATE,
+        description="RollingUpdate (default: replace servers a few at a time) or OnDelete (only when a pod is "
+        "deleted).",
+    )
     max_unavailable: int | str | None = Field(
         default=None, description="RollingUpdate: pods down at once (number or percent); 1 when omitted."
     )
@@ -233,11 +255,20 @@ class KVCacheTierSpec(CRDModel):
         min_length=1,
         description="The runtime image; defaults to the operator's configured runtime image (STRATA_RUNTIME_IMAGE).",
     )
-    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    image_pull_policy: PullPolicy = Field(
+        default=PullPolicy.IF_NOT_PRESENT,
+        description="Pull policy of the server image: Always, IfNotPresent (default) or Never.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description='Labels selecting the nodes that run a server, e.g. {nvidia.com/gpu.present: "true"}; every '
+        "node when empty.",
+    )
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 Tolerations.")
     affinity: dict[str, Any] | None = Field(default=None, description="A core/v1 Affinity.")
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(
+        default=None, description="PriorityClass of the server pods, e.g. system-node-critical; none when omitted."
+    )
     resources: dict[str, Any] | None = Field(
         default=None, description="core/v1 ResourceRequirements; memory defaults to l1.size + memoryHeadroom."
     )
@@ -247,56 +278,89 @@ class KVCacheTierSpec(CRDModel):
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; added to l1.size for the pod's memory request.",
     )
-    update_strategy: UpdateStrategy = Field(default_factory=UpdateStrategy, json_schema_extra=_OBJECT_DEFAULT)
-    l1: L1Spec = Field(default_factory=L1Spec, json_schema_extra=_OBJECT_DEFAULT)
-    l2: L2Spec | None = None
+    update_strategy: UpdateStrategy = Field(
+        default_factory=UpdateStrategy,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="How servers are replaced on a change. Default RollingUpdate, one node at a time.",
+    )
+    l1: L1Spec = Field(
+        default_factory=L1Spec, json_schema_extra=_OBJECT_DEFAULT, description="The DRAM tier of each server."
+    )
+    l2: L2Spec | None = Field(
+        default=None, description="Tiers below DRAM (filesystem and/or S3); DRAM only when omitted."
+    )
     chunk_tokens: int = Field(default=256, ge=1, le=65536, description="Tokens per chunk; engines must agree.")
-    hash: HashSpec = Field(default_factory=HashSpec, json_schema_extra=_OBJECT_DEFAULT)
-    tenancy: TenancySpec = Field(default_factory=TenancySpec, json_schema_extra=_OBJECT_DEFAULT)
-    auth: AuthSpec | None = None
+    hash: HashSpec = Field(
+        default_factory=HashSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="The prefix hash every engine and server must share.",
+    )
+    tenancy: TenancySpec = Field(
+        default_factory=TenancySpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="Tenant separation: a cache salt for this tier's clients, and whether the server requires one.",
+    )
+    auth: AuthSpec | None = Field(
+        default=None, description="RESP AUTH token from a Secret; clients connect without one when omitted."
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
-    log_level: LogLevel = LogLevel.INFO
+    log_level: LogLevel = Field(
+        default=LogLevel.INFO, description="Server log level: DEBUG, INFO (default), WARNING or ERROR."
+    )
 
 
 class NodeEndpoint(CRDModel):
-    node: str
-    pod: str
+    """One server: where it runs and where clients reach it."""
+
+    node: str = Field(description="The node the server runs on.")
+    pod: str = Field(description="The server's pod.")
     address: str | None = Field(default=None, description="host:port of the server's RESP listener.")
-    ready: bool = False
+    ready: bool = Field(default=False, description="Whether the pod is Ready (its probes pass).")
 
 
 class TierUsage(CRDModel):
+    """One tier's use, summed over the servers scraped."""
+
     tier: str = Field(description="l1, fs or s3.")
-    used_bytes: int = 0
-    capacity_bytes: int = 0
-    hits: int = 0
+    used_bytes: int = Field(default=0, description="Bytes held in this tier.")
+    capacity_bytes: int = Field(default=0, description="Bytes this tier may hold (0: no configured limit).")
+    hits: int = Field(default=0, description="Lookups this tier answered.")
     hit_ratio: str = Field(default="0.000", description="This tier's share of all lookups.")
 
 
 class Usage(CRDModel):
     """Summed from the servers' metrics by the periodic scrape."""
 
-    scraped_instances: int = 0
-    unreachable_instances: int = 0
-    lookups: int = 0
-    misses: int = 0
+    scraped_instances: int = Field(default=0, description="Servers whose metrics were read in the last scrape.")
+    unreachable_instances: int = Field(default=0, description="Servers whose metrics could not be read.")
+    lookups: int = Field(default=0, description="Chunk lookups the servers have answered since they started.")
+    misses: int = Field(default=0, description="Lookups no tier could answer.")
     hit_ratio: str = Field(default="0.000", description="Lookups answered from any tier.")
-    tiers: list[TierUsage] = Field(default_factory=list)
+    tiers: list[TierUsage] = Field(default_factory=list, description="Use and hits per tier.")
 
 
 class KVCacheTierStatus(CRDModel):
-    observed_generation: int | None = None
-    desired_instances: int | None = None
-    ready_instances: int | None = None
-    updated_instances: int | None = None
+    """What the operator observed: the servers, how clients reach them, and how the cache is used."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status was computed from."
+    )
+    desired_instances: int | None = Field(default=None, description="Nodes that should run a server.")
+    ready_instances: int | None = Field(default=None, description="Servers that are Ready.")
+    updated_instances: int | None = Field(default=None, description="Servers running the current config.")
     l2: str | None = Field(default=None, description="The L2 kinds in use, e.g. `fs,s3` (for printing).")
-    config_hash: str | None = None
+    config_hash: str | None = Field(
+        default=None, description="Hash of the server config now wanted; a change rolls every server."
+    )
     connection_config_map: str | None = Field(default=None, description="ConfigMap vLLM pods take envFrom.")
-    service: str | None = None
-    endpoints: list[NodeEndpoint] = Field(default_factory=list)
-    usage: Usage | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    service: str | None = Field(default=None, description="The Service in front of the servers.")
+    endpoints: list[NodeEndpoint] = Field(default_factory=list, description="One entry per server.")
+    usage: Usage | None = Field(default=None, description="Use and hit ratios from the servers' metrics.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="ConfigValid, Available, AllInstancesReady, L2Reachable, Ready, Reconciling and Stalled.",
+    )
 
 
 CRD = CRDSpec(

@@ -100,10 +100,16 @@ class Credentials(CRDModel):
 
 
 class SecretRef(CRDModel):
-    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """A Secret in the ModelCache's namespace."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the Secret, e.g. hf-token."
+    )
 
 
 class S3Options(CRDModel):
+    """Settings for an s3:// source beyond the URI; only allowed with one."""
+
     model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules("source.s3", "the preloader")))
 
     endpoint: str | None = Field(
@@ -113,7 +119,11 @@ class S3Options(CRDModel):
         description="S3-compatible endpoint URL (MinIO, Ceph, R2). Link-local and cloud metadata addresses are "
         "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
     )
-    region: str | None = Field(default=None, max_length=64)
+    region: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Region of the bucket, e.g. us-east-1; the client's default (AWS_REGION) when omitted.",
+    )
     allow_link_local: bool = allow_link_local_field()
 
     @model_validator(mode="after")
@@ -124,6 +134,8 @@ class S3Options(CRDModel):
 
 
 class ModelSource(CRDModel):
+    """Where the model's files come from, and which of them."""
+
     uri: str = Field(
         pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|hf://[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+/?"
         r"|pvc://[a-z0-9][a-z0-9.\-]*(/.*)?|oci://.+)$",
@@ -151,11 +163,16 @@ class ModelSource(CRDModel):
         max_length=64,
         description="Globs on relative paths to skip. A glob must not start with '-'.",
     )
-    credentials: Credentials | None = None
-    s3: S3Options | None = None
+    credentials: Credentials | None = Field(
+        default=None,
+        description="How the preloader authenticates to the source; anonymous (or the node's identity) when omitted.",
+    )
+    s3: S3Options | None = Field(default=None, description="Endpoint, region and safety settings for an s3:// source.")
 
 
 class SharedPVCStorage(CRDModel):
+    """One ReadWriteMany claim filled once and mounted read-only by every serving pod."""
+
     claim_name: str | None = Field(
         default=None,
         pattern=DNS_SUBDOMAIN_PATTERN,
@@ -168,28 +185,52 @@ class SharedPVCStorage(CRDModel):
         description="Storage request of the claim the operator creates, in bytes: " + BYTE_SIZE_UNITS + " (e.g. "
         "200Gi). Not used with claimName.",
     )
-    storage_class_name: str | None = Field(default=None, max_length=253)
+    storage_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="StorageClass of the claim the operator creates; the cluster's default class when omitted.",
+    )
     access_mode: str = Field(
         default="ReadWriteMany",
+        description="Access mode of the claim the operator creates. Default ReadWriteMany, so pods on every node "
+        "can mount it; ReadWriteOnce only suits serving pods on one node.",
         json_schema_extra={"enum": ["ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce", "ReadWriteOncePod"]},
     )
 
 
 class NodeLocalStorage(CRDModel):
+    """A copy on each selected node's local disk, made by one preload Job per node."""
+
     path: HostDirectory = Field(
         default="/var/lib/strata/models",
         description="Directory on each node (NVMe) that must exist and be writable by UID 65532; the copy "
         "lands in <path>/<namespace>/<name>, which deletion removes." + HOST_PATH_RULES,
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Nodes that get a copy.")
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description='Labels selecting the nodes that get a copy, e.g. {nvidia.com/gpu.present: "true"}; every '
+        "node when empty.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="core/v1 Tolerations for the per-node preload Jobs, so they run on tainted (GPU) nodes.",
+    )
 
 
 class ImageVolumeStorage(CRDModel):
-    pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    """The model packaged as an OCI image (the oci:// source), mounted as an image volume."""
+
+    pull_policy: PullPolicy = Field(
+        default=PullPolicy.IF_NOT_PRESENT,
+        description="Pull policy of the image volume: Always, IfNotPresent (default) or Never.",
+    )
     pre_pull: bool = Field(default=False, description="Pull the image on every selected node ahead of use.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Nodes to pre-pull on.")
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Labels selecting the nodes to pre-pull on; every node when empty."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="core/v1 Tolerations for the pre-pull Jobs on tainted (GPU) nodes."
+    )
 
 
 def _only_with_mode(field: str, mode: str) -> dict[str, str]:
@@ -201,15 +242,19 @@ def _only_with_mode(field: str, mode: str) -> dict[str, str]:
 
 
 class Storage(CRDModel):
+    """Where the model's files are kept; exactly the settings of the chosen mode may be given."""
+
     mode: StorageMode = Field(
         description="SharedPVC, NodeLocal or ImageVolume. Immutable.",
         json_schema_extra=_validations(
             cel("self == oldSelf", "storage.mode is immutable; create a new ModelCache to change it")
         ),
     )
-    shared_pvc: SharedPVCStorage | None = Field(default=None, alias="sharedPVC")
-    node_local: NodeLocalStorage | None = None
-    image_volume: ImageVolumeStorage | None = None
+    shared_pvc: SharedPVCStorage | None = Field(
+        default=None, alias="sharedPVC", description="Settings of mode SharedPVC; size or claimName is required."
+    )
+    node_local: NodeLocalStorage | None = Field(default=None, description="Settings of mode NodeLocal.")
+    image_volume: ImageVolumeStorage | None = Field(default=None, description="Settings of mode ImageVolume.")
 
     model_config = ConfigDict(
         json_schema_extra=_validations(
@@ -228,7 +273,11 @@ class Storage(CRDModel):
 
 
 class ShardSpec(CRDModel):
-    tensor_parallel_size: int = Field(ge=1, le=1024)
+    """Pre-shard the model for tensor parallelism after the copy (model-rank-<r>-part-<p>.safetensors files)."""
+
+    tensor_parallel_size: int = Field(
+        ge=1, le=1024, description="Number of ranks to shard for (vLLM's --tensor-parallel-size), 1 to 1024."
+    )
     max_part_bytes: Annotated[int | str, WholeBytes("preload.shard.maxPartBytes")] = Field(
         default="5Gi",
         description="Size cap of one part file, in bytes: " + BYTE_SIZE_UNITS + ". Default 5Gi (what vLLM uses).",
@@ -236,16 +285,31 @@ class ShardSpec(CRDModel):
 
 
 class Resources(CRDModel):
-    requests: dict[str, int | str] = Field(default_factory=lambda: {"cpu": "1", "memory": "2Gi"})  # type: ignore[arg-type]
-    limits: dict[str, int | str] = Field(default_factory=lambda: {"memory": "4Gi"})  # type: ignore[arg-type]
+    """The preload container's core/v1 resources; values are Kubernetes quantities (cpu may be 500m)."""
+
+    requests: dict[str, int | str] = Field(
+        default_factory=lambda: {"cpu": "1", "memory": "2Gi"},  # type: ignore[arg-type]
+        description='Resource requests, e.g. {cpu: "1", memory: 2Gi} (the default).',
+    )
+    limits: dict[str, int | str] = Field(
+        default_factory=lambda: {"memory": "4Gi"},  # type: ignore[arg-type]
+        description="Resource limits, e.g. {memory: 4Gi} (the default); keep memory above preload.memoryLimit.",
+    )
 
 
 class Preload(CRDModel):
+    """How the preload Jobs copy the model: image, parallelism, memory, verification and retries."""
+
     image: str | None = Field(
         default=None, description="Runtime image with strata-loader; the operator's default when omitted."
     )
-    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    concurrency: int = Field(default=16, ge=1, le=1024, description="Reads in flight.")
+    image_pull_policy: PullPolicy = Field(
+        default=PullPolicy.IF_NOT_PRESENT,
+        description="Pull policy of the preload image: Always, IfNotPresent (default) or Never.",
+    )
+    concurrency: int = Field(
+        default=16, ge=1, le=1024, description="Reads in flight against the source, 1 to 1024. Default 16."
+    )
     block_size: Annotated[int | str, WholeBytes("preload.blockSize")] = Field(
         default="16Mi", description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
     )
@@ -255,19 +319,39 @@ class Preload(CRDModel):
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; keep it below the container's memory limit.",
     )
-    verify: VerifyMode = VerifyMode.SIZES
-    shard: ShardSpec | None = None
-    backoff_limit: int = Field(default=3, ge=0, le=100)
-    ttl_seconds_after_finished: int = Field(default=86400, ge=0, description="Values under 60 are raised to 60.")
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
-    resources: Resources = Field(default_factory=Resources)
+    verify: VerifyMode = Field(
+        default=VerifyMode.SIZES,
+        description="How the copy is checked: sizes (default: every file's size), checksums (hash every file and "
+        "compare with the source's checksums where it has them) or none.",
+    )
+    shard: ShardSpec | None = Field(
+        default=None, description="Pre-shard for tensor parallelism after the copy; no sharding when omitted."
+    )
+    backoff_limit: int = Field(
+        default=3, ge=0, le=100, description="Retries of a failed preload Job (its backoffLimit), 0 to 100. Default 3."
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=86400,
+        ge=0,
+        description="Seconds a finished preload Job is kept before Kubernetes deletes it. Default 86400 (a day); "
+        "values under 60 are raised to 60.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds a preload Job may run before it is stopped and failed; no limit when omitted.",
+    )
+    resources: Resources = Field(default_factory=Resources, description="core/v1 resources of the preload container.")
 
 
 class ModelCacheSpec(CRDModel):
-    source: ModelSource
-    storage: Storage
+    """Which model to cache, where to keep it, and how to copy it there."""
+
+    source: ModelSource = Field(description="Where the model comes from (URI, revision, file filters, credentials).")
+    storage: Storage = Field(description="Where the copy is kept: a shared claim, node-local disks or an image.")
     preload: Preload = Field(
         default_factory=Preload,
+        description="How the preload Jobs copy the model; every setting has a default.",
         json_schema_extra={"default": {}},  # so the API server fills the nested defaults in
     )
     mount_path: str = Field(
@@ -297,34 +381,46 @@ class ModelCacheSpec(CRDModel):
 class NodeState(CRDModel):
     """One node's copy (NodeLocal) or pre-pull (ImageVolume)."""
 
-    name: str
+    name: str = Field(description="The node's name.")
     phase: str = Field(description="Pending, Preloading, Ready or Failed.")
-    job: str | None = None
-    bytes: int | None = None
-    files: int | None = None
-    seconds: float | None = None
-    message: str | None = None
+    job: str | None = Field(default=None, description="The Job that copies (or pre-pulls) on this node.")
+    bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
+    files: int | None = Field(default=None, description="Files in the verified copy on this node.")
+    seconds: float | None = Field(default=None, description="How long this node's copy took, in seconds.")
+    message: str | None = Field(default=None, description="What happened on this node, for people.")
     recreations: int | None = Field(default=None, description="Times its Job vanished before its result was read.")
     retry_after: str | None = Field(default=None, description="When the vanished Job is created again.")
 
 
 class ModelCacheStatus(CRDModel):
+    """What the operator observed: the copy's progress and where serving pods find the model."""
+
     phase: str | None = Field(default=None, description="Pending, Preloading, Ready, Degraded or Failed.")
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status was computed from."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing and Degraded, with reasons and messages."
+    )
     preload_hash: str | None = Field(default=None, description="Hash of the fetch request now wanted.")
-    claim_name: str | None = None
+    claim_name: str | None = Field(default=None, description="SharedPVC: the claim holding the model.")
     claim_uid: str | None = Field(default=None, description="The claim the last successful preload filled.")
-    job: str | None = None
-    resolved_revision: str | None = None
-    total_bytes: int | None = None
-    total_files: int | None = None
+    job: str | None = Field(default=None, description="SharedPVC: the preload Job that fills the claim.")
+    resolved_revision: str | None = Field(
+        default=None, description="The revision the preloader copied (for Hugging Face, the commit a branch named)."
+    )
+    total_bytes: int | None = Field(default=None, description="Bytes of the model's copied files.")
+    total_files: int | None = Field(default=None, description="Number of the model's copied files.")
     size: str | None = Field(default=None, description="totalBytes for humans (printer column).")
-    seconds: float | None = None
-    manifest_sha256: str | None = None
-    ready_nodes: int | None = None
-    desired_nodes: int | None = None
-    nodes: list[NodeState] = Field(default_factory=list)
+    seconds: float | None = Field(default=None, description="How long the last successful preload took, in seconds.")
+    manifest_sha256: str | None = Field(
+        default=None, description="SHA-256 of the copy's manifest: equal values mean the same files, byte for byte."
+    )
+    ready_nodes: int | None = Field(default=None, description="NodeLocal/ImageVolume: nodes whose copy is Ready.")
+    desired_nodes: int | None = Field(default=None, description="NodeLocal/ImageVolume: nodes that should have one.")
+    nodes: list[NodeState] = Field(
+        default_factory=list, description="NodeLocal/ImageVolume: the state of each selected node's copy."
+    )
     node_label: str | None = Field(default=None, description="Label `<key>=Ready` on nodes holding a copy.")
     volume: dict[str, Any] | None = Field(
         default=None,
