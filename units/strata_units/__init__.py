@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ALIASES",
     "BYTE_SIZE_PATTERN",
     "BYTE_SIZE_SPELLING",
+    "KUBERNETES_UNITS",
     "MAX_BYTES",
     "ByteSizeError",
     "format_bytes",
@@ -37,11 +39,7 @@ KUBERNETES_UNITS: dict[str, int] = {
 }
 """The suffixes a Kubernetes quantity allows on a byte count (case matters: `K` and `g` are not among them)."""
 
-ALIASES: dict[str, int] = {
-    "B": 1,
-    **{f"{unit}B": factor for unit, factor in KUBERNETES_UNITS.items() if unit.endswith("i")},
-    **{f"{unit}B": factor for unit, factor in KUBERNETES_UNITS.items() if not unit.endswith("i")},
-}
+ALIASES: dict[str, int] = {"B": 1, **{f"{unit}B": factor for unit, factor in KUBERNETES_UNITS.items()}}
 """Also read in config files and on command lines: B, KiB ... EiB, kB, MB ... EB (never in a CRD)."""
 
 BYTE_SIZE_PATTERN = r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
