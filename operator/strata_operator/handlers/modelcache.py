@@ -12,7 +12,8 @@ import concurrent.futures
 import copy
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import kopf
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from strata_operator.api import GROUP, VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, finish_cleanup
-from strata_operator.handlers.modelcache_nodes import NODES
+from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.handlers.modelcache_reconcile import reconcile
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import Owner
@@ -32,8 +33,6 @@ DEBOUNCE_SECONDS = 0.5
 CLEANUP_ATTEMPTS = 150
 """About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
 
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="modelcache")
-
 
 class Waker:
     """Wakes one cache's daemon; `uses_nodes` says whether node changes concern it."""
@@ -43,13 +42,31 @@ class Waker:
         self.uses_nodes = True
 
 
-WAKERS: dict[tuple[str, str], Waker] = {}
+@dataclass
+class ModelCacheMemory:
+    """What the controller keeps between events: the node cache, one waker per running daemon, the threads the
+    (blocking) reconciles run on. It lives on kopf's operator memo, set at startup, so every operator run (and
+    every test) has its own and no module holds state."""
+
+    nodes: NodeCache = field(default_factory=NodeCache)
+    wakers: dict[tuple[str, str], Waker] = field(default_factory=dict)
+    executor: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="modelcache")
+    )
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        waker = self.wakers.get((namespace or "", name or ""))
+        if waker is not None:
+            waker.event.set()
 
 
-def wake(namespace: str | None, name: str | None) -> None:
-    waker = WAKERS.get((namespace or "", name or ""))
-    if waker is not None:
-        waker.event.set()
+@kopf.on.startup()
+def remember(memo: kopf.Memo, **_: Any) -> None:
+    memo.modelcaches = ModelCacheMemory()
+
+
+def memory(memo: kopf.Memo) -> ModelCacheMemory:
+    return cast(ModelCacheMemory, memo.modelcaches)
 
 
 def uses_nodes(spec: Mapping[str, Any]) -> bool:
@@ -62,11 +79,13 @@ def uses_nodes(spec: Mapping[str, Any]) -> bool:
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def modelcache_daemon(
-    body: kopf.Body, meta: kopf.Meta, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Reconcile now, then whenever a watch wakes us or the resync interval passes."""
+    """Reconcile now, then whenever a watch wakes us or the resync interval passes. A failed reconcile backs
+    off, but a change to the cache (a fixed spec) or its children ends the wait at once."""
+    mine = memory(memo)
     key = (meta["namespace"], meta["name"])
-    waker = WAKERS.setdefault(key, Waker())
+    waker = mine.wakers.setdefault(key, Waker())
     loop = asyncio.get_running_loop()
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     failures = 0
@@ -76,13 +95,13 @@ async def modelcache_daemon(
             snapshot = copy.deepcopy(dict(body))
             waker.uses_nodes = uses_nodes(snapshot.get("spec") or {})
             try:
-                previous, events = await loop.run_in_executor(_EXECUTOR, reconcile, snapshot, previous)
+                previous, events = await loop.run_in_executor(mine.executor, reconcile, snapshot, previous, mine.nodes)
             except Exception as error:  # an API hiccup must not end the daemon: back off and try again
                 failures += 1
                 logger.exception(f"reconcile failed (attempt {failures})")
                 if failures in (1, 5, 20):
                     kopf.warn(body, reason="ReconcileError", message=f"{type(error).__name__}: {error}")
-                await stopped.wait(min(60.0, 2.0**failures))
+                await _sleep(waker.event, stopped, min(60.0, 2.0**failures))
                 continue
             failures = 0
             for type_, reason, message in events:
@@ -90,8 +109,8 @@ async def modelcache_daemon(
             if await _sleep(waker.event, stopped, RESYNC_SECONDS):
                 await stopped.wait(DEBOUNCE_SECONDS)
     finally:
-        if WAKERS.get(key) is waker:
-            del WAKERS[key]
+        if mine.wakers.get(key) is waker:
+            del mine.wakers[key]
 
 
 async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:
@@ -106,31 +125,37 @@ async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: flo
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def modelcache_changed(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
+async def modelcache_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     """A spec change (new generation) wakes the daemon; our own status writes do not."""
     if meta.get("generation") != status.get("observedGeneration"):
-        wake(meta.get("namespace"), meta.get("name"))
+        memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
-async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], **_: Any) -> None:
-    wake(meta.get("namespace"), labels.get(CACHE_LABEL))
+async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
 @kopf.on.event("", "v1", "pods", labels={CACHE_LABEL: kopf.PRESENT})
 async def pod_changed(
-    event: Mapping[str, Any], meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], **_: Any
+    event: Mapping[str, Any],
+    meta: kopf.Meta,
+    status: kopf.Status,
+    labels: Mapping[str, str],
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Only an ended pod carries news (its termination message); a pending pod's scheduling retries do not."""
     if event.get("type") == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
-        wake(meta.get("namespace"), labels.get(CACHE_LABEL))
+        memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
-    change = NODES.observe(body, deleted=event.get("type") == "DELETED")
-    for (namespace, name), waker in list(WAKERS.items()):
+async def node_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    mine = memory(memo)
+    change = mine.nodes.observe(body, deleted=event.get("type") == "DELETED")
+    for (namespace, name), waker in list(mine.wakers.items()):
         concerned = change.placement and waker.uses_nodes
         if concerned or (change.model_labels and node_label_key(namespace, name) in change.model_labels):
             waker.event.set()
@@ -138,7 +163,13 @@ async def node_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> N
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def modelcache_deleted(
-    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, retry: int, logger: kopf.Logger, **_: Any
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    retry: int,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     """NodeLocal copies live outside Kubernetes' garbage collection: remove them before the finalizer goes.
 
@@ -154,7 +185,7 @@ def modelcache_deleted(
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
     owner = Owner.from_body(body)
-    state = cleanup_node_copies(owner, parsed, dict(status))
+    state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes)
     if state.running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)
     if state.namespace_terminating:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from strata_loader.contract import FetchResult
 
 from strata_operator.conditions import get_condition, set_condition
@@ -31,6 +32,15 @@ class Problem:
 
     reason: str
     message: str
+
+
+def invalid_spec(error: ValidationError) -> Problem:
+    """The model's refusal, one `spec.<field>: <what is wrong>` per error (pydantic's text names no fields)."""
+    details = "; ".join(
+        f"spec.{'.'.join(str(part) for part in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    return Problem("InvalidSpec", f"{details}; fix the spec, the operator retries when it changes")
 
 
 class SpecError(ValueError):
