@@ -268,7 +268,7 @@ def test_pre_pulls_run_per_node_while_the_cache_is_already_ready() -> None:
     )
     result = plan(observe(spec, nodes=NODES, inputs_checked=True))
     assert [kind for kind, _ in applied(result)] == ["Job", "Job"]
-    assert result.status["phase"] == "Ready" and condition(result, "Progressing")["status"] == "True"
+    assert result.status["phase"] == "Ready" and condition(result, "Reconciling")["status"] == "True"
     assert "PrePullStarted" in reasons(result)
 
 

@@ -482,10 +482,10 @@ def _image_volume(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         return Outcome(
             phase=st.PHASE_READY,
             ready=(True, "VolumeAvailable", message),
-            progressing=(False, "VolumeAvailable", "nothing to download"),
+            reconciling=(False, "VolumeAvailable", "nothing to download"),
             fields=fields,
         )
-    # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Progressing.
+    # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Reconciling.
     wanted = selected_nodes(planner.observed.nodes, pull.node_selector)
     states = node_states(
         planner, storage.ROLE_PREPULL, wanted, lambda n, uid: storage.node_prepull(owner, spec, n, uid)
