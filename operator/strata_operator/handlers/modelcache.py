@@ -24,7 +24,7 @@ from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, fin
 from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.handlers.modelcache_reconcile import reconcile
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
 PLURAL = "modelcaches"
 RESYNC_SECONDS = float(os.environ.get("STRATA_MODELCACHE_RESYNC_SECONDS", "60"))
@@ -184,7 +184,7 @@ def modelcache_deleted(
         return
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
-    owner = Owner.from_body(body)
+    owner = CacheRef.from_body(body)
     state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes)
     if state.running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)

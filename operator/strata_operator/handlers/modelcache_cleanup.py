@@ -23,7 +23,7 @@ from strata_operator.handlers.modelcache_io import delete_job, get_dict, list_ch
 from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_annotation, patch_node_label
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
 LEFT_BEHIND = "ModelCopyLeftBehind"
 logger = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ def namespace_terminating(error: ApiException) -> bool:
     )
 
 
-def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, Any], node_cache: NodeCache) -> Cleanup:
+def cleanup_node_copies(
+    owner: CacheRef, spec: ModelCacheSpec, status: dict[str, Any], node_cache: NodeCache
+) -> Cleanup:
     """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy."""
     state = Cleanup(path=storage.node_copy_path(owner, spec))
     for job in list_children(owner, "batch/v1", "Job", storage.ROLE_PRELOAD):
@@ -103,7 +105,7 @@ def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, An
     return state
 
 
-def finish_cleanup(owner: Owner, state: Cleanup) -> list[tuple[str, str]]:
+def finish_cleanup(owner: CacheRef, state: Cleanup) -> list[tuple[str, str]]:
     """Before the finalizer goes: delete our clean-up Jobs (a failed one stays for its TTL, to be read), clear
     the leftover record where the copy is gone, set it (annotation and Warning Event) where it stays.
     Returns (node, message) for each copy left behind."""

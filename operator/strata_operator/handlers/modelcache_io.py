@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.dynamic.exceptions import ApiException, NotFoundError
+from kubernetes.dynamic.exceptions import NotFoundError
 from pydantic import ValidationError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache_nodes import NodeCache
+from strata_operator.resources.core import Problem, label_selector
 from strata_operator.resources.modelcache import plan, storage
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL, selector
-from strata_operator.resources.modelcache.owner import Owner
-from strata_operator.resources.modelcache.status import Problem, SpecError
+from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.status import SpecError
 
 
 def gather(
@@ -35,7 +35,7 @@ def gather(
     now: datetime.datetime | None = None,
 ) -> plan.Observed:
     """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use."""
-    owner = Owner.from_body(body)
+    owner = CacheRef.from_body(body)
     observed = plan.Observed(owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC))
     try:
         spec = ModelCacheSpec.model_validate(body.get("spec") or {})
@@ -71,7 +71,7 @@ def gather(
     return observed
 
 
-def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
+def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
     """References a preloader pod would fail on silently (it would sit in CreateContainerConfigError)."""
     credentials = spec.source.credentials
     ns = owner.namespace
@@ -98,17 +98,11 @@ def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
     return None
 
 
-def api_error_message(error: ApiException) -> str:
-    """The API server's own message (what a person would see from kubectl), not the client's repr."""
-    try:
-        return str(json.loads(error.body).get("message") or error.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(getattr(error, "reason", error))
-
-
-def list_children(owner: Owner, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
+def list_children(owner: CacheRef, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
     api = kube.dynamic_client().resources.get(api_version=api_version, kind=kind)
-    found = api.get(namespace=owner.namespace, label_selector=selector({CACHE_LABEL: owner.name, ROLE_LABEL: role}))
+    found = api.get(
+        namespace=owner.namespace, label_selector=label_selector({CACHE_LABEL: owner.name, ROLE_LABEL: role})
+    )
     return list(found.to_dict().get("items") or [])
 
 
@@ -128,7 +122,7 @@ def delete_job(namespace: str, name: str) -> bool:
     return kube.delete("batch/v1", "Job", name, namespace)
 
 
-def patch_status(owner: Owner, patch: Mapping[str, Any]) -> None:
+def patch_status(owner: CacheRef, patch: Mapping[str, Any]) -> None:
     api = kube.dynamic_client().resources.get(api_version=API_VERSION, kind="ModelCache")
     with contextlib.suppress(NotFoundError):  # deleted meanwhile: nothing left to report on
         api.status.patch(

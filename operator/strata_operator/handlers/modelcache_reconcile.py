@@ -14,11 +14,11 @@ from typing import Any
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
-from strata_operator.handlers.modelcache_io import api_error_message, delete_job, gather, patch_status
+from strata_operator.handlers.modelcache_io import delete_job, gather, patch_status
 from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_label
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
 ROUNDS = 3
 """A plan asks again at most twice per reconcile: once for the Job references, once for a created claim."""
@@ -40,7 +40,7 @@ def reconcile(
         if plan.needs_inputs and not inputs:
             inputs = True  # discarded unexecuted: planned again with the references checked
             continue
-        rejected = execute(plan, Owner.from_body(body), nodes, events)
+        rejected = execute(plan, CacheRef.from_body(body), nodes, events)
         if rejected:  # say why in status; the refused writes are not planned again in this reconcile
             plan = planning.plan(planning.with_rejections(observed, rejected))
             break
@@ -49,12 +49,12 @@ def reconcile(
     events += plan.events
     patch = st.status_patch(previous, plan.status)
     if patch is not None:
-        patch_status(Owner.from_body(body), patch)
+        patch_status(CacheRef.from_body(body), patch)
     return plan.status, events
 
 
 def execute(
-    plan: planning.Plan, owner: Owner, nodes: NodeCache, events: list[planning.Event]
+    plan: planning.Plan, owner: CacheRef, nodes: NodeCache, events: list[planning.Event]
 ) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
@@ -66,7 +66,7 @@ def execute(
         try:
             kube.apply(action.body)
         except ApiException as error:
-            rejected[action.key] = api_error_message(error)
+            rejected[action.key] = kube.api_error_message(error)
             continue
         if action.event:
             events.append(action.event)

@@ -14,10 +14,10 @@ from strata_operator.handlers import kvcachetier_io
 from strata_operator.handlers import kvcachetier_reconcile as tier_reconcile
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import Observed, Plan, plan
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 TIER = TierRef(name="kv", namespace="serving", uid="tier-uid", generation=1)
 
 

@@ -11,10 +11,10 @@ import pytest
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import storage
 from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import RECREATE_MAX_SECONDS, TIME_FORMAT, Observed, plan
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 NODES = {n: NodeInfo(n, f"uid-{n}", True) for n in ("gpu-a", "gpu-b", "gpu-c")}
 SPEC = ModelCacheSpec.model_validate(
     {

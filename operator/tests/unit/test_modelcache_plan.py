@@ -11,14 +11,14 @@ from typing import Any
 
 from strata_loader.contract import FetchResult
 from strata_operator.api.modelcache import ModelCacheSpec
+from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache.jobs import CONTAINER
 from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import LabelChange, Observed, Plan, plan
-from strata_operator.resources.modelcache.status import Problem
 
-OWNER = Owner(name="llama", namespace="serving", uid="cache-uid", generation=3)
+OWNER = CacheRef(name="llama", namespace="serving", uid="cache-uid", generation=3)
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 SOURCE = "s3://models/llama"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strata_loader.contract import FetchResult
+from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import status as st
 
 RESULT = FetchResult(source="s3://models/llama", revision="main", bytes=3 * 2**30, files=4, seconds=12.5)
@@ -82,7 +83,7 @@ def test_one_vocabulary_with_kvcachetier_stalled_waits_for_a_person() -> None:
     """Ready, Reconciling and Stalled as kstatus reads them; Degraded is ModelCache's own. A condition type an
     older operator wrote is dropped."""
     previous = {"conditions": [{"type": "Progressing", "status": "True", "reason": "Preloading", "message": ""}]}
-    blocked = st.render_status(previous, st.blocked_outcome(st.Problem("SecretNotFound", "no secret"), {}), 1)
+    blocked = st.render_status(previous, st.blocked_outcome(Problem("SecretNotFound", "no secret"), {}), 1)
     kinds = {c["type"]: (c["status"], c["reason"]) for c in blocked["conditions"]}
     assert kinds == {
         "Ready": ("False", "SecretNotFound"),

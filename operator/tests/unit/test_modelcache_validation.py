@@ -16,7 +16,7 @@ from strata_operator.api.crdgen import build_crd
 from strata_operator.api.modelcache import BYTE_COUNT_PATTERN, ModelCacheSpec
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request
 from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import Observed, Plan, plan
 from strata_operator.resources.modelcache.status import SpecError, invalid_spec, status_patch
 
@@ -109,7 +109,9 @@ def body_of(spec: dict[str, Any]) -> dict[str, Any]:
 
 def planned(body: dict[str, Any], previous: dict[str, Any], nodes: dict[str, NodeInfo] | None = None) -> Plan:
     """The plan for `body`, observed as gather would observe it (the spec parsed the same way)."""
-    observed = Observed(owner=Owner.from_body(body), previous=previous, now=NOW, nodes=nodes or {}, inputs_checked=True)
+    observed = Observed(
+        owner=CacheRef.from_body(body), previous=previous, now=NOW, nodes=nodes or {}, inputs_checked=True
+    )
     try:
         observed.spec = ModelCacheSpec.model_validate(body["spec"])
     except ValidationError as error:

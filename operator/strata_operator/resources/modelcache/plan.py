@@ -24,12 +24,13 @@ from typing import Any, Literal
 from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.owner import Owner
-from strata_operator.resources.modelcache.status import Outcome, Problem, SpecError
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.status import Outcome, SpecError
 from strata_operator.resources.modelcache.volume import build_volume_snippet
 
 RECREATE_BASE_SECONDS = 30
@@ -69,7 +70,7 @@ class LabelChange:
 class Observed:
     """Everything a plan may look at, as read by one gather (plain data: tests build it by hand)."""
 
-    owner: Owner
+    owner: CacheRef
     previous: Mapping[str, Any]
     now: datetime.datetime
     spec: ModelCacheSpec | None = None

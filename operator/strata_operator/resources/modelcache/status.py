@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from strata_loader.contract import FetchResult
 
 from strata_operator.conditions import READY, RECONCILING, STALLED, get_condition, set_condition
+from strata_operator.resources.core import Problem
 
 DEGRADED = "Degraded"
 """ModelCache's domain condition: something failed (a node's copy, the preload), whether or not it is usable."""
@@ -26,14 +27,6 @@ PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
     "Failed",
 )
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Bad input that blocks progress until a person fixes it: a condition reason and what to do."""
-
-    reason: str
-    message: str
 
 
 def invalid_spec(error: ValidationError) -> Problem:
