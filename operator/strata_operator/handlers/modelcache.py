@@ -1,14 +1,11 @@
 """kopf handlers for the modelcache resource (thin: parse spec, build children, apply, set status).
 
-One daemon per ModelCache runs the level-based reconcile, serialised per object. Watches on its children
-(Jobs, their pods, claims) and on nodes only wake the daemon, so bursts of events collapse into one reconcile;
-a periodic resync repairs anything no watch reported.
+One daemon per ModelCache runs the level-based reconcile (`controller`, the same for both kinds). Watches on
+the cache, its children (Jobs, their pods, claims) and on nodes only wake it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import copy
 import os
 from collections.abc import Mapping
@@ -20,6 +17,7 @@ from pydantic import ValidationError
 
 from strata_operator.api import GROUP, VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.handlers import controller
 from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, finish_cleanup
 from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.handlers.modelcache_reconcile import reconcile
@@ -28,36 +26,16 @@ from strata_operator.resources.modelcache.owner import CacheRef
 
 PLURAL = "modelcaches"
 RESYNC_SECONDS = float(os.environ.get("STRATA_MODELCACHE_RESYNC_SECONDS", "60"))
-DEBOUNCE_SECONDS = 0.5
-"""A finishing pod brings a burst of events (pod, Job, Job again): gather them into one reconcile."""
 CLEANUP_ATTEMPTS = 150
 """About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
 
 
-class Waker:
-    """Wakes one cache's daemon; `uses_nodes` says whether node changes concern it."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-        self.uses_nodes = True
-
-
 @dataclass
-class ModelCacheMemory:
-    """What the controller keeps between events: the node cache, one waker per running daemon, the threads the
-    (blocking) reconciles run on. It lives on kopf's operator memo, set at startup, so every operator run (and
-    every test) has its own and no module holds state."""
+class ModelCacheMemory(controller.Memory):
+    """The ModelCache controller's memory (see `controller`), plus the node cache its plans read."""
 
+    name: str = "modelcache"
     nodes: NodeCache = field(default_factory=NodeCache)
-    wakers: dict[tuple[str, str], Waker] = field(default_factory=dict)
-    executor: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="modelcache")
-    )
-
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        waker = self.wakers.get((namespace or "", name or ""))
-        if waker is not None:
-            waker.event.set()
 
 
 @kopf.on.startup()
@@ -79,49 +57,19 @@ def uses_nodes(spec: Mapping[str, Any]) -> bool:
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def modelcache_daemon(
-    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Reconcile now, then whenever a watch wakes us or the resync interval passes. A failed reconcile backs
-    off, but a change to the cache (a fixed spec) or its children ends the wait at once."""
+    """The cache's reconcile loop (`controller.run_daemon`); the status it last wrote is carried between runs."""
     mine = memory(memo)
-    key = (meta["namespace"], meta["name"])
-    waker = mine.wakers.setdefault(key, Waker())
-    loop = asyncio.get_running_loop()
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
-    failures = 0
-    try:
-        while not stopped:
-            waker.event.clear()
-            snapshot = copy.deepcopy(dict(body))
-            waker.uses_nodes = uses_nodes(snapshot.get("spec") or {})
-            try:
-                previous, events = await loop.run_in_executor(mine.executor, reconcile, snapshot, previous, mine.nodes)
-            except Exception as error:  # an API hiccup must not end the daemon: back off and try again
-                failures += 1
-                logger.exception(f"reconcile failed (attempt {failures})")
-                if failures in (1, 5, 20):
-                    kopf.warn(body, reason="ReconcileError", message=f"{type(error).__name__}: {error}")
-                await _sleep(waker.event, stopped, min(60.0, 2.0**failures))
-                continue
-            failures = 0
-            for type_, reason, message in events:
-                kopf.event(body, type=type_, reason=reason, message=message)
-            if await _sleep(waker.event, stopped, RESYNC_SECONDS):
-                await stopped.wait(DEBOUNCE_SECONDS)
-    finally:
-        if mine.wakers.get(key) is waker:
-            del mine.wakers[key]
 
+    def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
+        nonlocal previous
+        waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
+        previous, events = reconcile(snapshot, previous, mine.nodes)
+        return events
 
-async def _sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:
-    """Wait for a wake-up, the stop flag or the resync interval; True when it was a wake-up."""
-    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())]
-    try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waits:
-            task.cancel()
-    return event.is_set()
+    await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -156,9 +104,9 @@ async def node_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Mem
     mine = memory(memo)
     change = mine.nodes.observe(body, deleted=event.get("type") == "DELETED")
     for (namespace, name), waker in list(mine.wakers.items()):
-        concerned = change.placement and waker.uses_nodes
+        concerned = change.placement and waker.tags.get("uses_nodes", True)
         if concerned or (change.model_labels and node_label_key(namespace, name) in change.model_labels):
-            waker.event.set()
+            waker.wake()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
