@@ -6,7 +6,6 @@ and converges on the same state. Reconciles of one resource are serialized by a 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -21,8 +20,9 @@ from strata_operator import kube
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.resources.core import label_selector
 from strata_operator.resources.kvcachetier.children import Children, build_children
-from strata_operator.resources.kvcachetier.names import COMPONENT, TierRef
+from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
     CONFIG_VALID,
     Observed,
@@ -71,7 +71,7 @@ def _lock(tier: TierRef) -> threading.Lock:
 
 def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     """Selected nodes, referenced Secrets' keys and the existing L2 claim, as validation needs them."""
-    nodes = io.list_objects("v1", "Node", label_selector=io.label_selector(spec.node_selector))
+    nodes = io.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
     if spec.auth is not None:
@@ -113,7 +113,7 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
             stored = io.apply(child)
         except UnprocessibleEntityError as error:
             kind, name = child["kind"], child["metadata"]["name"]
-            return Problem("ChildRejected", f"the API server refused {kind} {name}: {_api_message(error)}")
+            return Problem("ChildRejected", f"the API server refused {kind} {name}: {kube.api_error_message(error)}")
         meta = stored["metadata"]
         applied_children[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
             str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
@@ -124,7 +124,7 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     kind, name = child["kind"], child["metadata"]["name"]
     live = io.read(child["apiVersion"], kind, name, tier.namespace)
-    if live is None or kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
+    if live is None or tier.created(live):
         return None
     hint = " (or set l2.fs.pvc.claimName to use that claim)" if kind == "PersistentVolumeClaim" else ""
     return Problem(
@@ -134,19 +134,10 @@ def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     )
 
 
-def _api_message(error: UnprocessibleEntityError) -> str:
-    try:
-        return str(json.loads(error.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(error.summary())
-
-
 def observe(tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The DaemonSet and its pods, as they are now."""
     daemonset = io.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
-    pods = io.list_objects(
-        "v1", "Pod", namespace=tier.namespace, label_selector=io.label_selector(tier.selector_labels())
-    )
+    pods = io.list_objects("v1", "Pod", namespace=tier.namespace, label_selector=label_selector(tier.selector_labels()))
     return daemonset, pods
 
 

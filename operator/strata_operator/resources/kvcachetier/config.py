@@ -21,13 +21,13 @@ from strata_kv.config import (
 )
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, L2Spec
+from strata_operator.resources.core import stable_hash
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
     AUTH_FILE,
     L2_FS_ROOT,
     TierRef,
     byte_size,
-    content_hash,
 )
 
 
@@ -98,4 +98,4 @@ def build_config_map(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
 
 
 def config_hash(config_map: dict[str, Any]) -> str:
-    return content_hash(config_map["data"])
+    return stable_hash(config_map["data"], length=16)
