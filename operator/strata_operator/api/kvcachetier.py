@@ -235,7 +235,11 @@ class KVCacheTierSpec(CRDModel):
         min_length=1,
         description="The runtime image; defaults to the operator's configured runtime image (STRATA_RUNTIME_IMAGE).",
     )
-    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
+    image_pull_policy: PullPolicy | None = Field(
+        default=None,
+        description="Pull policy of the servers' image; with no image set, the operator's configured policy "
+        "(STRATA_RUNTIME_IMAGE_PULL_POLICY), else Kubernetes' default.",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="core/v1 Tolerations.")
     affinity: dict[str, Any] | None = Field(default=None, description="A core/v1 Affinity.")

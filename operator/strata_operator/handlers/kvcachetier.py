@@ -19,6 +19,7 @@ from strata_operator.handlers import kvcachetier_reconcile as reconciler
 from strata_operator.handlers import kvcachetier_usage as usage
 from strata_operator.kube import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
+from strata_operator.settings import Settings
 
 PLURAL = "kvcachetiers"
 DRIFT_INTERVAL_SECONDS = 60.0
@@ -31,9 +32,15 @@ _CHILD_KINDS = (
 )
 
 
-def _reconcile(body: Mapping[str, Any], *, full: bool = True) -> None:
+def _settings(memo: kopf.Memo) -> Settings | None:
+    """What the startup hook read (absent only when a test registry skipped it)."""
+    found = memo.get("strata")
+    return found if isinstance(found, Settings) else None
+
+
+def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, *, full: bool = True) -> None:
     try:
-        reconciler.reconcile(body, full=full)
+        reconciler.reconcile(body, full=full, settings=_settings(memo))
     except kopf.PermanentError:
         raise
     except Exception as error:  # kopf retries with backoff; the message says what failed.
@@ -43,13 +50,13 @@ def _reconcile(body: Mapping[str, Any], *, full: bool = True) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def tier_changed(body: kopf.Body, **_: Any) -> None:
-    _reconcile(body)
+def tier_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _reconcile(body, memo)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
-def tier_drift(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    _reconcile(body)
+def tier_drift(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _reconcile(body, memo)
     current = io.read_tier(body["metadata"]["name"], body["metadata"]["namespace"])
     if current is not None:
         try:
@@ -88,14 +95,14 @@ def child_event_action(event_type: str | None, body: Mapping[str, Any]) -> Liter
     return "full"
 
 
-def _child_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+def _child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     owner = owning_tier(body)
     action = child_event_action(event.get("type"), body)
     if owner is None or action == "skip":
         return
     try:
         target = {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}
-        reconciler.reconcile(target, full=action == "full")
+        reconciler.reconcile(target, full=action == "full", settings=_settings(memo))
     except Exception:  # events are not retried: the timer converges later
         logger.exception("reconcile of KVCacheTier %s after a %s event failed", owner, body.get("kind"))
 

@@ -18,6 +18,7 @@ from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 from pydantic import ValidationError
 
 from strata_operator import kube
+from strata_operator import settings as strata_settings
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
@@ -162,20 +163,35 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
 
 
 def reconcile(
-    body: Mapping[str, Any], *, full: bool = True, events: EventSink = post_event, now: str | None = None
+    body: Mapping[str, Any],
+    *,
+    full: bool = True,
+    events: EventSink = post_event,
+    now: str | None = None,
+    settings: strata_settings.Settings | None = None,
 ) -> Outcome | None:
-    """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status)."""
+    """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status).
+
+    `settings`: the operator's (kopf's memo holds them); the process's own when called outside kopf.
+    """
     meta = body["metadata"]
     current = io.read_tier(meta["name"], meta["namespace"])
     if current is None or current["metadata"].get("deletionTimestamp"):
         return None
     tier = TierRef.from_body(current)
     with _lock(tier):
-        return _reconcile_locked(current, tier, full=full, events=events, now=now)
+        process = settings or strata_settings.current()
+        return _reconcile_locked(current, tier, full=full, events=events, now=now, settings=process)
 
 
 def _reconcile_locked(
-    current: dict[str, Any], tier: TierRef, *, full: bool, events: EventSink, now: str | None
+    current: dict[str, Any],
+    tier: TierRef,
+    *,
+    full: bool,
+    events: EventSink,
+    now: str | None,
+    settings: strata_settings.Settings,
 ) -> Outcome:
     previous = current.get("status") or {}
     try:
@@ -183,7 +199,7 @@ def _reconcile_locked(
     except ValidationError as error:
         return _reject_spec(current, tier, previous, error, now)
     problems, warnings = check(spec, tier) if full else (None, [])
-    children = build_children(spec, tier)
+    children = build_children(spec, tier, settings.runtime)
     applied = full and not problems
     if applied:
         rejection = apply_children(children, tier)

@@ -12,6 +12,7 @@ from strata_operator.resources.kvcachetier.daemonset import build_daemonset
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.service import build_service
 from strata_operator.resources.kvcachetier.storage import build_pvc
+from strata_operator.resources.runtime_image import RuntimeImage
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,14 @@ class Children:
         return [*ordered, self.config_map, self.connection, self.service, self.daemonset]
 
 
-def build_children(spec: KVCacheTierSpec, tier: TierRef) -> Children:
+def build_children(spec: KVCacheTierSpec, tier: TierRef, runtime: RuntimeImage) -> Children:
     config_map = build_config_map(spec, tier)
     digest = config_hash(config_map)
     return Children(
         config_map=config_map,
         connection=build_connection_config_map(spec, tier),
         service=build_service(spec, tier),
-        daemonset=build_daemonset(spec, tier, digest),
+        daemonset=build_daemonset(spec, tier, digest, runtime),
         pvc=build_pvc(spec, tier),
         config_hash=digest,
     )
