@@ -85,6 +85,16 @@ def wait_condition(k8s: DynamicClient, namespace: str, name: str, type_: str, ex
         raise AssertionError(f"{name}: {type_} never became {expected}\n{diagnose(k8s, namespace, name)}") from None
 
 
+def tier_warnings(k8s: DynamicClient, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the Warning Events posted about the tier."""
+    events = resource(k8s, "v1", "Event").get(namespace=namespace).items
+    return [
+        (e.reason, e.message)
+        for e in events
+        if e.type == "Warning" and e.involvedObject.kind == KIND and e.involvedObject.name == name
+    ]
+
+
 def daemonset(k8s: DynamicClient, namespace: str, name: str) -> Any:
     return get_or_none(k8s, "apps/v1", "DaemonSet", name, namespace)
 
@@ -184,6 +194,8 @@ def test_one_ready_server_per_gpu_node(
     assert all(e["ready"] and e["address"].endswith(":6379") for e in status["endpoints"])
     assert condition(tier(k8s, namespace, "kv"), "Available") == ("True", "InstancesServing")
     assert condition(tier(k8s, namespace, "kv"), "Ready") == ("True", "AllReady")
+    # A healthy creation is no cause for alarm (it used to post Warning NoMatchingNodes and NoReadyInstances).
+    assert tier_warnings(k8s, namespace, "kv") == []
 
 
 def test_config_change_rolls_out(
