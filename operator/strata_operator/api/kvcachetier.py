@@ -315,5 +315,17 @@ CRD = CRDSpec(
         PrinterColumn("L2", ".status.l2"),
         PrinterColumn("Available", '.status.conditions[?(@.type=="Available")].status', description="Serving"),
     ),
+    root_validations=(
+        cel(
+            "self.metadata.name.size() <= 63",
+            "metadata.name must be at most 63 characters: the DaemonSet, the Service and label values carry it",
+            reason="FieldValueInvalid",
+        ),
+        cel(
+            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "metadata.name must be a DNS label starting with a letter (no dots): the Service is named after it",
+            reason="FieldValueInvalid",
+        ),
+    ),
     description="A per-node KV cache tier server (DRAM L1, filesystem/S3 L2) for vLLM.",
 )

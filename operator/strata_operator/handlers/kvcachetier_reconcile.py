@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from kubernetes.dynamic.exceptions import UnprocessibleEntityError
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import BadRequestError, InternalServerError, UnprocessibleEntityError
 from pydantic import ValidationError
 
 from strata_operator import kube
@@ -112,7 +113,9 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
     for child in children.in_apply_order():
         try:
             stored = io.apply(child)
-        except UnprocessibleEntityError as error:
+        except (BadRequestError, UnprocessibleEntityError, InternalServerError) as error:
+            # 400/422: the child is invalid as rendered; 500: the API server could not even type it (a
+            # mistyped free-form field such as affinity). Reported, not raised: retried by the timer, not in a loop.
             kind, name = child["kind"], child["metadata"]["name"]
             return Problem("ChildRejected", f"the API server refused {kind} {name}: {_api_message(error)}")
         meta = stored["metadata"]
@@ -135,7 +138,7 @@ def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     )
 
 
-def _api_message(error: UnprocessibleEntityError) -> str:
+def _api_message(error: ApiException) -> str:
     try:
         return str(json.loads(error.body)["message"])
     except (TypeError, ValueError, KeyError):
@@ -199,12 +202,14 @@ def _reconcile_locked(
     except ValidationError as error:
         return _reject_spec(current, tier, previous, error, now)
     problems, warnings = check(spec, tier) if full else (None, [])
-    children = build_children(spec, tier, settings.runtime)
-    applied = full and not problems
-    if applied:
+    applied, config_digest = False, None
+    if full and not problems:
+        # Built only from a spec that passed validation: the builders read its quantities.
+        children = build_children(spec, tier, settings.runtime)
         rejection = apply_children(children, tier)
+        applied, config_digest = rejection is None, children.config_hash
         if rejection is not None:
-            applied, problems = False, [rejection]
+            problems = [rejection]
     daemonset, pods = observe(tier)
     claim_name = l2_claim_name(spec, tier)
     claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
@@ -213,7 +218,7 @@ def _reconcile_locked(
         pods=pods,
         problems=problems,
         claim=claim,
-        config_hash=None if problems else children.config_hash,
+        config_hash=None if problems else config_digest,
         warnings=warnings,
     )
     status = compute_status(spec, tier, observed, previous, now=now)

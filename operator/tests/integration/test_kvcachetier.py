@@ -407,3 +407,59 @@ def test_a_change_the_api_server_refuses_for_a_child_is_reported(
     wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "ChildRejected"))
     claim = resource(k8s, "v1", "PersistentVolumeClaim").get(name="kv-l2", namespace=namespace)
     assert claim.spec.resources.requests["storage"] == "2Gi"
+
+
+def config_valid_message(k8s: DynamicClient, namespace: str, name: str) -> str:
+    conditions = tier(k8s, namespace, name)["status"]["conditions"]
+    return str(next(c["message"] for c in conditions if c["type"] == "ConfigValid"))
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "reason", "words"),
+    [
+        ("bad-resources", {"resources": {"limits": {"memory": "lots"}}}, "ResourcesInvalid", "'lots'"),
+        ("bad-resources-key", {"resources": {"limit": {"cpu": "1"}}}, "ResourcesInvalid", "spec.resources.limit"),
+        ("bad-affinity", {"affinity": {"nodeAffinity": "gpu"}}, "AffinityInvalid", "spec.affinity.nodeAffinity"),
+        (
+            "deep-affinity",
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "gpu"}}},
+            "ChildRejected",
+            "DaemonSet deep-affinity",
+        ),
+        (
+            "small-limit",
+            {"l1": {"size": "2Gi"}, "resources": {"limits": {"memory": "1Gi"}}},
+            "MemoryLimitBelowL1",
+            "1Gi (1073741824 bytes) is below l1.size 2Gi (2147483648 bytes)",
+        ),
+    ],
+)
+def test_a_spec_the_servers_cannot_run_ends_in_a_condition_and_a_warning(
+    k8s: DynamicClient,
+    operator: Any,
+    namespace: str,
+    gpu_pool: dict[str, str],
+    name: str,
+    spec: dict[str, Any],
+    reason: str,
+    words: str,
+) -> None:
+    """These used to loop every 5 s with a traceback and no status (or were accepted with ConfigValid=True)."""
+    create_tier(k8s, namespace, tier_body(name, gpu_pool, **spec))
+    wait_condition(k8s, namespace, name, "ConfigValid", ("False", reason))
+    assert words in config_valid_message(k8s, namespace, name)
+    wait_for(lambda: (reason, config_valid_message(k8s, namespace, name)) in tier_warnings(k8s, namespace, name))
+    # A reconcile of it returns (a condition), it does not raise into kopf's retry loop.
+    outcome = reconciler.reconcile(tier(k8s, namespace, name))
+    assert outcome is not None and not outcome.applied
+    if reason != "ChildRejected":
+        assert daemonset(k8s, namespace, name) is None
+
+
+@pytest.mark.parametrize("name", ["k" * 64, "1kv", "kv.cache"])
+def test_api_server_refuses_names_children_cannot_carry(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, name: str
+) -> None:
+    with pytest.raises(ApiException) as refused:
+        create_tier(k8s, namespace, tier_body(name, {}))
+    assert refused.value.status == 422 and "metadata.name must be" in refused.value.body
