@@ -213,7 +213,25 @@ class TenancySpec(CRDModel):
 
 
 class AuthSpec(CRDModel):
-    secret_ref: SecretKeyRef = Field(description="Secret key holding the RESP AUTH token (key `token` if unset).")
+    """RESP AUTH for the servers: on by default, since every pod on a node can reach the node-local Service."""
+
+    model_config = _rules(
+        cel(
+            "!(has(self.disabled) && self.disabled && has(self.secretRef))",
+            "auth.disabled and auth.secretRef exclude each other: remove one",
+        )
+    )
+
+    secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the RESP AUTH token (key `token` if unset). When omitted the operator "
+        "creates `<name>-kv-token` with a random token, owned by the tier and never rewritten.",
+    )
+    disabled: bool = Field(
+        default=False,
+        description="Run the servers without AUTH: any pod that reaches a node's Service can read and write "
+        "every cached chunk.",
+    )
 
 
 class UpdateStrategy(CRDModel):
@@ -256,7 +274,7 @@ class KVCacheTierSpec(CRDModel):
     chunk_tokens: int = Field(default=256, ge=1, le=65536, description="Tokens per chunk; engines must agree.")
     hash: HashSpec = Field(default_factory=HashSpec, json_schema_extra=_OBJECT_DEFAULT)
     tenancy: TenancySpec = Field(default_factory=TenancySpec, json_schema_extra=_OBJECT_DEFAULT)
-    auth: AuthSpec | None = None
+    auth: AuthSpec = Field(default_factory=AuthSpec, json_schema_extra=_OBJECT_DEFAULT)
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = LogLevel.INFO

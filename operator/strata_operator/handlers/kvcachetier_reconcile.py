@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from strata_operator import settings as strata_settings
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.resources.kvcachetier.auth import TOKEN_BYTES, build_token_secret, token_secret
 from strata_operator.resources.kvcachetier.children import Children, build_children
 from strata_operator.resources.kvcachetier.names import COMPONENT, TierRef
 from strata_operator.resources.kvcachetier.status import (
@@ -76,7 +78,7 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     nodes = io.list_objects("v1", "Node", label_selector=io.label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
-    if spec.auth is not None:
+    if spec.auth.secret_ref is not None:
         refs.append(spec.auth.secret_ref.name)
     if spec.l2 and spec.l2.s3 and spec.l2.s3.secret_ref:
         refs.append(spec.l2.s3.secret_ref.name)
@@ -125,12 +127,31 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
     return None
 
 
+def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> Problem | None:
+    """Create the tier's token Secret once; an existing one is kept as it is (clients hold its token).
+
+    Created, not applied: the operator needs no right to patch Secrets, and cannot rewrite a token.
+    """
+    token = token_secret(spec, tier)
+    if token is None or not token.generated:
+        return None
+    if io.read("v1", "Secret", token.name, tier.namespace) is None:
+        body = build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES))
+        if io.create(body) is not None:
+            return None
+    # It exists: ours (kept as it is), or someone else's under our name.
+    return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier)
+
+
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     kind, name = child["kind"], child["metadata"]["name"]
     live = io.read(child["apiVersion"], kind, name, tier.namespace)
     if live is None or kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
         return None
-    hint = " (or set l2.fs.pvc.claimName to use that claim)" if kind == "PersistentVolumeClaim" else ""
+    hint = {
+        "PersistentVolumeClaim": " (or set l2.fs.pvc.claimName to use that claim)",
+        "Secret": " (or set auth.secretRef to use that Secret's token)",
+    }.get(kind, "")
     return Problem(
         "NameConflict",
         f"{kind} {name!r} already exists in namespace {tier.namespace!r} and was not created by KVCacheTier "
@@ -206,7 +227,7 @@ def _reconcile_locked(
     if full and not problems:
         # Built only from a spec that passed validation: the builders read its quantities.
         children = build_children(spec, tier, settings.runtime)
-        rejection = apply_children(children, tier)
+        rejection = ensure_generated_token(spec, tier) or apply_children(children, tier)
         applied, config_digest = rejection is None, children.config_hash
         if rejection is not None:
             problems = [rejection]

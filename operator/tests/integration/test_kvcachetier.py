@@ -5,6 +5,7 @@ collection through ownerReferences.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -115,6 +116,10 @@ def require_kwok(control_plane: Any) -> None:
         ),
         ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
         ({"port": 9121}, "port and metricsPort must differ"),
+        (
+            {"auth": {"disabled": True, "secretRef": {"name": "t"}}},
+            "auth.disabled and auth.secretRef exclude each other",
+        ),
         ({"hash": {"seed": "9999999999"}}, "hash.seed must be at most"),
         ({"l2": {"fs": {"hostPath": {"path": "/etc"}}}}, "must not be a system directory"),
         ({"l2": {"fs": {"hostPath": {"path": "/"}}}}, "must not be a system directory"),
@@ -463,3 +468,46 @@ def test_api_server_refuses_names_children_cannot_carry(
     with pytest.raises(ApiException) as refused:
         create_tier(k8s, namespace, tier_body(name, {}))
     assert refused.value.status == 422 and "metadata.name must be" in refused.value.body
+
+
+def test_a_tier_without_auth_gets_a_generated_token_that_is_never_rewritten(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    secret = wait_for(lambda: get_or_none(k8s, "v1", "Secret", "kv-kv-token", namespace), timeout=60, what="token")
+    owner = tier(k8s, namespace, "kv")["metadata"]["uid"]
+    assert [(o.kind, o.uid, o.controller) for o in secret.metadata.ownerReferences] == [("KVCacheTier", owner, True)]
+    assert len(base64.b64decode(secret.data["token"])) >= 32 and secret.immutable
+    ds = wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet")
+    volume = next(v for v in ds.spec.template.spec.volumes if v.name == "auth")
+    assert volume.secret.secretName == "kv-kv-token"
+    connection = resource(k8s, "v1", "ConfigMap").get(name="kv-connection", namespace=namespace).data
+    assert connection["STRATA_KV_AUTH_SECRET"] == "kv-kv-token"
+    reconciler.reconcile(tier(k8s, namespace, "kv"))
+    again = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert again.data["token"] == secret.data["token"]
+    assert again.metadata.resourceVersion == secret.metadata.resourceVersion
+
+
+def test_a_users_secret_under_the_token_name_is_a_name_conflict(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    resource(k8s, "v1", "Secret").create(
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-kv-token"}, "stringData": {"a": "b"}},
+    )
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "NameConflict"))
+    assert "auth.secretRef" in config_valid_message(k8s, namespace, "kv")
+    mine = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert not mine.metadata.ownerReferences and base64.b64decode(mine.data["a"]) == b"b"
+    assert daemonset(k8s, namespace, "kv") is None
+
+
+def test_auth_disabled_creates_no_token(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("open", gpu_pool, auth={"disabled": True}))
+    ds = wait_for(lambda: daemonset(k8s, namespace, "open"), timeout=60, what="DaemonSet")
+    assert not any(v.name == "auth" for v in ds.spec.template.spec.volumes)
+    assert get_or_none(k8s, "v1", "Secret", "open-kv-token", namespace) is None

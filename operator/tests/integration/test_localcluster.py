@@ -49,9 +49,10 @@ def test_stop_ends_every_process_and_removes_the_work_directory(binaries_availab
 
 def test_a_failure_inside_the_block_still_tears_down(binaries_available: None) -> None:
     pids: list[int] = []
-    with pytest.raises(RuntimeError, match="test body failed"), LocalCluster(
-        controller_manager=False, scheduler=False, kwok=False
-    ) as cluster:
+    with (
+        pytest.raises(RuntimeError, match="test body failed"),
+        LocalCluster(controller_manager=False, scheduler=False, kwok=False) as cluster,
+    ):
         pids.extend(p.process.pid for p in cluster.processes)
         workdir = cluster.workdir
         raise RuntimeError("test body failed")

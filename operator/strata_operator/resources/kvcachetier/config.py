@@ -21,6 +21,7 @@ from strata_kv.config import (
 )
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, L2Spec
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
     AUTH_FILE,
@@ -80,7 +81,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
         chunk_tokens=spec.chunk_tokens,
         namespace=NamespaceConfig(hash_algorithm=spec.hash.algorithm.value, hash_seed=hash_seed(spec, tier)),
         tenancy=TenancyConfig(require_salt=spec.tenancy.require_salt),
-        auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if spec.auth else None),
+        auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if token_secret(spec, tier) else None),
         metrics=MetricsConfig(port=spec.metrics_port),
         log_level=spec.log_level.value,
     )

@@ -8,6 +8,7 @@ from typing import Any
 from strata_kv.config import CONFIG_FILE_NAME
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, UpdateStrategyType
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
@@ -74,10 +75,9 @@ def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]]
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    if spec.auth is not None:
-        ref = spec.auth.secret_ref
-        items = [{"key": ref.key or AUTH_FILE, "path": AUTH_FILE}]
-        volumes.append({"name": "auth", "secret": {"secretName": ref.name, "items": items, "defaultMode": 0o440}})
+    if (token := token_secret(spec, tier)) is not None:
+        items = [{"key": token.key, "path": AUTH_FILE}]
+        volumes.append({"name": "auth", "secret": {"secretName": token.name, "items": items, "defaultMode": 0o440}})
         mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None:

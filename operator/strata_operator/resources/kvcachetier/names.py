@@ -60,6 +60,10 @@ class TierRef:
     def created_pvc(self) -> str:
         return f"{self.name}-l2"
 
+    @property
+    def generated_token_secret(self) -> str:
+        return f"{self.name}-kv-token"
+
     def owner_reference(self) -> dict[str, Any]:
         return {
             "apiVersion": API_VERSION,

@@ -109,8 +109,7 @@ def _check_secret(facts: ClusterFacts, name: str, keys: Iterable[str], field_pat
 
 def check_secrets(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     problems = []
-    if spec.auth is not None:
-        ref = spec.auth.secret_ref
+    if (ref := spec.auth.secret_ref) is not None:
         problem = _check_secret(facts, ref.name, [ref.key or AUTH_FILE], "spec.auth.secretRef", "SecretKeyMissing")
         if problem:
             problems.append(problem)
