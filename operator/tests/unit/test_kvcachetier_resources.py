@@ -260,3 +260,9 @@ def test_connection_keys_are_environment_variable_names() -> None:
     data = build_connection_config_map(spec_of(auth={"secretRef": {"name": "t"}}), TIER)["data"]
     assert all(key.replace("_", "a").isalnum() and not key[0].isdigit() for key in data)
     assert all(isinstance(v, str) for v in data.values())
+
+
+def test_rendered_servers_never_close_idle_lmcache_connections() -> None:
+    """LMCache's RESP workers connect once and never reconnect: a 300 s idle close broke them for good."""
+    config = yaml.safe_load(build_children(spec_of(), TIER, RUNTIME).config_map["data"][CONFIG_FILE_NAME])
+    assert KVServerConfig.model_validate(config).limits.idle_timeout_seconds == 0
