@@ -38,20 +38,29 @@ def _settings(memo: kopf.Memo) -> Settings | None:
     return found if isinstance(found, Settings) else None
 
 
-def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, *, full: bool = True) -> None:
+MAX_RETRY_DELAY_SECONDS = 300.0
+
+
+def retry_delay(retry: int) -> float:
+    """5 s doubling per failed attempt up to 5 min: an unforeseen failure is retried, never in a tight loop
+    (a spec problem ends in a condition instead; the drift timer re-runs the reconcile anyway)."""
+    return float(min(MAX_RETRY_DELAY_SECONDS, 5.0 * 2 ** min(retry, 16)))
+
+
+def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, *, full: bool = True, retry: int = 0) -> None:
     try:
         reconciler.reconcile(body, full=full, settings=_settings(memo))
     except kopf.PermanentError:
         raise
-    except Exception as error:  # kopf retries with backoff; the message says what failed.
-        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=5) from error
+    except Exception as error:  # kopf retries after the delay; the message says what failed.
+        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=retry_delay(retry)) from error
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def tier_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(body, memo)
+def tier_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    _reconcile(body, memo, retry=retry)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
