@@ -127,20 +127,24 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
     return None
 
 
-def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> Problem | None:
+def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Problem | None, str | None]:
     """Create the tier's token Secret once; an existing one is kept as it is (clients hold its token).
 
-    Created, not applied: the operator needs no right to patch Secrets, and cannot rewrite a token.
+    Returns a name conflict, or the Secret's uid: a Secret deleted by hand comes back with a new token and a
+    new uid, which rolls the servers (they read the token when they start). Created, not applied: the
+    operator needs no right to patch Secrets, and cannot rewrite a token.
     """
     token = token_secret(spec, tier)
     if token is None or not token.generated:
-        return None
-    if io.read("v1", "Secret", token.name, tier.namespace) is None:
-        body = build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES))
-        if io.create(body) is not None:
-            return None
-    # It exists: ours (kept as it is), or someone else's under our name.
-    return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier)
+        return None, None
+    live = io.read("v1", "Secret", token.name, tier.namespace)
+    if live is None:
+        live = io.create(build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES)))
+        if live is None:  # created meanwhile by someone else: read what is there now
+            live = io.read("v1", "Secret", token.name, tier.namespace)
+    if live is not None and not kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
+        return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier), None
+    return None, str((live or {}).get("metadata", {}).get("uid") or "")
 
 
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
@@ -226,8 +230,9 @@ def _reconcile_locked(
     applied, config_digest = False, None
     if full and not problems:
         # Built only from a spec that passed validation: the builders read its quantities.
-        children = build_children(spec, tier, settings.runtime)
-        rejection = ensure_generated_token(spec, tier) or apply_children(children, tier)
+        rejection, token_uid = ensure_generated_token(spec, tier)
+        children = build_children(spec, tier, settings.runtime, token_version=token_uid)
+        rejection = rejection or apply_children(children, tier)
         applied, config_digest = rejection is None, children.config_hash
         if rejection is not None:
             problems = [rejection]

@@ -487,6 +487,15 @@ def test_a_tier_without_auth_gets_a_generated_token_that_is_never_rewritten(
     again = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
     assert again.data["token"] == secret.data["token"]
     assert again.metadata.resourceVersion == secret.metadata.resourceVersion
+    # Deleted by hand: a new token, and the servers roll to read it.
+    before = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    resource(k8s, "v1", "Secret").delete(name="kv-kv-token", namespace=namespace)
+    wait_for(lambda: get_or_none(k8s, "v1", "Secret", "kv-kv-token", namespace) is None, timeout=30, what="deleted")
+    reconciler.reconcile(tier(k8s, namespace, "kv"))
+    renewed = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert renewed.data["token"] != secret.data["token"]
+    after = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    assert after != before
 
 
 def test_a_users_secret_under_the_token_name_is_a_name_conflict(

@@ -53,3 +53,13 @@ def test_the_generated_secret_is_owned_immutable_and_holds_the_token() -> None:
     assert secret["metadata"]["name"] == "kv-kv-token"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "tier-uid"
     assert secret["immutable"] is True and secret["stringData"] == {"token": "t" * 43}
+
+
+def test_a_new_generated_token_rolls_the_servers() -> None:
+    spec = KVCacheTierSpec()
+
+    def template_hash(version: str | None) -> str:
+        daemonset = build_children(spec, TIER, RUNTIME, token_version=version).daemonset
+        return str(daemonset["spec"]["template"]["metadata"]["annotations"]["strata.dev/config-hash"])
+
+    assert template_hash("uid-1") == template_hash("uid-1") != template_hash("uid-2")
