@@ -121,6 +121,13 @@ def test_replicas_run_with_a_cluster_peering_object(helm, chart_helpers, monkeyp
         "resources": ["clusterkopfpeerings"],
         "verbs": ["list", "watch", "patch"],
     } in cluster_role["rules"]
+    # The health probe reads that one object (to tell a standby from a tie that pauses every replica).
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings"],
+        "resourceNames": ["strata"],
+        "verbs": ["get"],
+    } in cluster_role["rules"]
 
 
 def test_peering_crds_ship_in_the_charts_crds_directory(helm):

@@ -98,9 +98,12 @@ def readiness_probe(settings: kopf.OperatorSettings, **_: Any) -> str:
     """Raises (kopf answers 500) when this replica cannot do its work; else says which role it has."""
     try:
         kube.api_reachable(timeout=API_PROBE_TIMEOUT_SECONDS)
-        peers = _peering_status(settings)
     except Exception as error:
         raise kopf.PermanentError(f"the API server is unreachable: {error}") from error
+    try:
+        peers = _peering_status(settings)
+    except Exception as error:
+        raise kopf.PermanentError(f"cannot read peering {settings.peering.name!r}: {error}") from error
     if peers is None:
         return "active"
     healthy, role = peering_verdict(peers, settings.peering.priority)

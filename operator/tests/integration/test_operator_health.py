@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,8 @@ import pytest
 import yaml
 from strata_operator import kube
 from strata_operator.handlers import process
+from strata_testsupport.cluster import install_crds
+from strata_testsupport.kube import resource
 from strata_testsupport.localcluster.cluster import free_port
 
 pytestmark = pytest.mark.integration
@@ -44,3 +48,38 @@ def test_health_is_ready_while_the_api_server_answers(control_plane: Any) -> Non
 def test_health_fails_while_the_api_server_is_unreachable(unreachable_api: None) -> None:
     with pytest.raises(kopf.PermanentError, match="the API server is unreachable"):
         process.readiness_probe(settings=standalone())
+
+
+PEERING_CRDS = Path(__file__).resolve().parents[3] / "charts" / "strata" / "crds" / "kopf-peering.yaml"
+
+
+def clusterwide(name: str, priority: int) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.peering.standalone = False
+    settings.peering.clusterwide = True
+    settings.peering.name = name
+    settings.peering.priority = priority
+    return settings
+
+
+def test_health_fails_when_a_priority_tie_pauses_every_replica(k8s: Any, control_plane: Any) -> None:
+    """Two replicas of one priority: kopf pauses both, and /healthz used to say ready all the same."""
+    install_crds(k8s, [doc for doc in yaml.safe_load_all(PEERING_CRDS.read_text()) if doc])
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    peers = {
+        "a": {"priority": 7, "lifetime": 60, "lastseen": now},
+        "b": {"priority": 7, "lifetime": 60, "lastseen": now},
+    }
+    name = f"health-{uuid.uuid4().hex[:8]}"
+    peerings = resource(k8s, "kopf.dev/v1", "ClusterKopfPeering")
+    peerings.create(body={"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}})
+    try:
+        peerings.patch(name=name, body={"status": peers}, content_type="application/merge-patch+json")
+        with pytest.raises(kopf.PermanentError, match="none reconciles"):
+            process.readiness_probe(settings=clusterwide(name, 7))
+        peers["b"]["priority"] = 3
+        peerings.patch(name=name, body={"status": peers}, content_type="application/merge-patch+json")
+        assert process.readiness_probe(settings=clusterwide(name, 7)) == "active"
+        assert process.readiness_probe(settings=clusterwide(name, 3)) == "standby"
+    finally:
+        peerings.delete(name=name)
