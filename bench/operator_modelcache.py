@@ -105,16 +105,18 @@ def run_counted_operator() -> None:
 
 
 def count_wakeups(counts: collections.Counter[str], lock: threading.Lock) -> None:
-    """Also count what woke the reconcile loops: node changes that matter, and child or spec events."""
-    from strata_operator.handlers import modelcache
+    """Also count what woke the reconcile loops: node changes that matter, and child or spec events. The
+    controller's memory is made at startup, so the counting wraps the methods of its classes."""
+    from strata_operator.handlers import modelcache, modelcache_nodes
 
-    observe, wake = modelcache.NODES.observe, modelcache.wake
+    observe = modelcache_nodes.NodeCache.observe
+    wake = modelcache.ModelCacheMemory.wake
 
-    def counted_observe(body: Any, *, deleted: bool = False) -> Any:
-        before = modelcache.NODES._nodes.get(body["metadata"]["name"])
-        changed = observe(body, deleted=deleted)
+    def counted_observe(self: Any, body: Any, *, deleted: bool = False) -> Any:
+        before = self._nodes.get(body["metadata"]["name"])
+        changed = observe(self, body, deleted=deleted)
         if sys._getframe(1).f_code.co_name == "node_changed":  # the watch, not our own label write
-            after = modelcache.NODES._nodes.get(body["metadata"]["name"])
+            after = self._nodes.get(body["metadata"]["name"])
             what = "readiness" if before and after and before.ready != after.ready else "labels/uid"
             with lock:
                 if changed.placement:
@@ -125,14 +127,14 @@ def count_wakeups(counts: collections.Counter[str], lock: threading.Lock) -> Non
                     counts["node event ignored"] += 1
         return changed
 
-    def counted_wake(namespace: str | None, name: str | None) -> None:
+    def counted_wake(self: Any, namespace: str | None, name: str | None) -> None:
         caller = sys._getframe(1).f_code.co_name  # which watch handler: modelcache_changed, child_changed, ...
         with lock:
             counts[f"wakeup: {caller}"] += 1
-        wake(namespace, name)
+        wake(self, namespace, name)
 
-    vars(modelcache.NODES)["observe"] = counted_observe  # an instance attribute shadows the method
-    modelcache.wake = counted_wake
+    modelcache_nodes.NodeCache.observe = counted_observe  # type: ignore[method-assign]
+    modelcache.ModelCacheMemory.wake = counted_wake  # type: ignore[method-assign]
 
 
 # -- the bench side --------------------------------------------------------------------------------------------

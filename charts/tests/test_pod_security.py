@@ -121,10 +121,10 @@ def modelcache_job(fields: dict[str, Any], which: str) -> Callable[[], dict[str,
     def build() -> dict[str, Any]:
         from strata_operator.api.modelcache import ModelCacheSpec
         from strata_operator.resources.modelcache import storage
-        from strata_operator.resources.modelcache.owner import Owner
+        from strata_operator.resources.modelcache.owner import CacheRef
 
         spec = ModelCacheSpec.model_validate(fields)
-        owner = Owner("tiny", "ns", "uid-2", 1)
+        owner = CacheRef("tiny", "ns", "uid-2", 1)
         if which == "shared":
             _, job = storage.shared_pvc_preload(owner, spec, "claim-uid")
         elif which == "prepull":

@@ -1,7 +1,8 @@
 """Host memory for reads. First-touch page faults, not the disk, bound a loader on this class of machine
-(FACTS.md: fresh memory fills at 0.4-11 GB/s, touched memory copies at 12+), so streaming reuses a pool of
-buffers faulted in once. Measured here: advising transparent huge pages made first touch ~10x slower (direct
-compaction on fault), so plain allocations are used."""
+(measured on the 2-core CI machine, 2026-11-29: fresh memory fills at 0.4-11 GB/s from run to run, memory
+already touched copies at 12+ GB/s), so streaming reuses a pool of buffers faulted in once. Measured here:
+advising transparent huge pages made first touch ~10x slower (direct compaction on fault), so plain allocations
+are used."""
 
 from __future__ import annotations
 

@@ -6,6 +6,13 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+READY = "Ready"
+"""kstatus' summary condition: True when the resource does what it was asked to (`kubectl wait` reads it)."""
+RECONCILING = "Reconciling"
+"""kstatus' abnormal-true pair, shared by every kind: True while the operator is still working on it..."""
+STALLED = "Stalled"
+"""...and True while it cannot go on until a person changes something. Each kind adds its domain conditions."""
+
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,9 +1,11 @@
-"""Thin Kubernetes API helpers shared by the handlers: client, server-side apply, ownership labels."""
+"""Thin Kubernetes API helpers shared by the handlers: the client, server-side apply, get, delete, node Events.
+(Ownership labels and references are pure, in `resources/core.py`.)"""
 
 from __future__ import annotations
 
 import datetime
 import functools
+import json
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -15,10 +17,6 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_operator import settings
 
 FIELD_MANAGER = "strata-operator"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-MANAGED_BY = "strata"
 
 _client_lock = threading.Lock()
 
@@ -55,41 +53,12 @@ def reset_clients() -> None:
     _dynamic_client.cache_clear()
 
 
-def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    """A controller ownerReference so kube-controller-manager's garbage collector removes the child."""
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": owner["metadata"]["name"],
-        "uid": owner["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def child_labels(owner_name: str, component: str | None = None) -> dict[str, str]:
-    labels = {MANAGED_BY_LABEL: MANAGED_BY, INSTANCE_LABEL: owner_name}
-    if component:
-        labels[COMPONENT_LABEL] = component
-    return labels
-
-
-def created_by_strata(live: Mapping[str, Any], owner_uid: str, owner_name: str, component: str) -> bool:
-    """Whether Strata made this object for that owner: its ownerReference (the owner's uid), or, for a child
-    kept without one (a claim under deletionPolicy Retain), Strata's managed-by, instance and component labels.
-
-    Anything else of the same name belongs to someone else: applying over it (forced) would take it over, and the
-    garbage collector would later delete it with the owner.
-    """
-    meta = live.get("metadata") or {}
-    if any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or []):
-        return True
-    labels = meta.get("labels") or {}
-    return (
-        labels.get(MANAGED_BY_LABEL) == MANAGED_BY
-        and labels.get(INSTANCE_LABEL) == owner_name
-        and labels.get(COMPONENT_LABEL) == component
-    )
+def api_error_message(error: ApiException) -> str:
+    """The API server's own message (what a person would see from kubectl), not the client's repr."""
+    try:
+        return str(json.loads(error.body).get("message") or error.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(error, "reason", error))
 
 
 def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> Any:

@@ -17,7 +17,7 @@ from strata_operator.api import GROUP, VERSION
 from strata_operator.handlers import kvcachetier_io as io
 from strata_operator.handlers import kvcachetier_reconcile as reconciler
 from strata_operator.handlers import kvcachetier_usage as usage
-from strata_operator.kube import MANAGED_BY, MANAGED_BY_LABEL
+from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
 from strata_operator.settings import Settings
 

@@ -42,10 +42,6 @@ def list_objects(
     return list(json.loads(response.data).get("items") or [])
 
 
-def label_selector(labels: Mapping[str, str]) -> str | None:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None
-
-
 def apply(body: Mapping[str, Any]) -> dict[str, Any]:
     """Server-side apply with Strata's field manager; a no-op on the server when nothing changed."""
     return dict(kube.apply(body).to_dict())

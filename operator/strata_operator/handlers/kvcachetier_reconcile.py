@@ -6,7 +6,6 @@ and converges on the same state. Reconciles of one resource are serialized by a 
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import BadRequestError, InternalServerError, UnprocessibleEntityError
 from pydantic import ValidationError
 
@@ -24,9 +22,10 @@ from strata_operator import settings as strata_settings
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.resources.core import label_selector
 from strata_operator.resources.kvcachetier.auth import TOKEN_BYTES, build_token_secret, token_secret
 from strata_operator.resources.kvcachetier.children import Children, build_children
-from strata_operator.resources.kvcachetier.names import COMPONENT, TierRef
+from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
     CONFIG_VALID,
     Observed,
@@ -75,7 +74,7 @@ def _lock(tier: TierRef) -> threading.Lock:
 
 def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     """Selected nodes, referenced Secrets' keys and the existing L2 claim, as validation needs them."""
-    nodes = io.list_objects("v1", "Node", label_selector=io.label_selector(spec.node_selector))
+    nodes = io.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
     if spec.auth.secret_ref is not None:
@@ -119,7 +118,7 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
             # 400/422: the child is invalid as rendered; 500: the API server could not even type it (a
             # mistyped free-form field such as affinity). Reported, not raised: retried by the timer, not in a loop.
             kind, name = child["kind"], child["metadata"]["name"]
-            return Problem("ChildRejected", f"the API server refused {kind} {name}: {_api_message(error)}")
+            return Problem("ChildRejected", f"the API server refused {kind} {name}: {kube.api_error_message(error)}")
         meta = stored["metadata"]
         applied_children[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
             str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
@@ -142,7 +141,7 @@ def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Proble
         live = io.create(build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES)))
         if live is None:  # created meanwhile by someone else: read what is there now
             live = io.read("v1", "Secret", token.name, tier.namespace)
-    if live is not None and not kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
+    if live is not None and not tier.created(live):
         return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier), None
     return None, str((live or {}).get("metadata", {}).get("uid") or "")
 
@@ -150,7 +149,7 @@ def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Proble
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     kind, name = child["kind"], child["metadata"]["name"]
     live = io.read(child["apiVersion"], kind, name, tier.namespace)
-    if live is None or kube.created_by_strata(live, tier.uid, tier.name, COMPONENT):
+    if live is None or tier.created(live):
         return None
     hint = {
         "PersistentVolumeClaim": " (or set l2.fs.pvc.claimName to use that claim)",
@@ -163,19 +162,10 @@ def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     )
 
 
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(error.summary())
-
-
 def observe(tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The DaemonSet and its pods, as they are now."""
     daemonset = io.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
-    pods = io.list_objects(
-        "v1", "Pod", namespace=tier.namespace, label_selector=io.label_selector(tier.selector_labels())
-    )
+    pods = io.list_objects("v1", "Pod", namespace=tier.namespace, label_selector=label_selector(tier.selector_labels()))
     return daemonset, pods
 
 

@@ -20,10 +20,10 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_operator import kube
 from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
 from strata_operator.handlers.modelcache_io import delete_job, get_dict, list_children
-from strata_operator.handlers.modelcache_nodes import NODES, patch_node_annotation, patch_node_label
+from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_annotation, patch_node_label
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
 LEFT_BEHIND = "ModelCopyLeftBehind"
 logger = logging.getLogger(__name__)
@@ -61,20 +61,22 @@ def namespace_terminating(error: ApiException) -> bool:
     )
 
 
-def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, Any]) -> Cleanup:
+def cleanup_node_copies(
+    owner: CacheRef, spec: ModelCacheSpec, status: dict[str, Any], node_cache: NodeCache
+) -> Cleanup:
     """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy."""
     state = Cleanup(path=storage.node_copy_path(owner, spec))
     for job in list_children(owner, "batch/v1", "Job", storage.ROLE_PRELOAD):
         delete_job(owner.namespace, job["metadata"]["name"])
     key = names.node_label_key(owner.namespace, owner.name)
-    nodes = NODES.snapshot()
+    nodes = node_cache.snapshot()
     holders = {n for n, i in nodes.items() if key in i.labels}
     holders |= {s["name"] for s in status.get("nodes") or [] if s["name"] in nodes}
     state.node_uids = {n: nodes[n].uid for n in holders}
     for name in sorted(holders):
         if key in nodes[name].labels:
             with contextlib.suppress(NotFoundError):
-                patch_node_label(name, key, None)
+                patch_node_label(node_cache, name, key, None)
     if spec.deletion_policy == DeletionPolicy.RETAIN:
         return state
     for name in sorted(holders):
@@ -103,7 +105,7 @@ def cleanup_node_copies(owner: Owner, spec: ModelCacheSpec, status: dict[str, An
     return state
 
 
-def finish_cleanup(owner: Owner, state: Cleanup) -> list[tuple[str, str]]:
+def finish_cleanup(owner: CacheRef, state: Cleanup) -> list[tuple[str, str]]:
     """Before the finalizer goes: delete our clean-up Jobs (a failed one stays for its TTL, to be read), clear
     the leftover record where the copy is gone, set it (annotation and Warning Event) where it stays.
     Returns (node, message) for each copy left behind."""

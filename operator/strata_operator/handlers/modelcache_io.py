@@ -1,4 +1,4 @@
-"""The API calls the ModelCache controller makes beyond `strata_operator.kube`, and one reconcile's context.
+"""Every API read and write of the ModelCache controller: `gather` (what a plan looks at) and the writes.
 
 Everything here runs in a worker thread (the kubernetes client blocks); Events are collected and posted by
 the caller on kopf's event loop.
@@ -7,48 +7,71 @@ the caller on kopf's event loop.
 from __future__ import annotations
 
 import contextlib
-import json
+import datetime
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.dynamic.exceptions import ApiException, NotFoundError
-from strata_loader.contract import FetchResult
+from kubernetes.dynamic.exceptions import NotFoundError
+from pydantic import ValidationError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
-from strata_operator.api.modelcache import ModelCacheSpec
+from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.handlers.modelcache_nodes import NodeCache
+from strata_operator.resources.core import Problem, label_selector
+from strata_operator.resources.modelcache import plan, storage
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.jobs import CONTAINER
-from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL, selector
-from strata_operator.resources.modelcache.owner import Owner
-from strata_operator.resources.modelcache.status import Problem
+from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.status import SpecError
 
 
-@dataclass
-class Context:
-    """One reconcile of one ModelCache: what it read, and the Events it wants posted."""
+def gather(
+    body: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    nodes: NodeCache,
+    *,
+    inputs: bool = False,
+    now: datetime.datetime | None = None,
+) -> plan.Observed:
+    """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use."""
+    owner = CacheRef.from_body(body)
+    observed = plan.Observed(owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC))
+    try:
+        spec = ModelCacheSpec.model_validate(body.get("spec") or {})
+    except ValidationError as error:
+        observed.spec_problem = st.invalid_spec(error)
+        return observed
+    observed.spec = spec
+    mode = spec.storage.mode
+    try:
+        if mode == StorageMode.SHARED_PVC:
+            observed.claim = get_dict("v1", "PersistentVolumeClaim", storage.claim_name(owner, spec), owner.namespace)
+            class_name = storage.shared_pvc(spec).storage_class_name
+            if observed.claim is None and class_name and not storage.claim_is_adopted(spec):
+                missing = get_dict("storage.k8s.io/v1", "StorageClass", class_name, None) is None
+                observed.storage_class_missing = missing
+    except SpecError as error:
+        observed.spec_problem = error.problem()
+        return observed
+    role = plan.job_role(spec)
+    if mode != StorageMode.SHARED_PVC and role is not None:
+        observed.nodes = nodes.snapshot()
+    if role is not None:
+        observed.jobs = {j["metadata"]["name"]: j for j in list_children(owner, "batch/v1", "Job", role)}
+    settled = plan.settled_jobs(previous)
+    observed.pods = {
+        name: job_pods(owner.namespace, name)
+        for name, job in observed.jobs.items()
+        if name not in settled and st.job_phase(job) in (st.JOB_SUCCEEDED, st.JOB_FAILED)
+    }
+    if inputs:
+        observed.inputs_checked = True
+        observed.input_problem = input_problem(owner, spec)
+    return observed
 
-    body: Mapping[str, Any]
-    owner: Owner
-    spec: ModelCacheSpec
-    previous: dict[str, Any]
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    _problem: Problem | None = None
-    _checked: bool = False
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append((type_, reason, message))
-
-    def input_problem(self) -> Problem | None:
-        """Checked only when a Job is about to be created, and once per reconcile."""
-        if not self._checked:
-            self._problem = input_problem(self.owner, self.spec)
-            self._checked = True
-        return self._problem
-
-
-def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
+def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
     """References a preloader pod would fail on silently (it would sit in CreateContainerConfigError)."""
     credentials = spec.source.credentials
     ns = owner.namespace
@@ -75,17 +98,11 @@ def input_problem(owner: Owner, spec: ModelCacheSpec) -> Problem | None:
     return None
 
 
-def api_error_message(error: ApiException) -> str:
-    """The API server's own message (what a person would see from kubectl), not the client's repr."""
-    try:
-        return str(json.loads(error.body).get("message") or error.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(getattr(error, "reason", error))
-
-
-def list_children(owner: Owner, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
+def list_children(owner: CacheRef, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
     api = kube.dynamic_client().resources.get(api_version=api_version, kind=kind)
-    found = api.get(namespace=owner.namespace, label_selector=selector({CACHE_LABEL: owner.name, ROLE_LABEL: role}))
+    found = api.get(
+        namespace=owner.namespace, label_selector=label_selector({CACHE_LABEL: owner.name, ROLE_LABEL: role})
+    )
     return list(found.to_dict().get("items") or [])
 
 
@@ -105,7 +122,7 @@ def delete_job(namespace: str, name: str) -> bool:
     return kube.delete("batch/v1", "Job", name, namespace)
 
 
-def patch_status(owner: Owner, patch: Mapping[str, Any]) -> None:
+def patch_status(owner: CacheRef, patch: Mapping[str, Any]) -> None:
     api = kube.dynamic_client().resources.get(api_version=API_VERSION, kind="ModelCache")
     with contextlib.suppress(NotFoundError):  # deleted meanwhile: nothing left to report on
         api.status.patch(
@@ -114,28 +131,3 @@ def patch_status(owner: Owner, patch: Mapping[str, Any]) -> None:
             body={"status": dict(patch)},
             content_type="application/merge-patch+json",
         )
-
-
-def is_subset(desired: Any, live: Any) -> bool:
-    """True when every field we render already has that value live (server defaults may add more)."""
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(is_subset(v, live.get(k)) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(desired) == len(live)
-            and all(is_subset(d, v) for d, v in zip(desired, live, strict=True))
-        )
-    return bool(desired == live)
-
-
-def job_result(ctx: Context, job: dict[str, Any], *, succeeded: bool) -> tuple[FetchResult | None, str | None]:
-    """The preloader's FetchResult from its pod's termination message, verified; or why there is none."""
-    name = job["metadata"]["name"]
-    message = st.termination_message(job_pods(ctx.owner.namespace, name), CONTAINER, succeeded=succeeded)
-    if message is None:
-        if not succeeded:
-            return None, st.job_failure_message(job)
-        return None, "succeeded but its pod left no termination message (the preloader's FetchResult JSON)"
-    result = FetchResult.from_termination_message(message)
-    return result, st.verify_result(result, ctx.spec.source.uri, ctx.spec.source.revision)

@@ -8,40 +8,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from strata_operator import kube
-from strata_operator.resources.modelcache.names import MODEL_LABEL_PREFIX
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    uid: str
-    ready: bool
-    labels: Mapping[str, str] = field(default_factory=dict)
-    resource_version: str = ""
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> NodeInfo:
-        meta = body.get("metadata") or {}
-        conditions = (body.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        labels = dict(meta.get("labels") or {})
-        return cls(meta["name"], meta.get("uid", ""), ready, labels, str(meta.get("resourceVersion", "")))
-
-    def placement_key(self) -> tuple[Any, ...]:
-        """What decides where copies go: identity, readiness and labels other than our model labels.
-        Heartbeats are left out, so a node's routine status updates wake nobody."""
-        labels = tuple(sorted((k, v) for k, v in self.labels.items() if not k.startswith(MODEL_LABEL_PREFIX)))
-        return (self.uid, self.ready, labels)
-
-    def model_labels(self) -> dict[str, str]:
-        return {k: v for k, v in self.labels.items() if k.startswith(MODEL_LABEL_PREFIX)}
-
-    def matches(self, selector: Mapping[str, str]) -> bool:
-        return all(self.labels.get(k) == v for k, v in selector.items())
+from strata_operator.resources.modelcache.nodes import NodeInfo
 
 
 @dataclass(frozen=True)
@@ -96,18 +67,16 @@ class NodeCache:
             return dict(self._nodes)
 
 
-NODES = NodeCache()
-
-
-def patch_node_label(name: str, key: str, value: str | None) -> None:
-    """Merge patch (not server-side apply): apply would drop the labels of other caches we set earlier."""
+def patch_node_label(cache: NodeCache, name: str, key: str, value: str | None) -> None:
+    """Merge patch (not server-side apply): apply would drop the labels of other caches we set earlier. The
+    answer goes into `cache` at once, so the next plan sees the label without waiting for the watch."""
     nodes = kube.dynamic_client().resources.get(api_version="v1", kind="Node")
     patched = nodes.patch(
         name=name,
         body={"metadata": {"labels": {key: value}}},
         content_type="application/merge-patch+json",
     )
-    NODES.observe(patched.to_dict())
+    cache.observe(patched.to_dict())
 
 
 def patch_node_annotation(name: str, key: str, value: str | None) -> None:

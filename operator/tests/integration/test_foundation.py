@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -27,6 +28,7 @@ from strata_operator.api import API_VERSION
 from strata_operator.api.base import CRDModel, cel
 from strata_operator.api.crdgen import CRDSpec, build_crd
 from strata_operator.handlers.process import configure, login
+from strata_operator.resources.core import Owner, child_labels
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import get_or_none, resource, wait_for
 from strata_testsupport.localcluster.cluster import free_port
@@ -63,6 +65,11 @@ PROBE = CRDSpec(
 registry = kopf.OperatorRegistry()
 
 
+@dataclass(frozen=True)
+class ProbeRef(Owner):
+    KIND = "StrataProbe"
+
+
 kopf.on.login(registry=registry)(login)
 
 
@@ -79,8 +86,8 @@ def _create_child(body: kopf.Body, name: str, namespace: str, spec: kopf.Spec, p
         "metadata": {
             "name": f"{name}-child",
             "namespace": namespace,
-            "labels": kube.child_labels(name),
-            "ownerReferences": [kube.owner_reference(body)],
+            "labels": child_labels(name),
+            "ownerReferences": [ProbeRef.from_body(body).reference()],
         },
         "data": {"message": spec["message"]},
     }

@@ -52,10 +52,10 @@ def test_image_pre_pull_runs_on_each_selected_node(
     create_cache(k8s, namespace, name, {"source": {"uri": IMAGE}, "storage": storage})
     status = wait_for_status(k8s, namespace, name, lambda s: s.get("desiredNodes") == 1, "one pre-pull")
     assert status["phase"] == "Ready" and status["nodes"][0]["name"] == node
-    assert condition(get_cache(k8s, namespace, name), "Progressing")["status"] == "True"
+    assert condition(get_cache(k8s, namespace, name), "Reconciling")["status"] == "True"
     job = cache_jobs(k8s, namespace, name, "prepull")[0]
     volumes = job["spec"]["template"]["spec"]["volumes"]
     assert {"name": "model", "image": status["volume"]["volume"]["image"]} in volumes
     finish_job(k8s, namespace, job["metadata"]["name"], None)
     wait_for_status(k8s, namespace, name, lambda s: s.get("readyNodes") == 1, "the image pulled")
-    assert condition(get_cache(k8s, namespace, name), "Progressing")["status"] == "False"
+    assert condition(get_cache(k8s, namespace, name), "Reconciling")["status"] == "False"

@@ -45,7 +45,7 @@ def test_shared_pvc_cache_becomes_ready_from_the_preloader_result(
     assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["fetch", "s3://models/llama-3-8b"]
     assert (
         status["phase"] == "Preloading"
-        and condition(get_cache(k8s, namespace, name), "Progressing")["status"] == "True"
+        and condition(get_cache(k8s, namespace, name), "Reconciling")["status"] == "True"
     )
 
     finish_job(k8s, namespace, status["job"], fetch_result("s3://models/llama-3-8b", revision="main"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
     STARTUP_GRACE_SECONDS,
@@ -16,7 +17,6 @@ from strata_operator.resources.kvcachetier.status import (
 )
 from strata_operator.resources.kvcachetier.validation import (
     ClusterFacts,
-    Problem,
     node_selected,
     nodes_too_small,
     validate,

@@ -3,6 +3,7 @@ not something to apply over (forced apply would make the CR its controller, and 
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -11,14 +12,13 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.handlers import kvcachetier_io
 from strata_operator.handlers import kvcachetier_reconcile as tier_reconcile
-from strata_operator.handlers import modelcache_reconcile as cache_reconcile
-from strata_operator.handlers.modelcache_io import Context
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.plan import Observed, Plan, plan
 from strata_operator.resources.runtime_image import RuntimeImage
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 TIER = TierRef(name="kv", namespace="serving", uid="tier-uid", generation=1)
 RUNTIME = RuntimeImage("registry.local/strata-runtime:test")
 
@@ -48,52 +48,45 @@ def user_object(kind: str, name: str, **meta: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "serving", "uid": "u", **meta}}
 
 
-def shared_context(**shared: Any) -> Context:
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def shared_observed(claim: dict[str, Any] | None, **shared: Any) -> Observed:
     spec = ModelCacheSpec.model_validate(
         {
             "source": {"uri": "s3://models/llama"},
             "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "10Gi", **shared}},
         }
     )
-    body = {"metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid}}
-    return Context(body, OWNER, spec, {})
+    return Observed(owner=OWNER, previous={}, now=NOW, spec=spec, claim=claim, inputs_checked=True)
 
 
-def test_a_users_claim_under_the_default_name_is_a_name_conflict(
-    monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]
-) -> None:
-    theirs_name = "llama-model"
-    theirs = user_object("PersistentVolumeClaim", theirs_name, labels={"team": "data"})
-    monkeypatch.setattr(cache_reconcile, "get_dict", lambda _v, _k, name, _ns: theirs if name == theirs_name else None)
-    claim, problem = cache_reconcile.ensure_claim(shared_context())
-    assert applied == [] and claim is None
-    assert problem is not None and problem.reason == "NameConflict"
-    assert "PersistentVolumeClaim 'llama-model'" in problem.message and "claimName: llama-model" in problem.message
+def ready_condition(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Ready")
 
 
-def test_the_conflict_shows_as_ready_false_and_a_warning(
-    monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]
-) -> None:
-    theirs_name = "llama-model"
-    theirs = user_object("PersistentVolumeClaim", theirs_name)
-    monkeypatch.setattr(cache_reconcile, "get_dict", lambda _v, _k, name, _ns: theirs if name == theirs_name else None)
-    patches: list[Any] = []
-    monkeypatch.setattr(cache_reconcile, "patch_status", lambda _o, patch: patches.append(patch))
-    body = {
-        "metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid, "generation": 1},
-        "spec": {
-            "source": {"uri": "s3://models/llama"},
-            "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}},
-        },
-    }
-    status, events = cache_reconcile.reconcile(body, {})
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+def applied_kinds(result: Plan) -> list[str]:
+    return [a.body["kind"] for a in result.actions if a.verb == "apply"]
+
+
+def test_a_users_claim_under_the_default_name_is_a_name_conflict() -> None:
+    theirs = user_object("PersistentVolumeClaim", "llama-model", labels={"team": "data"})
+    result = plan(shared_observed(theirs))
+    assert result.actions == []
+    ready = ready_condition(result.status)
+    assert ready["reason"] == "NameConflict"
+    assert "PersistentVolumeClaim 'llama-model'" in ready["message"] and "claimName: llama-model" in ready["message"]
+
+
+def test_the_conflict_shows_as_ready_false_and_a_warning() -> None:
+    result = plan(shared_observed(user_object("PersistentVolumeClaim", "llama-model")))
+    ready = ready_condition(result.status)
     assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
-    assert ("Warning", "NameConflict") in [(t, r) for t, r, _ in events]
-    assert applied == []
+    assert ("Warning", "NameConflict") in [(t, r) for t, r, _ in result.events]
+    assert result.actions == []
 
 
-def test_our_own_claim_is_still_repaired(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> None:
+def test_our_own_claim_is_still_repaired() -> None:
     """Made by this cache (its ownerReference), or kept by Retain (our labels, no ownerReference)."""
     for meta in (
         {"ownerReferences": [OWNER.reference()]},
@@ -101,19 +94,19 @@ def test_our_own_claim_is_still_repaired(monkeypatch: pytest.MonkeyPatch, applie
     ):
         ours = user_object("PersistentVolumeClaim", "llama-model", **meta)
         ours["spec"] = {"resources": {"requests": {"storage": "1Gi"}}}
-        monkeypatch.setattr(cache_reconcile, "get_dict", lambda *_a, live=ours: live)
-        applied.clear()
-        claim, problem = cache_reconcile.ensure_claim(shared_context())
-        assert problem is None and claim is not None and len(applied) == 1
+        result = plan(shared_observed(ours))
+        assert ready_condition(result.status)["reason"] != "NameConflict"
+        assert applied_kinds(result).count("PersistentVolumeClaim") == 1
 
 
-def test_claim_name_adopts_on_purpose(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> None:
+def test_claim_name_adopts_on_purpose() -> None:
     theirs = user_object("PersistentVolumeClaim", "data")
-    monkeypatch.setattr(cache_reconcile, "get_dict", lambda *_a: theirs)
-    ctx = shared_context(claimName="data")
-    ctx.spec.storage.shared_pvc.size = None  # type: ignore[union-attr]
-    claim, problem = cache_reconcile.ensure_claim(ctx)
-    assert problem is None and claim is theirs and applied == []
+    observed = shared_observed(theirs, claimName="data")
+    assert observed.spec is not None
+    observed.spec.storage.shared_pvc.size = None  # type: ignore[union-attr]
+    result = plan(observed)
+    assert ready_condition(result.status)["reason"] != "NameConflict"
+    assert "PersistentVolumeClaim" not in applied_kinds(result) and result.status["claimName"] == "data"
 
 
 def tier_spec() -> KVCacheTierSpec:

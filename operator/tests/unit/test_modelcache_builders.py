@@ -9,10 +9,10 @@ import pytest
 from strata_loader.contract import FetchRequest
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import names, storage
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.volume import build_volume_snippet, volume_name
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -196,14 +196,14 @@ def test_volume_snippet_per_mode() -> None:
     ],
 )
 def test_the_volume_name_is_a_dns_label_for_every_valid_cache_name(cache_name: str) -> None:
-    snippet = build_volume_snippet(Owner(cache_name, "serving", "uid-1"), spec_for("SharedPVC"))
+    snippet = build_volume_snippet(CacheRef(cache_name, "serving", "uid-1"), spec_for("SharedPVC"))
     name = snippet["volume"]["name"]
     assert DNS_LABEL.match(name) and len(name) <= 63, name
     assert snippet["volumeMount"]["name"] == name
 
 
 def test_volume_names_stay_as_they_were_for_plain_names_and_distinct_for_dotted_ones() -> None:
-    assert volume_name(Owner("llama", "serving", "u")) == "model-llama"
-    assert volume_name(Owner("a" * 63, "serving", "u")) == names.bounded_name("model", "a" * 63)
+    assert volume_name(CacheRef("llama", "serving", "u")) == "model-llama"
+    assert volume_name(CacheRef("a" * 63, "serving", "u")) == names.bounded_name("model", "a" * 63)
     cache_names = ["a.b", "a-b", "a.b.c", "a-b.c", "a.b-c", "a-b-c", "m" * 62 + "x", "m" * 62 + "y", "m.m" + "m" * 60]
-    assert len({volume_name(Owner(n, "serving", "u")) for n in cache_names}) == len(cache_names)
+    assert len({volume_name(CacheRef(n, "serving", "u")) for n in cache_names}) == len(cache_names)

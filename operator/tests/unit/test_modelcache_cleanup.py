@@ -17,8 +17,8 @@ from kubernetes.dynamic.exceptions import ForbiddenError
 from strata_operator import kube
 from strata_operator.handlers import modelcache as handler
 from strata_operator.handlers import modelcache_cleanup as cleanup
-from strata_operator.handlers.modelcache_nodes import NodeInfo
 from strata_operator.resources.modelcache import names
+from strata_operator.resources.modelcache.nodes import NodeInfo
 
 NAMESPACE, NAME = "serving", "llama"
 KEY = names.node_label_key(NAMESPACE, NAME)
@@ -74,7 +74,6 @@ class FakeCluster:
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     fake = FakeCluster(ready={"gpu-a": True, "gpu-b": True})
-    monkeypatch.setattr(cleanup, "NODES", fake)
     monkeypatch.setattr(cleanup, "list_children", fake.list_children)
     monkeypatch.setattr(cleanup, "get_dict", lambda _v, _k, name, _ns: fake.jobs.get(name))
     monkeypatch.setattr(cleanup, "delete_job", fake.delete_job)
@@ -92,13 +91,16 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     return fake
 
 
-def delete(retry: int = 0) -> None:
-    handler.modelcache_deleted(body=BODY, spec=SPEC, status={}, retry=retry, logger=logging.getLogger("test"))
+def delete(cluster: FakeCluster, retry: int = 0) -> None:
+    memo = kopf.Memo(modelcaches=handler.ModelCacheMemory(nodes=cluster))  # type: ignore[arg-type]
+    handler.modelcache_deleted(
+        body=BODY, spec=SPEC, status={}, retry=retry, memo=memo, logger=logging.getLogger("test")
+    )
 
 
 def test_a_namespace_being_deleted_releases_the_finalizer_and_records_the_copies(cluster: FakeCluster) -> None:
     cluster.terminating = True
-    delete()  # returns: no TemporaryError, so kopf removes the finalizer
+    delete(cluster)  # returns: no TemporaryError, so kopf removes the finalizer
     assert cluster.annotations == {("gpu-a", LEFTOVER): PATH, ("gpu-b", LEFTOVER): PATH}
     assert [(n, r) for n, r, _ in cluster.node_events] == [
         ("gpu-a", "ModelCopyLeftBehind"),
@@ -110,14 +112,14 @@ def test_a_namespace_being_deleted_releases_the_finalizer_and_records_the_copies
 
 def test_running_clean_up_holds_the_finalizer(cluster: FakeCluster) -> None:
     with pytest.raises(kopf.TemporaryError):
-        delete()
+        delete(cluster)
     assert len(cluster.list_children(None, "", "", "cleanup")) == 2 and cluster.annotations == {}
 
 
 def test_giving_up_deletes_the_clean_up_jobs_and_records_the_copies(cluster: FakeCluster) -> None:
     with pytest.raises(kopf.TemporaryError):
-        delete()
-    delete(retry=handler.CLEANUP_ATTEMPTS)
+        delete(cluster)
+    delete(cluster, retry=handler.CLEANUP_ATTEMPTS)
     assert cluster.list_children(None, "", "", "cleanup") == []  # none left Pending forever
     assert ("CleanupTimedOut", "gave up waiting for clean-up on gpu-a, gpu-b") in cluster.warnings
     assert cluster.annotations == {("gpu-a", LEFTOVER): PATH, ("gpu-b", LEFTOVER): PATH}
@@ -125,10 +127,10 @@ def test_giving_up_deletes_the_clean_up_jobs_and_records_the_copies(cluster: Fak
 
 def test_a_finished_clean_up_job_is_removed_with_the_finalizer(cluster: FakeCluster) -> None:
     with pytest.raises(kopf.TemporaryError):  # the first pass creates the Jobs
-        delete()
+        delete(cluster)
     for job in cluster.jobs.values():
         job["status"] = job_status("Succeeded")
-    delete(retry=1)
+    delete(cluster, retry=1)
     assert cluster.jobs == {} and cluster.node_events == []
     assert cluster.annotations == {("gpu-a", LEFTOVER): None, ("gpu-b", LEFTOVER): None}
 
@@ -136,10 +138,10 @@ def test_a_finished_clean_up_job_is_removed_with_the_finalizer(cluster: FakeClus
 def test_a_node_that_cannot_run_its_clean_up_is_recorded_and_its_job_removed(cluster: FakeCluster) -> None:
     cluster.ready["gpu-b"] = False
     with pytest.raises(kopf.TemporaryError):
-        delete()
+        delete(cluster)
     for job in cluster.jobs.values():
         if job["metadata"]["annotations"].get("strata.dev/node") == "gpu-a":
             job["status"] = job_status("Succeeded")
-    delete(retry=1)
+    delete(cluster, retry=1)
     assert cluster.jobs == {}
     assert cluster.annotations[("gpu-b", LEFTOVER)] == PATH and [n for n, _, _ in cluster.node_events] == ["gpu-b"]

@@ -4,18 +4,17 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from strata_operator import kube
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.handlers import modelcache_pernode as pernode
-from strata_operator.handlers.modelcache_io import Context
-from strata_operator.handlers.modelcache_nodes import NodeInfo
 from strata_operator.resources.modelcache import storage
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.plan import RECREATE_MAX_SECONDS, TIME_FORMAT, Observed, plan
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 NODES = {n: NodeInfo(n, f"uid-{n}", True) for n in ("gpu-a", "gpu-b", "gpu-c")}
 SPEC = ModelCacheSpec.model_validate(
     {
@@ -34,30 +33,33 @@ class Clock:
         return self.now
 
 
+@dataclass
+class World:
+    """Jobs vanish as soon as they are created (a TTL of 0 racing the operator's read): every plan observes
+    none, at the clock's time, and what it would create is counted."""
+
+    clock: Clock = field(default_factory=Clock)
+    created: list[str] = field(default_factory=list)
+
+    def reconcile_once(self, previous: dict[str, Any]) -> dict[str, Any]:
+        observed = Observed(
+            owner=OWNER, previous=previous, now=self.clock(), spec=SPEC, nodes=NODES, inputs_checked=True
+        )
+        result = plan(observed)
+        self.created += [a.key[1] for a in result.actions if a.verb == "apply"]
+        return result.status
+
+
 @pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> tuple[Clock, list[str]]:
-    """Jobs vanish as soon as they are created (a TTL of 0 racing the operator's read)."""
-    clock, created = Clock(), []
-    monkeypatch.setattr(pernode, "_now", clock, raising=False)
-    monkeypatch.setattr(pernode, "list_children", lambda *_a: [])
-    monkeypatch.setattr(pernode, "delete_job", lambda *_a: True)
-    monkeypatch.setattr(kube, "apply", lambda body, **_: created.append(body["metadata"]["name"]))
-    return clock, created
+def world() -> World:
+    return World()
 
 
-def reconcile_once(previous: dict[str, Any]) -> dict[str, Any]:
-    ctx = Context({}, OWNER, SPEC, previous, _checked=True)
-    states = pernode.node_states(
-        ctx, storage.ROLE_PRELOAD, NODES, lambda n, uid: storage.node_preload(OWNER, SPEC, n, uid)
-    )
-    return {"nodes": states}
-
-
-def test_vanishing_jobs_are_recreated_with_backoff_not_in_a_loop(world: tuple[Clock, list[str]]) -> None:
-    clock, created = world
+def test_vanishing_jobs_are_recreated_with_backoff_not_in_a_loop(world: World) -> None:
+    clock, created = world.clock, world.created
     status: dict[str, Any] = {}
     for _ in range(110):  # a reconcile a second for 110 s, as the watch events would drive it
-        status = reconcile_once(status)
+        status = world.reconcile_once(status)
         clock.now += datetime.timedelta(seconds=1)
     # Created at 0 s, again at 31 s (30 s after it vanished) and at 92 s (60 s more): 3 per node, not 110;
     # the third vanishing waits 120 s.
@@ -66,25 +68,24 @@ def test_vanishing_jobs_are_recreated_with_backoff_not_in_a_loop(world: tuple[Cl
     assert all("vanished before its result was read" in s["message"] for s in status["nodes"])
 
 
-def test_backoff_doubles_and_is_bounded(world: tuple[Clock, list[str]]) -> None:
-    clock, created = world
-    status = reconcile_once({})
+def test_backoff_doubles_and_is_bounded(world: World) -> None:
+    clock, created = world.clock, world.created
+    status = world.reconcile_once({})
     delays = []
     for _ in range(12):
-        status = reconcile_once(status)  # the Job is gone: schedule the next try
+        status = world.reconcile_once(status)  # the Job is gone: schedule the next try
         node = status["nodes"][0]
-        retry = datetime.datetime.strptime(node["retryAfter"], pernode.TIME_FORMAT).replace(tzinfo=datetime.UTC)
+        retry = datetime.datetime.strptime(node["retryAfter"], TIME_FORMAT).replace(tzinfo=datetime.UTC)
         delays.append(int((retry - clock.now).total_seconds()))
         clock.now = retry
-        status = reconcile_once(status)  # due: created again
-    assert delays[:4] == [30, 60, 120, 240] and max(delays) == pernode.RECREATE_MAX_SECONDS
+        status = world.reconcile_once(status)  # due: created again
+    assert delays[:4] == [30, 60, 120, 240] and max(delays) == RECREATE_MAX_SECONDS
     assert len(created) == 13 * len(NODES)
 
 
-def test_a_new_request_is_created_at_once(world: tuple[Clock, list[str]]) -> None:
-    _, created = world
-    reconcile_once({"nodes": [{"name": "gpu-a", "job": "llama-preload-old", "phase": "Preloading"}]})
-    assert len(created) == len(NODES)
+def test_a_new_request_is_created_at_once(world: World) -> None:
+    world.reconcile_once({"nodes": [{"name": "gpu-a", "job": "llama-preload-old", "phase": "Preloading"}]})
+    assert len(world.created) == len(NODES)
 
 
 def test_job_ttl_is_bounded_from_below() -> None:

@@ -10,9 +10,9 @@ from strata_operator import settings
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import storage
 from strata_operator.resources.modelcache.jobs import JobShape, PodMounts, build_job
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1", generation=1)
+OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 SPEC = ModelCacheSpec.model_validate(
     {"source": {"uri": "s3://models/llama"}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}}
 )

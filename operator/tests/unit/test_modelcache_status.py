@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strata_loader.contract import FetchResult
+from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import status as st
 
 RESULT = FetchResult(source="s3://models/llama", revision="main", bytes=3 * 2**30, files=4, seconds=12.5)
@@ -70,11 +71,31 @@ def test_render_status_keeps_transition_times_while_nothing_flips() -> None:
     assert first == second
     assert {c["type"]: c["status"] for c in first["conditions"]} == {
         "Ready": "False",
-        "Progressing": "True",
+        "Reconciling": "True",
+        "Stalled": "False",
         "Degraded": "False",
     }
     assert all(c["observedGeneration"] == 3 for c in first["conditions"])
     assert first["phase"] == "Preloading" and first["observedGeneration"] == 3
+
+
+def test_one_vocabulary_with_kvcachetier_stalled_waits_for_a_person() -> None:
+    """Ready, Reconciling and Stalled as kstatus reads them; Degraded is ModelCache's own. A condition type an
+    older operator wrote is dropped."""
+    previous = {"conditions": [{"type": "Progressing", "status": "True", "reason": "Preloading", "message": ""}]}
+    blocked = st.render_status(previous, st.blocked_outcome(Problem("SecretNotFound", "no secret"), {}), 1)
+    kinds = {c["type"]: (c["status"], c["reason"]) for c in blocked["conditions"]}
+    assert kinds == {
+        "Ready": ("False", "SecretNotFound"),
+        "Reconciling": ("False", "SecretNotFound"),
+        "Stalled": ("True", "SecretNotFound"),
+        "Degraded": ("True", "SecretNotFound"),
+    }
+    usable = st.nodes_outcome(
+        [{"name": "a", "phase": "Failed", "message": "m"}], ready_reason="R", ready_message="", fields={}
+    )
+    usable.ready = (True, "VolumeAvailable", "the image volume works without its pre-pull")
+    assert st.stalled(usable)[0] is False  # usable: nothing for kstatus to report as failed
 
 
 def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> None:
@@ -103,9 +124,9 @@ def test_per_node_states_roll_up_into_phase_and_conditions() -> None:
         return [{"name": f"n{i}", "phase": p, "message": "m"} for i, p in enumerate(phases)]
 
     all_ready = st.nodes_outcome(states("Ready", "Ready"), ready_reason="AllNodesReady", ready_message="", fields={})
-    assert all_ready.phase == "Ready" and all_ready.ready[0] and not all_ready.progressing[0]
+    assert all_ready.phase == "Ready" and all_ready.ready[0] and not all_ready.reconciling[0]
     partial = st.nodes_outcome(states("Ready", "Preloading"), ready_reason="R", ready_message="", fields={})
-    assert partial.phase == "Preloading" and partial.progressing[0] and not partial.ready[0]
+    assert partial.phase == "Preloading" and partial.reconciling[0] and not partial.ready[0]
     some_failed = st.nodes_outcome(states("Ready", "Failed"), ready_reason="R", ready_message="", fields={})
     assert some_failed.phase == "Degraded" and some_failed.degraded[:2] == (True, "NodePreloadFailed")
     all_failed = st.nodes_outcome(states("Failed"), ready_reason="R", ready_message="", fields={})

@@ -3,6 +3,7 @@ server accepts but the builders cannot use ends as (a condition, not an exceptio
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -13,11 +14,11 @@ from strata_loader import contract
 from strata_operator.api import modelcache
 from strata_operator.api.crdgen import build_crd
 from strata_operator.api.modelcache import BYTE_COUNT_PATTERN, ModelCacheSpec
-from strata_operator.handlers import modelcache_pernode as pernode
-from strata_operator.handlers import modelcache_reconcile as reconciler
-from strata_operator.handlers.modelcache_nodes import NodeInfo
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request
-from strata_operator.resources.modelcache.status import SpecError
+from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.plan import Observed, Plan, plan
+from strata_operator.resources.modelcache.status import SpecError, invalid_spec, status_patch
 
 WHOLE_BYTES: list[int | str] = ["16Mi", "1", "5Gi", "2Ti", "500M", "1k", "3G", "1T", "016Mi", "1024Ki", 1, 16777216]
 NOT_WHOLE_BYTES: list[int | str] = [
@@ -99,35 +100,49 @@ def test_a_value_the_loader_refuses_is_a_spec_error_naming_the_field() -> None:
     assert str(info.value).startswith("spec.source.include: ") and "'..'" in str(info.value)
 
 
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
 def body_of(spec: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": "llama", "namespace": "serving", "uid": "u-1", "generation": 2}, "spec": spec}
 
 
-def test_a_spec_the_builders_refuse_ends_in_a_condition_and_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    patches: list[dict[str, Any]] = []
-    monkeypatch.setattr(reconciler, "patch_status", lambda owner, patch: patches.append(dict(patch)))
-    node = NodeInfo("gpu-1", "node-uid", True, {"pool": "a"})
-    monkeypatch.setattr(pernode.NODES, "snapshot", lambda: {"gpu-1": node})
-    monkeypatch.setattr(pernode, "list_children", lambda *args: [])
+def planned(body: dict[str, Any], previous: dict[str, Any], nodes: dict[str, NodeInfo] | None = None) -> Plan:
+    """The plan for `body`, observed as gather would observe it (the spec parsed the same way)."""
+    observed = Observed(
+        owner=CacheRef.from_body(body), previous=previous, now=NOW, nodes=nodes or {}, inputs_checked=True
+    )
+    try:
+        observed.spec = ModelCacheSpec.model_validate(body["spec"])
+    except ValidationError as error:
+        observed.spec_problem = invalid_spec(error)
+    return plan(observed)
+
+
+def test_a_spec_the_builders_refuse_ends_in_a_condition_and_a_warning() -> None:
+    nodes = {"gpu-1": NodeInfo("gpu-1", "node-uid", True, {"pool": "a"})}
     spec = {
         "source": {"uri": "s3://models/llama", "exclude": ["/etc/*"]},
         "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": {"pool": "a"}}},
     }
 
-    status, events = reconciler.reconcile(body_of(spec), {})
+    result = planned(body_of(spec), {}, nodes)
 
+    status, events = result.status, result.events
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert status["phase"] == "Failed" and ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert ready["message"].startswith("spec.source.exclude: ") and "is absolute" in ready["message"]
     assert ("Warning", "InvalidSpec", ready["message"]) in events
-    assert patches and patches[0]["phase"] == "Failed"
-    again, events = reconciler.reconcile(body_of(spec), status)
-    assert again == status and events == [] and len(patches) == 1  # settled: no writes, no Events, no retry storm
+    assert result.actions == [] and status_patch({}, status) is not None
+    again = planned(body_of(spec), status, nodes)
+    # settled: no writes, no Events, no retry storm
+    assert again.status == status and again.events == [] and again.actions == []
+    assert status_patch(status, again.status) is None
 
 
-def test_a_spec_the_model_refuses_names_the_field_in_the_condition(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reconciler, "patch_status", lambda owner, patch: None)
-    status, events = reconciler.reconcile(body_of(spec_with({"blockSize": "1.5Gi"})), {})
+def test_a_spec_the_model_refuses_names_the_field_in_the_condition() -> None:
+    result = planned(body_of(spec_with({"blockSize": "1.5Gi"})), {})
+    status, events = result.status, result.events
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidSpec" and ready["message"].startswith("spec.preload.blockSize: '1.5Gi' must be")
     assert "errors.pydantic.dev" not in ready["message"]

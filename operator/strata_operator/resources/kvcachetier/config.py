@@ -22,13 +22,13 @@ from strata_kv.config import (
 )
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, L2Spec
+from strata_operator.resources.core import stable_hash
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
     AUTH_FILE,
     L2_FS_ROOT,
     TierRef,
-    content_hash,
     quantity_bytes,
 )
 
@@ -110,4 +110,4 @@ def build_config_map(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
 
 
 def config_hash(config_map: dict[str, Any]) -> str:
-    return content_hash(config_map["data"])
+    return stable_hash(config_map["data"], length=16)

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from strata_operator.api import API_VERSION
-from strata_operator.kube import child_labels
+from strata_operator.resources.core import Owner
 
 COMPONENT = "kvserver"
 APP_NAME = "strata-kv"
@@ -27,18 +23,11 @@ KIND = "KVCacheTier"
 
 
 @dataclass(frozen=True)
-class TierRef:
-    """Who owns the children: enough of the custom resource to name, label and own them."""
+class TierRef(Owner):
+    """The owning KVCacheTier, with the names of its children."""
 
-    name: str
-    namespace: str
-    uid: str
-    generation: int | None = None
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> TierRef:
-        meta = body["metadata"]
-        return cls(meta["name"], meta["namespace"], meta.get("uid", ""), meta.get("generation"))
+    KIND = KIND
+    COMPONENT = COMPONENT
 
     @property
     def daemonset(self) -> str:
@@ -64,26 +53,16 @@ class TierRef:
     def generated_token_secret(self) -> str:
         return f"{self.name}-kv-token"
 
-    def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-
     def selector_labels(self) -> dict[str, str]:
         """The DaemonSet selector: immutable, so it never grows beyond these."""
-        return {NAME_LABEL: APP_NAME, **child_labels(self.name, COMPONENT)}
+        return {NAME_LABEL: APP_NAME, **self.ownership_labels()}
 
     def metadata(self, name: str, **extra: Any) -> dict[str, Any]:
         return {
             "name": name,
             "namespace": self.namespace,
             "labels": self.selector_labels(),
-            "ownerReferences": [self.owner_reference()],
+            "ownerReferences": [self.reference()],
             **extra,
         }
 
@@ -99,9 +78,3 @@ def mebibytes(n: int) -> str:
     """A quantity rounded up to whole Mi, in Gi when exact: stable text, readable in `kubectl describe`."""
     mib = -(-n // 1024**2)
     return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
-
-
-def content_hash(data: Any) -> str:
-    """A short, stable digest of JSON-able data (used for the pod template's config-hash annotation)."""
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]

@@ -12,9 +12,9 @@ from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import get_condition, now_rfc3339, set_condition
+from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
-from strata_operator.resources.kvcachetier.validation import Problem
 
 AVAILABLE = "Available"
 ALL_INSTANCES_READY = "AllInstancesReady"

@@ -11,20 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.daemonset import derived_memory_request, memory_request_bytes
 from strata_operator.resources.kvcachetier.names import AUTH_FILE, mebibytes, quantity_bytes
 
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 DAEMONSET_TOLERATED_PREFIX = "node.kubernetes.io/"
 """The DaemonSet controller adds tolerations for these node-condition taints by itself."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why the spec cannot run as written: `reason` is a condition reason, `message` says what to do."""
-
-    reason: str
-    message: str
 
 
 @dataclass

@@ -14,8 +14,9 @@ from pydantic.alias_generators import to_camel
 from strata_loader import contract
 
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL, short_hash
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.core import stable_hash
+from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
 from strata_operator.resources.runtime_image import RuntimeImage
 from strata_operator.resources.security import container_security_context, pod_security_context
@@ -105,7 +106,7 @@ def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: s
     # allowLinkLocal only widens what the API accepts; the Job it leads to is the same, so it is not hashed.
     s3 = spec.source.s3.to_k8s() if spec.source.s3 else {}
     s3.pop("allowLinkLocal", None)
-    return short_hash(request.to_args(), s3, runtime_image(spec), *extra)
+    return stable_hash([request.to_args(), s3, runtime_image(spec), *extra])
 
 
 @dataclass
@@ -169,7 +170,7 @@ class JobShape:
 
 
 def build_job(
-    owner: Owner, spec: ModelCacheSpec, shape: JobShape, request: Any = None, runtime: RuntimeImage | None = None
+    owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: Any = None, runtime: RuntimeImage | None = None
 ) -> dict[str, Any]:
     """A Job running one container from the runtime image, restricted pod security, result in the
     termination message (with the log tail as fallback when the process dies before writing it)."""

@@ -6,12 +6,10 @@ label's name part must too. Long names are shortened and made unique again with 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from typing import Any
 
 from strata_operator.api import GROUP
+from strata_operator.resources.core import stable_hash
 
 MAX_NAME = 63
 CACHE_LABEL = f"{GROUP}/modelcache"
@@ -27,18 +25,12 @@ _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def short_hash(*parts: Any, length: int = 10) -> str:
-    """A stable hex digest of JSON-serialisable parts (sorted keys, so dict order never matters)."""
-    data = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(data.encode()).hexdigest()[:length]
-
-
 def bounded_name(*parts: str, limit: int = MAX_NAME) -> str:
     """Join parts with '-'; if too long, keep a prefix and append a hash of the whole so names stay unique."""
     full = "-".join(p for p in parts if p)
     if len(full) <= limit:
         return full
-    digest = short_hash(full, length=8)
+    digest = stable_hash([full], length=8)
     prefix = full[: limit - len(digest) - 1].rstrip("-.")
     return f"{prefix}-{digest}"
 
@@ -56,7 +48,7 @@ def dns_label(*parts: str) -> str:
     cleaned = re.sub(r"[^a-z0-9-]+", "-", full.lower())
     if cleaned == full:
         return bounded_name(full)
-    digest = short_hash(full, length=8)
+    digest = stable_hash([full], length=8)
     prefix = cleaned[: MAX_NAME - len(digest) - 1].strip("-")
     return f"{prefix}-{digest}" if prefix else digest
 
@@ -93,7 +85,3 @@ def leftover_annotation_key(namespace: str, cache_name: str) -> str:
     if not _LABEL_NAME.match(name_part):
         raise ValueError(f"node annotation name {name_part!r} is not a valid name")
     return f"{GROUP}/{name_part}"
-
-
-def selector(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

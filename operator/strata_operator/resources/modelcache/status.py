@@ -10,11 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from strata_loader.contract import FetchResult
 
-from strata_operator.conditions import get_condition, set_condition
+from strata_operator.conditions import READY, RECONCILING, STALLED, get_condition, set_condition
+from strata_operator.resources.core import Problem
 
-READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+DEGRADED = "Degraded"
+"""ModelCache's domain condition: something failed (a node's copy, the preload), whether or not it is usable."""
+CONDITION_TYPES = (READY, RECONCILING, STALLED, DEGRADED)
 PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
     "Pending",
     "Preloading",
@@ -25,12 +29,13 @@ PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Bad input that blocks progress until a person fixes it: a condition reason and what to do."""
-
-    reason: str
-    message: str
+def invalid_spec(error: ValidationError) -> Problem:
+    """The model's refusal, one `spec.<field>: <what is wrong>` per error (pydantic's text names no fields)."""
+    details = "; ".join(
+        f"spec.{'.'.join(str(part) for part in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    return Problem("InvalidSpec", f"{details}; fix the spec, the operator retries when it changes")
 
 
 class SpecError(ValueError):
@@ -50,7 +55,7 @@ class Outcome:
 
     phase: str
     ready: tuple[bool, str, str]
-    progressing: tuple[bool, str, str]
+    reconciling: tuple[bool, str, str]
     degraded: tuple[bool, str, str] = (False, "AsExpected", "")
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -128,16 +133,26 @@ def render_status(
     previous: Mapping[str, Any], outcome: Outcome, generation: int | None, now: str | None = None
 ) -> dict[str, Any]:
     """The whole desired status; lastTransitionTime only moves when a condition's status flips."""
-    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    # Only the current vocabulary: a condition type an older operator wrote (Progressing) is dropped.
+    conditions = [dict(c) for c in previous.get("conditions") or [] if c.get("type") in CONDITION_TYPES]
     for type_, (flag, reason, message) in (
         (READY, outcome.ready),
-        (PROGRESSING, outcome.progressing),
+        (RECONCILING, outcome.reconciling),
+        (STALLED, stalled(outcome)),
         (DEGRADED, outcome.degraded),
     ):
         conditions = set_condition(conditions, type_, flag, reason, message, generation=generation, now=now)
     status: dict[str, Any] = {k: v for k, v in outcome.fields.items() if v is not None}
     status.update(phase=outcome.phase, observedGeneration=generation, conditions=conditions)
     return status
+
+
+def stalled(outcome: Outcome) -> tuple[bool, str, str]:
+    """kstatus' Stalled: not usable, nothing in progress, and something failed: it waits for a person."""
+    flag, reason, message = outcome.degraded
+    if flag and not outcome.reconciling[0] and not outcome.ready[0]:
+        return True, reason, message
+    return False, outcome.reconciling[1] if outcome.reconciling[0] else outcome.ready[1], ""
 
 
 def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -174,7 +189,7 @@ def blocked_outcome(problem: Problem, fields: dict[str, Any]) -> Outcome:
     return Outcome(
         phase=PHASE_FAILED,
         ready=(False, problem.reason, problem.message),
-        progressing=(False, problem.reason, "waiting for the problem to be fixed"),
+        reconciling=(False, problem.reason, "waiting for the problem to be fixed"),
         degraded=(True, problem.reason, problem.message),
         fields=fields,
     )
@@ -184,7 +199,7 @@ def ready_outcome(fields: dict[str, Any], message: str) -> Outcome:
     return Outcome(
         phase=PHASE_READY,
         ready=(True, "Preloaded", message),
-        progressing=(False, "Preloaded", "nothing left to do"),
+        reconciling=(False, "Preloaded", "nothing left to do"),
         fields=fields,
     )
 
@@ -193,7 +208,7 @@ def preloading_outcome(fields: dict[str, Any], message: str) -> Outcome:
     return Outcome(
         phase=PHASE_PRELOADING,
         ready=(False, "Preloading", message),
-        progressing=(True, "Preloading", message),
+        reconciling=(True, "Preloading", message),
         fields=fields,
     )
 
@@ -202,7 +217,7 @@ def failed_outcome(fields: dict[str, Any], reason: str, message: str) -> Outcome
     return Outcome(
         phase=PHASE_FAILED,
         ready=(False, reason, message),
-        progressing=(False, reason, "stopped: see the Degraded condition"),
+        reconciling=(False, reason, "stopped: see the Degraded condition"),
         degraded=(True, reason, message),
         fields=fields,
     )
@@ -218,7 +233,7 @@ def nodes_outcome(
     blocked = [s for s in states if s["phase"] == PHASE_PENDING]
     in_flight = total - ready - len(failed) - len(blocked)
     count = f"{ready}/{total} nodes ready"
-    progressing = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
+    reconciling = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
     degraded = (False, "AsExpected", "")
     if failed or blocked:
         worst = failed[0] if failed else blocked[0]
@@ -229,12 +244,12 @@ def nodes_outcome(
             f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
         )
     if ready == total:
-        return Outcome(PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), progressing, degraded, fields)
+        return Outcome(PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), reconciling, degraded, fields)
     phase = PHASE_PRELOADING if in_flight else (PHASE_DEGRADED if ready else PHASE_FAILED)
     return Outcome(
         phase,
         (False, degraded[1] if degraded[0] and not in_flight else "Preloading", count),
-        progressing,
+        reconciling,
         degraded,
         fields,
     )

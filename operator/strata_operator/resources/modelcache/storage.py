@@ -14,6 +14,7 @@ from strata_operator.api.modelcache import (
     NodeLocalStorage,
     SharedPVCStorage,
 )
+from strata_operator.resources.core import stable_hash
 from strata_operator.resources.modelcache import names
 from strata_operator.resources.modelcache.jobs import (
     MODEL_MOUNT,
@@ -25,7 +26,7 @@ from strata_operator.resources.modelcache.jobs import (
     request_hash,
     source_mounts,
 )
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
 
 ROLE_PRELOAD = "preload"
@@ -47,7 +48,7 @@ def image_volume(spec: ModelCacheSpec) -> ImageVolumeStorage:
     return spec.storage.image_volume or ImageVolumeStorage()
 
 
-def claim_name(owner: Owner, spec: ModelCacheSpec) -> str:
+def claim_name(owner: CacheRef, spec: ModelCacheSpec) -> str:
     return shared_pvc(spec).claim_name or names.claim_name(owner.name)
 
 
@@ -56,7 +57,7 @@ def claim_is_adopted(spec: ModelCacheSpec) -> bool:
     return shared_pvc(spec).claim_name is not None
 
 
-def build_claim(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
+def build_claim(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
     """The RWX claim the operator creates; owned by the cache only when the deletion policy is Delete."""
     storage = shared_pvc(spec)
     if storage.size is None:
@@ -78,7 +79,7 @@ def build_claim(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
 
 
-def shared_pvc_preload(owner: Owner, spec: ModelCacheSpec, claim_uid: str) -> tuple[str, dict[str, Any]]:
+def shared_pvc_preload(owner: CacheRef, spec: ModelCacheSpec, claim_uid: str) -> tuple[str, dict[str, Any]]:
     """(hash, Job) filling the claim. The claim's uid is part of the hash: a re-created claim is empty."""
     request = fetch_request(spec, MODEL_MOUNT)
     claim = claim_name(owner, spec)
@@ -96,7 +97,7 @@ def shared_pvc_preload(owner: Owner, spec: ModelCacheSpec, claim_uid: str) -> tu
     return preload_hash, build_job(owner, spec, shape, request)
 
 
-def node_copy_path(owner: Owner, spec: ModelCacheSpec) -> str:
+def node_copy_path(owner: CacheRef, spec: ModelCacheSpec) -> str:
     """The copy's directory on the node: one per namespace and name, under the configured root."""
     return posixpath.join(node_local(spec).path, owner.namespace, owner.name)
 
@@ -108,7 +109,7 @@ def _node_root_mounts(spec: ModelCacheSpec, base: PodMounts | None = None) -> Po
     return mounts
 
 
-def node_preload(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+def node_preload(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
     """(hash, Job) copying the model onto one node. The node's uid is in the hash: a new node is empty."""
     dest = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
     request = fetch_request(spec, dest)
@@ -126,14 +127,14 @@ def node_preload(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -
     return node_hash, build_job(owner, spec, shape, request)
 
 
-def node_cleanup_job_name(owner: Owner, node: str) -> str:
-    return names.node_job_name(owner.name, ROLE_CLEANUP, names.short_hash("cleanup", owner.uid, node))
+def node_cleanup_job_name(owner: CacheRef, node: str) -> str:
+    return names.node_job_name(owner.name, ROLE_CLEANUP, stable_hash(["cleanup", owner.uid, node]))
 
 
-def node_cleanup(owner: Owner, spec: ModelCacheSpec, node: str) -> dict[str, Any]:
+def node_cleanup(owner: CacheRef, spec: ModelCacheSpec, node: str) -> dict[str, Any]:
     """A Job removing the node's copy after the cache is deleted (a shell `rm`: the runtime image has one)."""
     target = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
-    node_hash = names.short_hash("cleanup", owner.uid, node)
+    node_hash = stable_hash(["cleanup", owner.uid, node])
     shape = JobShape(
         name=node_cleanup_job_name(owner, node),
         role=ROLE_CLEANUP,
@@ -159,9 +160,9 @@ def image_volume_source(spec: ModelCacheSpec) -> dict[str, Any]:
     return {"image": {"reference": image_reference(spec), "pullPolicy": image_volume(spec).pull_policy.value}}
 
 
-def node_prepull(owner: Owner, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+def node_prepull(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
     """(hash, Job) whose pod mounts the image volume on one node: the kubelet pulls it to start the pod."""
-    node_hash = names.short_hash("prepull", image_volume_source(spec), node, node_uid)
+    node_hash = stable_hash(["prepull", image_volume_source(spec), node, node_uid])
     mounts = PodMounts()
     mounts.add("model", image_volume_source(spec), MODEL_MOUNT, read_only=True)
     shape = JobShape(

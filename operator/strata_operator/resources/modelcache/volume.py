@@ -6,15 +6,15 @@ from typing import Any
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.modelcache import names, storage
-from strata_operator.resources.modelcache.owner import Owner
+from strata_operator.resources.modelcache.owner import CacheRef
 
 
-def volume_name(owner: Owner) -> str:
+def volume_name(owner: CacheRef) -> str:
     """The name of the volume in status.volume: pods refuse one that is not a DNS label (a dotted cache name)."""
     return names.dns_label("model", owner.name)
 
 
-def build_volume_snippet(owner: Owner, spec: ModelCacheSpec) -> dict[str, Any]:
+def build_volume_snippet(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
     """`volume` goes in `spec.volumes`, `volumeMount` in the container; NodeLocal adds a `nodeSelector`
     so pods land only where a verified copy is."""
     name = volume_name(owner)
