@@ -161,6 +161,7 @@ NEEDED_IN_NAMESPACE = [
     ("patch", "", "configmaps", ""),
     ("create", "", "services", ""),
     ("get", "", "secrets", ""),
+    ("create", "", "secrets", ""),  # a KVCacheTier's generated token, created once
     ("get", "", "serviceaccounts", ""),
     ("create", "", "events", ""),
 ]
@@ -174,7 +175,10 @@ NEEDED_CLUSTER_WIDE = [
 # Never: what a compromised operator must not be able to do.
 FORBIDDEN_IN_NAMESPACE = [
     ("list", "", "secrets", ""),
-    ("create", "", "secrets", ""),
+    ("watch", "", "secrets", ""),
+    ("patch", "", "secrets", ""),
+    ("update", "", "secrets", ""),
+    ("delete", "", "secrets", ""),
     ("create", "", "pods", ""),
     ("create", "", "pods", "exec"),
     ("update", "strata.dev", "modelcaches", ""),

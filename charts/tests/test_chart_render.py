@@ -121,6 +121,13 @@ def test_replicas_run_with_a_cluster_peering_object(helm, chart_helpers, monkeyp
         "resources": ["clusterkopfpeerings"],
         "verbs": ["list", "watch", "patch"],
     } in cluster_role["rules"]
+    # The health probe reads that one object (to tell a standby from a tie that pauses every replica).
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings"],
+        "resourceNames": ["strata"],
+        "verbs": ["get"],
+    } in cluster_role["rules"]
 
 
 def test_peering_crds_ship_in_the_charts_crds_directory(helm):
@@ -168,7 +175,8 @@ def test_operator_pod_is_restricted_by_default(helm, chart_helpers):
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["resources"]["limits"]["memory"] == "512Mi"
 
 

@@ -138,7 +138,7 @@ def test_operator_builders_run_pods_as_the_images_user():
     from strata_operator.resources import runtime_image, security
 
     assert runtime_image.RUNTIME_IMAGE_REPOSITORY == "ghcr.io/strata-dev/strata-runtime"
-    assert runtime_image.default_runtime_image().startswith("ghcr.io/strata-dev/strata-runtime:")
+    assert runtime_image.release_image().startswith("ghcr.io/strata-dev/strata-runtime:")
 
     assert security.RUNTIME_UID == NONROOT_UID
 

@@ -106,9 +106,10 @@ def kv_daemonset(fields: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         from strata_operator.api.kvcachetier import KVCacheTierSpec
         from strata_operator.resources.kvcachetier.children import build_children
         from strata_operator.resources.kvcachetier.names import TierRef
+        from strata_operator.resources.runtime_image import RuntimeImage, release_image
 
         spec = KVCacheTierSpec.model_validate(fields)
-        daemonset = build_children(spec, TierRef("kv", "ns", "uid-1", 1)).daemonset
+        daemonset = build_children(spec, TierRef("kv", "ns", "uid-1", 1), RuntimeImage(release_image())).daemonset
         return dict(daemonset["spec"]["template"])
 
     return build

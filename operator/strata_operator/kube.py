@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +13,8 @@ from typing import Any
 import kubernetes
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
+
+from strata_operator import settings
 
 FIELD_MANAGER = "strata-operator"
 
@@ -26,7 +27,7 @@ def _load_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         # The client reads $KUBECONFIG once at import time; read it now so a changed value is honoured.
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        kubernetes.config.load_kube_config(config_file=settings.kubeconfig())
 
 
 def dynamic_client() -> DynamicClient:
@@ -39,6 +40,11 @@ def dynamic_client() -> DynamicClient:
 def _dynamic_client() -> DynamicClient:
     _load_config()
     return DynamicClient(kubernetes.client.ApiClient())
+
+
+def api_reachable(timeout: float) -> None:
+    """Raise unless the API server answers `/version` within `timeout` seconds."""
+    kubernetes.client.VersionApi(dynamic_client().client).get_code(_request_timeout=timeout)
 
 
 def reset_clients() -> None:

@@ -1,62 +1,92 @@
-"""Operator-wide kopf settings, set in one startup hook."""
+"""Every setting the operator process reads from its environment, read once, in one place.
+
+- `STRATA_RUNTIME_IMAGE`: image of the Jobs and DaemonSets the operator renders (default: this release's
+  `ghcr.io/strata-dev/strata-runtime:<version>`).
+- `STRATA_RUNTIME_IMAGE_PULL_POLICY`: their pull policy where the spec names neither an image nor a policy
+  (default `IfNotPresent`).
+- `STRATA_IMAGE_PULL_SECRETS`: comma-separated Secret names for those pods' `imagePullSecrets` (each pod looks
+  them up in its own namespace; default none).
+- `STRATA_MODELCACHE_RESYNC_SECONDS`: how often every ModelCache is re-checked without a watch event (60).
+- `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
+- `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made.
+
+Nothing else in `strata_operator` calls `os.environ`; builders take what they need as arguments
+(`operator/tests/unit/test_cli_and_settings.py` keeps it so).
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import logging
 import os
+import secrets
 import socket
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-import kopf
+from strata_operator.resources.runtime_image import RuntimeImage, release_image
 
-from strata_operator.api import GROUP
+RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
+RUNTIME_IMAGE_PULL_POLICY_ENV = "STRATA_RUNTIME_IMAGE_PULL_POLICY"
+IMAGE_PULL_SECRETS_ENV = "STRATA_IMAGE_PULL_SECRETS"
+MODELCACHE_RESYNC_ENV = "STRATA_MODELCACHE_RESYNC_SECONDS"
+POD_ID_ENV = "POD_ID"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
-FINALIZER = f"{GROUP}/finalizer"
-PROGRESS_ANNOTATION_PREFIX = GROUP
-LAST_HANDLED_ANNOTATION = f"{GROUP}/last-handled-configuration"
-WATCH_SERVER_TIMEOUT_SECONDS = 300
-WATCH_CLIENT_TIMEOUT_SECONDS = 330
+
+def unique_identity() -> str:
+    """An identity no other process shares, even on the same host: two replicas that tie on priority both pause."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
 
 
-def peer_priority(pod_id: str) -> int:
+def peer_priority(identity: str) -> int:
     """A stable priority per replica: kopf pauses every peer whose priority is equal or higher than its
     own, so replicas with one shared priority would all stand by; distinct ones leave exactly one active."""
-    return 1 + int.from_bytes(hashlib.sha256(pod_id.encode()).digest()[:4], "big") % (2**30)
+    return 1 + int.from_bytes(hashlib.sha256(identity.encode()).digest()[:4], "big") % (2**30)
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Apply Strata's settings; pure enough to unit-test against a fresh OperatorSettings."""
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PROGRESS_ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
-    # Watches that never time out can go silent behind load balancers; re-list regularly instead.
-    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
-    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
-    settings.watching.connect_timeout = 30
-    settings.peering.priority = peer_priority(os.environ.get("POD_ID") or socket.gethostname())
-    settings.posting.enabled = True
-    settings.posting.level = logging.INFO
-    settings.execution.max_workers = 16
-    settings.networking.request_timeout = 60
-    settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
+@dataclass(frozen=True)
+class Settings:
+    runtime: RuntimeImage = field(default_factory=lambda: RuntimeImage(release_image()))
+    modelcache_resync_seconds: float = 60.0
+    identity: str = field(default_factory=unique_identity)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and check every setting; a bad value stops the operator at start with the variable's name."""
+        env = os.environ if environ is None else environ
+        policy = env.get(RUNTIME_IMAGE_PULL_POLICY_ENV) or "IfNotPresent"
+        if policy not in PULL_POLICIES:
+            raise ValueError(f"{RUNTIME_IMAGE_PULL_POLICY_ENV}={policy!r}: use one of {', '.join(PULL_POLICIES)}")
+        pull_secrets = tuple(s.strip() for s in (env.get(IMAGE_PULL_SECRETS_ENV) or "").split(",") if s.strip())
+        resync = env.get(MODELCACHE_RESYNC_ENV) or "60"
+        try:
+            resync_seconds = float(resync)
+        except ValueError:
+            raise ValueError(f"{MODELCACHE_RESYNC_ENV}={resync!r}: give a number of seconds") from None
+        return cls(
+            runtime=RuntimeImage(env.get(RUNTIME_IMAGE_ENV) or release_image(), policy, pull_secrets),
+            modelcache_resync_seconds=resync_seconds,
+            identity=env.get(POD_ID_ENV) or unique_identity(),
+        )
+
+    @property
+    def peer_priority(self) -> int:
+        return peer_priority(self.identity)
 
 
-@kopf.on.startup()
-def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    configure(settings)
+@functools.cache
+def current() -> Settings:
+    """The process's settings, read on first use (the startup hook reads them before any handler runs)."""
+    return Settings.from_env()
 
 
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod, the service account; elsewhere $KUBECONFIG as it is when the operator starts."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+def reload() -> Settings:
+    """Read the environment again (tests that change it; the in-process operator between sessions)."""
+    current.cache_clear()
+    return current()
 
 
-kopf.on.login()(login)
-
-
-@kopf.on.probe(id="ready")
-def readiness_probe(**_: Any) -> bool:
-    return True
+def kubeconfig() -> str | None:
+    """$KUBECONFIG as it is now: tests switch clusters within one process, so this one is not cached."""
+    return os.environ.get("KUBECONFIG") or None

@@ -225,9 +225,25 @@ class TenancySpec(CRDModel):
 
 
 class AuthSpec(CRDModel):
-    """RESP AUTH for every client of the tier; the token is read from a Secret, never from the spec."""
+    """RESP AUTH for the servers: on by default, since every pod on a node can reach the node-local Service."""
 
-    secret_ref: SecretKeyRef = Field(description="Secret key holding the RESP AUTH token (key `token` if unset).")
+    model_config = _rules(
+        cel(
+            "!(has(self.disabled) && self.disabled && has(self.secretRef))",
+            "auth.disabled and auth.secretRef exclude each other: remove one",
+        )
+    )
+
+    secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the RESP AUTH token (key `token` if unset). When omitted the operator "
+        "creates `<name>-kv-token` with a random token, owned by the tier and never rewritten.",
+    )
+    disabled: bool = Field(
+        default=False,
+        description="Run the servers without AUTH: any pod that reaches a node's Service can read and write "
+        "every cached chunk.",
+    )
 
 
 class UpdateStrategy(CRDModel):
@@ -255,9 +271,10 @@ class KVCacheTierSpec(CRDModel):
         min_length=1,
         description="The runtime image; defaults to the operator's configured runtime image (STRATA_RUNTIME_IMAGE).",
     )
-    image_pull_policy: PullPolicy = Field(
-        default=PullPolicy.IF_NOT_PRESENT,
-        description="Pull policy of the server image: Always, IfNotPresent (default) or Never.",
+    image_pull_policy: PullPolicy | None = Field(
+        default=None,
+        description="Pull policy of the servers' image; with no image set, the operator's configured policy "
+        "(STRATA_RUNTIME_IMAGE_PULL_POLICY), else Kubernetes' default.",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict,
@@ -300,8 +317,11 @@ class KVCacheTierSpec(CRDModel):
         json_schema_extra=_OBJECT_DEFAULT,
         description="Tenant separation: a cache salt for this tier's clients, and whether the server requires one.",
     )
-    auth: AuthSpec | None = Field(
-        default=None, description="RESP AUTH token from a Secret; clients connect without one when omitted."
+    auth: AuthSpec = Field(
+        default_factory=AuthSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="RESP AUTH: on by default with a token the operator generates; a Secret of your own with "
+        "secretRef, or none with disabled: true.",
     )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
@@ -375,6 +395,18 @@ CRD = CRDSpec(
         PrinterColumn("L1", ".spec.l1.size"),
         PrinterColumn("L2", ".status.l2"),
         PrinterColumn("Available", '.status.conditions[?(@.type=="Available")].status', description="Serving"),
+    ),
+    root_validations=(
+        cel(
+            "self.metadata.name.size() <= 63",
+            "metadata.name must be at most 63 characters: the DaemonSet, the Service and label values carry it",
+            reason="FieldValueInvalid",
+        ),
+        cel(
+            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "metadata.name must be a DNS label starting with a letter (no dots): the Service is named after it",
+            reason="FieldValueInvalid",
+        ),
     ),
     description="A per-node KV cache tier server (DRAM L1, filesystem/S3 L2) for vLLM.",
 )

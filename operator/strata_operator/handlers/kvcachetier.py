@@ -19,6 +19,7 @@ from strata_operator.handlers import kvcachetier_reconcile as reconciler
 from strata_operator.handlers import kvcachetier_usage as usage
 from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
+from strata_operator.settings import Settings
 
 PLURAL = "kvcachetiers"
 DRIFT_INTERVAL_SECONDS = 60.0
@@ -31,25 +32,40 @@ _CHILD_KINDS = (
 )
 
 
-def _reconcile(body: Mapping[str, Any], *, full: bool = True) -> None:
+def _settings(memo: kopf.Memo) -> Settings | None:
+    """What the startup hook read (absent only when a test registry skipped it)."""
+    found = memo.get("strata")
+    return found if isinstance(found, Settings) else None
+
+
+MAX_RETRY_DELAY_SECONDS = 300.0
+
+
+def retry_delay(retry: int) -> float:
+    """5 s doubling per failed attempt up to 5 min: an unforeseen failure is retried, never in a tight loop
+    (a spec problem ends in a condition instead; the drift timer re-runs the reconcile anyway)."""
+    return float(min(MAX_RETRY_DELAY_SECONDS, 5.0 * 2 ** min(retry, 16)))
+
+
+def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, *, full: bool = True, retry: int = 0) -> None:
     try:
-        reconciler.reconcile(body, full=full)
+        reconciler.reconcile(body, full=full, settings=_settings(memo))
     except kopf.PermanentError:
         raise
-    except Exception as error:  # kopf retries with backoff; the message says what failed.
-        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=5) from error
+    except Exception as error:  # kopf retries after the delay; the message says what failed.
+        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=retry_delay(retry)) from error
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def tier_changed(body: kopf.Body, **_: Any) -> None:
-    _reconcile(body)
+def tier_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    _reconcile(body, memo, retry=retry)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
-def tier_drift(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    _reconcile(body)
+def tier_drift(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _reconcile(body, memo)
     current = io.read_tier(body["metadata"]["name"], body["metadata"]["namespace"])
     if current is not None:
         try:
@@ -88,14 +104,14 @@ def child_event_action(event_type: str | None, body: Mapping[str, Any]) -> Liter
     return "full"
 
 
-def _child_event(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+def _child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     owner = owning_tier(body)
     action = child_event_action(event.get("type"), body)
     if owner is None or action == "skip":
         return
     try:
         target = {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}
-        reconciler.reconcile(target, full=action == "full")
+        reconciler.reconcile(target, full=action == "full", settings=_settings(memo))
     except Exception:  # events are not retried: the timer converges later
         logger.exception("reconcile of KVCacheTier %s after a %s event failed", owner, body.get("kind"))
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
@@ -45,6 +45,16 @@ def list_objects(
 def apply(body: Mapping[str, Any]) -> dict[str, Any]:
     """Server-side apply with Strata's field manager; a no-op on the server when nothing changed."""
     return dict(kube.apply(body).to_dict())
+
+
+def create(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Create the object; None when one of that name already exists (it is never overwritten)."""
+    meta = body["metadata"]
+    try:
+        created = _resource(body["apiVersion"], body["kind"]).create(body=dict(body), namespace=meta.get("namespace"))
+    except ConflictError:
+        return None
+    return dict(created.to_dict())
 
 
 def read_tier(name: str, namespace: str) -> dict[str, Any] | None:

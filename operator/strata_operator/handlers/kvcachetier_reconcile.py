@@ -7,20 +7,23 @@ and converges on the same state. Reconciles of one resource are serialized by a 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from kubernetes.dynamic.exceptions import UnprocessibleEntityError
+from kubernetes.dynamic.exceptions import BadRequestError, InternalServerError, UnprocessibleEntityError
 from pydantic import ValidationError
 
 from strata_operator import kube
+from strata_operator import settings as strata_settings
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
 from strata_operator.handlers import kvcachetier_io as io
 from strata_operator.resources.core import label_selector
+from strata_operator.resources.kvcachetier.auth import TOKEN_BYTES, build_token_secret, token_secret
 from strata_operator.resources.kvcachetier.children import Children, build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
@@ -74,7 +77,7 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     nodes = io.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
-    if spec.auth is not None:
+    if spec.auth.secret_ref is not None:
         refs.append(spec.auth.secret_ref.name)
     if spec.l2 and spec.l2.s3 and spec.l2.s3.secret_ref:
         refs.append(spec.l2.s3.secret_ref.name)
@@ -111,7 +114,9 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
     for child in children.in_apply_order():
         try:
             stored = io.apply(child)
-        except UnprocessibleEntityError as error:
+        except (BadRequestError, UnprocessibleEntityError, InternalServerError) as error:
+            # 400/422: the child is invalid as rendered; 500: the API server could not even type it (a
+            # mistyped free-form field such as affinity). Reported, not raised: retried by the timer, not in a loop.
             kind, name = child["kind"], child["metadata"]["name"]
             return Problem("ChildRejected", f"the API server refused {kind} {name}: {kube.api_error_message(error)}")
         meta = stored["metadata"]
@@ -121,12 +126,35 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
     return None
 
 
+def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Problem | None, str | None]:
+    """Create the tier's token Secret once; an existing one is kept as it is (clients hold its token).
+
+    Returns a name conflict, or the Secret's uid: a Secret deleted by hand comes back with a new token and a
+    new uid, which rolls the servers (they read the token when they start). Created, not applied: the
+    operator needs no right to patch Secrets, and cannot rewrite a token.
+    """
+    token = token_secret(spec, tier)
+    if token is None or not token.generated:
+        return None, None
+    live = io.read("v1", "Secret", token.name, tier.namespace)
+    if live is None:
+        live = io.create(build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES)))
+        if live is None:  # created meanwhile by someone else: read what is there now
+            live = io.read("v1", "Secret", token.name, tier.namespace)
+    if live is not None and not tier.created(live):
+        return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier), None
+    return None, str((live or {}).get("metadata", {}).get("uid") or "")
+
+
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     kind, name = child["kind"], child["metadata"]["name"]
     live = io.read(child["apiVersion"], kind, name, tier.namespace)
     if live is None or tier.created(live):
         return None
-    hint = " (or set l2.fs.pvc.claimName to use that claim)" if kind == "PersistentVolumeClaim" else ""
+    hint = {
+        "PersistentVolumeClaim": " (or set l2.fs.pvc.claimName to use that claim)",
+        "Secret": " (or set auth.secretRef to use that Secret's token)",
+    }.get(kind, "")
     return Problem(
         "NameConflict",
         f"{kind} {name!r} already exists in namespace {tier.namespace!r} and was not created by KVCacheTier "
@@ -153,20 +181,35 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
 
 
 def reconcile(
-    body: Mapping[str, Any], *, full: bool = True, events: EventSink = post_event, now: str | None = None
+    body: Mapping[str, Any],
+    *,
+    full: bool = True,
+    events: EventSink = post_event,
+    now: str | None = None,
+    settings: strata_settings.Settings | None = None,
 ) -> Outcome | None:
-    """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status)."""
+    """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status).
+
+    `settings`: the operator's (kopf's memo holds them); the process's own when called outside kopf.
+    """
     meta = body["metadata"]
     current = io.read_tier(meta["name"], meta["namespace"])
     if current is None or current["metadata"].get("deletionTimestamp"):
         return None
     tier = TierRef.from_body(current)
     with _lock(tier):
-        return _reconcile_locked(current, tier, full=full, events=events, now=now)
+        process = settings or strata_settings.current()
+        return _reconcile_locked(current, tier, full=full, events=events, now=now, settings=process)
 
 
 def _reconcile_locked(
-    current: dict[str, Any], tier: TierRef, *, full: bool, events: EventSink, now: str | None
+    current: dict[str, Any],
+    tier: TierRef,
+    *,
+    full: bool,
+    events: EventSink,
+    now: str | None,
+    settings: strata_settings.Settings,
 ) -> Outcome:
     previous = current.get("status") or {}
     try:
@@ -174,12 +217,15 @@ def _reconcile_locked(
     except ValidationError as error:
         return _reject_spec(current, tier, previous, error, now)
     problems, warnings = check(spec, tier) if full else (None, [])
-    children = build_children(spec, tier)
-    applied = full and not problems
-    if applied:
-        rejection = apply_children(children, tier)
+    applied, config_digest = False, None
+    if full and not problems:
+        # Built only from a spec that passed validation: the builders read its quantities.
+        rejection, token_uid = ensure_generated_token(spec, tier)
+        children = build_children(spec, tier, settings.runtime, token_version=token_uid)
+        rejection = rejection or apply_children(children, tier)
+        applied, config_digest = rejection is None, children.config_hash
         if rejection is not None:
-            applied, problems = False, [rejection]
+            problems = [rejection]
     daemonset, pods = observe(tier)
     claim_name = l2_claim_name(spec, tier)
     claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
@@ -188,7 +234,7 @@ def _reconcile_locked(
         pods=pods,
         problems=problems,
         claim=claim,
-        config_hash=None if problems else children.config_hash,
+        config_hash=None if problems else config_digest,
         warnings=warnings,
     )
     status = compute_status(spec, tier, observed, previous, now=now)

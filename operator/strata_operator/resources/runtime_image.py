@@ -1,20 +1,40 @@
-"""The runtime image (loader + kvserver) the operator puts into Jobs and DaemonSets by default."""
+"""The runtime image (loader + kvserver) the operator puts into Jobs and DaemonSets by default.
+
+Pure: what the operator was configured with arrives as a `RuntimeImage` (read once by `strata_operator.settings`).
+"""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
-RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
 RUNTIME_IMAGE_REPOSITORY = "ghcr.io/strata-dev/strata-runtime"
 
 
-def default_runtime_image() -> str:
-    """The image the chart configures (STRATA_RUNTIME_IMAGE), else the release matching this operator."""
-    if configured := os.environ.get(RUNTIME_IMAGE_ENV):
-        return configured
+def release_image() -> str:
+    """The runtime image of the release matching this operator (used when none is configured)."""
     try:
         version = metadata.version("strata")
     except metadata.PackageNotFoundError:
         version = "latest"
     return f"{RUNTIME_IMAGE_REPOSITORY}:{version}"
+
+
+@dataclass(frozen=True)
+class RuntimeImage:
+    """The default image of every pod the operator renders, how to pull it, and with which Secrets."""
+
+    image: str
+    pull_policy: str = "IfNotPresent"
+    pull_secrets: tuple[str, ...] = ()
+
+    def pull_policy_for(self, spec_image: str | None, spec_policy: str | None) -> str | None:
+        """The spec's policy wins; the configured one applies to the configured image; else Kubernetes' default."""
+        if spec_policy:
+            return spec_policy
+        return None if spec_image else self.pull_policy
+
+    def pod_pull_secrets(self) -> list[dict[str, Any]]:
+        """`imagePullSecrets` for a pod: Secret names, looked up in the pod's own namespace."""
+        return [{"name": name} for name in self.pull_secrets]

@@ -27,8 +27,8 @@ from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.base import CRDModel, cel
 from strata_operator.api.crdgen import CRDSpec, build_crd
+from strata_operator.handlers.process import configure, login
 from strata_operator.resources.core import Owner, child_labels
-from strata_operator.settings import configure, login
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import get_or_none, resource, wait_for
 from strata_testsupport.localcluster.cluster import free_port

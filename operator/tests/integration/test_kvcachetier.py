@@ -5,6 +5,7 @@ collection through ownerReferences.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -85,6 +86,16 @@ def wait_condition(k8s: DynamicClient, namespace: str, name: str, type_: str, ex
         raise AssertionError(f"{name}: {type_} never became {expected}\n{diagnose(k8s, namespace, name)}") from None
 
 
+def tier_warnings(k8s: DynamicClient, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the Warning Events posted about the tier."""
+    events = resource(k8s, "v1", "Event").get(namespace=namespace).items
+    return [
+        (e.reason, e.message)
+        for e in events
+        if e.type == "Warning" and e.involvedObject.kind == KIND and e.involvedObject.name == name
+    ]
+
+
 def daemonset(k8s: DynamicClient, namespace: str, name: str) -> Any:
     return get_or_none(k8s, "apps/v1", "DaemonSet", name, namespace)
 
@@ -105,6 +116,10 @@ def require_kwok(control_plane: Any) -> None:
         ),
         ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
         ({"port": 9121}, "port and metricsPort must differ"),
+        (
+            {"auth": {"disabled": True, "secretRef": {"name": "t"}}},
+            "auth.disabled and auth.secretRef exclude each other",
+        ),
         ({"hash": {"seed": "9999999999"}}, "hash.seed must be at most"),
         ({"l2": {"fs": {"hostPath": {"path": "/etc"}}}}, "must not be a system directory"),
         ({"l2": {"fs": {"hostPath": {"path": "/"}}}}, "must not be a system directory"),
@@ -203,6 +218,8 @@ def test_one_ready_server_per_gpu_node(
     assert all(e["ready"] and e["address"].endswith(":6379") for e in status["endpoints"])
     assert condition(tier(k8s, namespace, "kv"), "Available") == ("True", "InstancesServing")
     assert condition(tier(k8s, namespace, "kv"), "Ready") == ("True", "AllReady")
+    # A healthy creation is no cause for alarm (it used to post Warning NoMatchingNodes and NoReadyInstances).
+    assert tier_warnings(k8s, namespace, "kv") == []
 
 
 def test_config_change_rolls_out(
@@ -414,3 +431,111 @@ def test_a_change_the_api_server_refuses_for_a_child_is_reported(
     wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "ChildRejected"))
     claim = resource(k8s, "v1", "PersistentVolumeClaim").get(name="kv-l2", namespace=namespace)
     assert claim.spec.resources.requests["storage"] == "2Gi"
+
+
+def config_valid_message(k8s: DynamicClient, namespace: str, name: str) -> str:
+    conditions = tier(k8s, namespace, name)["status"]["conditions"]
+    return str(next(c["message"] for c in conditions if c["type"] == "ConfigValid"))
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "reason", "words"),
+    [
+        ("bad-resources", {"resources": {"limits": {"memory": "lots"}}}, "ResourcesInvalid", "'lots'"),
+        ("bad-resources-key", {"resources": {"limit": {"cpu": "1"}}}, "ResourcesInvalid", "spec.resources.limit"),
+        ("bad-affinity", {"affinity": {"nodeAffinity": "gpu"}}, "AffinityInvalid", "spec.affinity.nodeAffinity"),
+        (
+            "deep-affinity",
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "gpu"}}},
+            "ChildRejected",
+            "DaemonSet deep-affinity",
+        ),
+        (
+            "small-limit",
+            {"l1": {"size": "2Gi"}, "resources": {"limits": {"memory": "1Gi"}}},
+            "MemoryLimitBelowL1",
+            "1Gi (1073741824 bytes) is below l1.size 2Gi (2147483648 bytes)",
+        ),
+    ],
+)
+def test_a_spec_the_servers_cannot_run_ends_in_a_condition_and_a_warning(
+    k8s: DynamicClient,
+    operator: Any,
+    namespace: str,
+    gpu_pool: dict[str, str],
+    name: str,
+    spec: dict[str, Any],
+    reason: str,
+    words: str,
+) -> None:
+    """These used to loop every 5 s with a traceback and no status (or were accepted with ConfigValid=True)."""
+    create_tier(k8s, namespace, tier_body(name, gpu_pool, **spec))
+    wait_condition(k8s, namespace, name, "ConfigValid", ("False", reason))
+    assert words in config_valid_message(k8s, namespace, name)
+    wait_for(lambda: (reason, config_valid_message(k8s, namespace, name)) in tier_warnings(k8s, namespace, name))
+    # A reconcile of it returns (a condition), it does not raise into kopf's retry loop.
+    outcome = reconciler.reconcile(tier(k8s, namespace, name))
+    assert outcome is not None and not outcome.applied
+    if reason != "ChildRejected":
+        assert daemonset(k8s, namespace, name) is None
+
+
+@pytest.mark.parametrize("name", ["k" * 64, "1kv", "kv.cache"])
+def test_api_server_refuses_names_children_cannot_carry(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, name: str
+) -> None:
+    with pytest.raises(ApiException) as refused:
+        create_tier(k8s, namespace, tier_body(name, {}))
+    assert refused.value.status == 422 and "metadata.name must be" in refused.value.body
+
+
+def test_a_tier_without_auth_gets_a_generated_token_that_is_never_rewritten(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    secret = wait_for(lambda: get_or_none(k8s, "v1", "Secret", "kv-kv-token", namespace), timeout=60, what="token")
+    owner = tier(k8s, namespace, "kv")["metadata"]["uid"]
+    assert [(o.kind, o.uid, o.controller) for o in secret.metadata.ownerReferences] == [("KVCacheTier", owner, True)]
+    assert len(base64.b64decode(secret.data["token"])) >= 32 and secret.immutable
+    ds = wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=60, what="DaemonSet")
+    volume = next(v for v in ds.spec.template.spec.volumes if v.name == "auth")
+    assert volume.secret.secretName == "kv-kv-token"
+    connection = resource(k8s, "v1", "ConfigMap").get(name="kv-connection", namespace=namespace).data
+    assert connection["STRATA_KV_AUTH_SECRET"] == "kv-kv-token"
+    reconciler.reconcile(tier(k8s, namespace, "kv"))
+    again = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert again.data["token"] == secret.data["token"]
+    assert again.metadata.resourceVersion == secret.metadata.resourceVersion
+    # Deleted by hand: a new token, and the servers roll to read it.
+    before = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    resource(k8s, "v1", "Secret").delete(name="kv-kv-token", namespace=namespace)
+    wait_for(lambda: get_or_none(k8s, "v1", "Secret", "kv-kv-token", namespace) is None, timeout=30, what="deleted")
+    reconciler.reconcile(tier(k8s, namespace, "kv"))
+    renewed = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert renewed.data["token"] != secret.data["token"]
+    after = daemonset(k8s, namespace, "kv").spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
+    assert after != before
+
+
+def test_a_users_secret_under_the_token_name_is_a_name_conflict(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    resource(k8s, "v1", "Secret").create(
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kv-kv-token"}, "stringData": {"a": "b"}},
+    )
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool))
+    wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "NameConflict"))
+    assert "auth.secretRef" in config_valid_message(k8s, namespace, "kv")
+    mine = resource(k8s, "v1", "Secret").get(name="kv-kv-token", namespace=namespace)
+    assert not mine.metadata.ownerReferences and base64.b64decode(mine.data["a"]) == b"b"
+    assert daemonset(k8s, namespace, "kv") is None
+
+
+def test_auth_disabled_creates_no_token(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    create_tier(k8s, namespace, tier_body("open", gpu_pool, auth={"disabled": True}))
+    ds = wait_for(lambda: daemonset(k8s, namespace, "open"), timeout=60, what="DaemonSet")
+    assert not any(v.name == "auth" for v in ds.spec.template.spec.volumes)
+    assert get_or_none(k8s, "v1", "Secret", "open-kv-token", namespace) is None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import kopf
 import pytest
 from strata_operator import cli, settings
+from strata_operator.handlers import process
 
 
 def test_run_defaults_to_all_namespaces_standalone_with_liveness() -> None:
@@ -51,20 +53,65 @@ def test_crds_check_detects_drift(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_settings_name_finalizer_and_bounded_watches() -> None:
     operator_settings = kopf.OperatorSettings()
-    settings.configure(operator_settings)
+    process.configure(operator_settings, settings.Settings.from_env({}))
     assert operator_settings.persistence.finalizer == "strata.dev/finalizer"
-    assert operator_settings.watching.server_timeout == settings.WATCH_SERVER_TIMEOUT_SECONDS
+    assert operator_settings.watching.server_timeout == process.WATCH_SERVER_TIMEOUT_SECONDS
     assert operator_settings.watching.client_timeout > operator_settings.watching.server_timeout
     assert operator_settings.posting.enabled
 
 
-def test_each_replica_gets_its_own_stable_peering_priority(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POD_ID", "strata-operator-abc")
-    first, again = kopf.OperatorSettings(), kopf.OperatorSettings()
-    settings.configure(first)
-    settings.configure(again)
-    assert first.peering.priority == again.peering.priority > 0
-    monkeypatch.setenv("POD_ID", "strata-operator-def")
-    other = kopf.OperatorSettings()
-    settings.configure(other)
-    assert other.peering.priority != first.peering.priority
+def _priority(env: dict[str, str]) -> int:
+    operator_settings = kopf.OperatorSettings()
+    process.configure(operator_settings, settings.Settings.from_env(env))
+    return int(operator_settings.peering.priority)
+
+
+def test_each_replica_gets_its_own_stable_peering_priority() -> None:
+    first, again = _priority({"POD_ID": "strata-operator-abc"}), _priority({"POD_ID": "strata-operator-abc"})
+    assert first == again > 0
+    assert _priority({"POD_ID": "strata-operator-def"}) != first
+
+
+def test_replicas_without_pod_id_on_one_host_do_not_tie() -> None:
+    """Without POD_ID the priority came from the hostname alone: two replicas on one host tied, and kopf
+    pauses every replica that ties at the top, so neither reconciled."""
+    priorities = {_priority({}) for _ in range(5)}
+    assert len(priorities) == 5
+
+
+def test_settings_reject_an_unknown_pull_policy() -> None:
+    with pytest.raises(ValueError, match="STRATA_RUNTIME_IMAGE_PULL_POLICY='Sometimes'"):
+        settings.Settings.from_env({"STRATA_RUNTIME_IMAGE_PULL_POLICY": "Sometimes"})
+
+
+OPERATOR_PACKAGE = Path(cli.__file__).parent
+ENVIRONMENT_READERS_OWNED_ELSEWHERE = {
+    # The ModelCache controller is being reshaped on its own branch; it moves to Settings.modelcache_resync_seconds.
+    Path("handlers/modelcache.py"),
+}
+
+
+def test_only_the_settings_module_reads_the_environment() -> None:
+    readers = {
+        path.relative_to(OPERATOR_PACKAGE)
+        for path in OPERATOR_PACKAGE.rglob("*.py")
+        if "os.environ" in path.read_text() or "getenv(" in path.read_text()
+    }
+    assert readers - ENVIRONMENT_READERS_OWNED_ELSEWHERE == {Path("settings.py")}
+
+
+NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def _peer(priority: int, seconds_ago: int = 1) -> dict[str, object]:
+    lastseen = (NOW - datetime.timedelta(seconds=seconds_ago)).isoformat()
+    return {"priority": priority, "lifetime": 60, "lastseen": lastseen}
+
+
+def test_health_tells_active_standby_and_paused_replicas_apart() -> None:
+    assert process.peering_verdict({"a": _peer(7), "b": _peer(3)}, 7, NOW) == (True, "active")
+    assert process.peering_verdict({"a": _peer(7), "b": _peer(3)}, 3, NOW) == (True, "standby")
+    healthy, message = process.peering_verdict({"a": _peer(5), "b": _peer(5)}, 5, NOW)
+    assert not healthy and "none reconciles" in message
+    # A peer whose keep-alive expired no longer pauses anyone.
+    assert process.peering_verdict({"a": _peer(9, seconds_ago=600), "b": _peer(3)}, 3, NOW) == (True, "active")

@@ -8,6 +8,7 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.status import (
+    STARTUP_GRACE_SECONDS,
     Observed,
     compute_status,
     endpoints,
@@ -240,3 +241,46 @@ def test_usage_of_no_answering_server() -> None:
         ("l1", 20, "0.375"),
         ("fs", 10, "0.125"),
     ]
+
+
+def _events_along(*steps: tuple[Observed, str]) -> list[tuple[str, str, str]]:
+    """The Events a sequence of (observation, time) would post, starting from an empty status."""
+    status: dict[str, Any] = {}
+    events = []
+    for observed, now in steps:
+        new = compute_status(spec_of(l2={"fs": {"hostPath": {"path": "/mnt/kv"}}}), TIER, observed, status, now=now)
+        events += transition_events(status.get("conditions") or [], new["conditions"])
+        status = new
+    return events
+
+
+def at(seconds: int) -> str:
+    return f"2026-12-01T10:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+def test_a_healthy_creation_posts_no_warning() -> None:
+    """Applied but not yet seen by the DaemonSet controller, then pods starting, then ready: the first two
+    used to post Warning NoMatchingNodes and Warning NoReadyInstances on every creation."""
+    events = _events_along(
+        (Observed(None), at(0)),
+        (Observed(daemonset(2, 0, settled=False)), at(1)),
+        (Observed(daemonset(2, 0)), at(5)),
+        (Observed(daemonset(2, 2)), at(40)),
+    )
+    assert [e for e in events if e[0] == "Warning"] == []
+    assert ("Normal", "InstancesServing", "2/2 nodes serve the KV tier") in events
+
+
+def test_no_matching_nodes_is_a_warning_once_the_controller_has_looked() -> None:
+    events = _events_along((Observed(daemonset(0, 0, settled=False)), at(0)), (Observed(daemonset(0, 0)), at(2)))
+    assert [(t, r) for t, r, _ in events if t == "Warning"] == [("Warning", "NoMatchingNodes")]
+
+
+def test_no_ready_server_after_the_grace_period_is_a_warning() -> None:
+    events = _events_along(
+        (Observed(daemonset(2, 0)), at(0)),
+        (Observed(daemonset(2, 0)), at(STARTUP_GRACE_SECONDS - 1)),
+        (Observed(daemonset(2, 0)), at(STARTUP_GRACE_SECONDS + 1)),
+    )
+    warnings = [(t, r) for t, r, _ in events if t == "Warning"]
+    assert warnings == [("Warning", "NoReadyInstances")]

@@ -58,3 +58,10 @@ def test_hand_edits_and_deletions_reapply() -> None:
     assert child_event_action("MODIFIED", child("ConfigMap", rv="12")) == "full"
     assert child_event_action("DELETED", child()) == "full"
     assert child_event_action("MODIFIED", child("Service", rv="1")) == "full"
+
+
+def test_unforeseen_failures_back_off_instead_of_retrying_every_five_seconds() -> None:
+    from strata_operator.handlers.kvcachetier import MAX_RETRY_DELAY_SECONDS, retry_delay
+
+    delays = [retry_delay(n) for n in range(12)]
+    assert delays[0] == 5 and delays == sorted(delays) and delays[-1] == MAX_RETRY_DELAY_SECONDS

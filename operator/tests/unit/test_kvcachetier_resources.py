@@ -15,8 +15,10 @@ from strata_operator.resources.kvcachetier.config import build_config_map, hash_
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.daemonset import build_resources, memory_request_bytes
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef
+from strata_operator.resources.runtime_image import RuntimeImage
 
 TIER = TierRef("kv", "serving", "0000-uid", 3)
+RUNTIME = RuntimeImage("registry.local/strata-runtime:test")
 GiB = 1024**3
 
 
@@ -25,11 +27,11 @@ def spec_of(**fields: Any) -> KVCacheTierSpec:
 
 
 def pod_spec(spec: KVCacheTierSpec) -> dict[str, Any]:
-    return dict(build_children(spec, TIER).daemonset["spec"]["template"]["spec"])
+    return dict(build_children(spec, TIER, RUNTIME).daemonset["spec"]["template"]["spec"])
 
 
 def test_every_child_is_owned_and_labelled() -> None:
-    children = build_children(spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti"}}}}), TIER)
+    children = build_children(spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti"}}}}), TIER, RUNTIME)
     for child in children.in_apply_order():
         meta = child["metadata"]
         assert meta["namespace"] == "serving"
@@ -67,7 +69,7 @@ def test_server_listens_on_the_pod_ip_only() -> None:
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     args = container["args"]
     assert args[args.index("--bind") + 1] == "$(POD_IP)" and args[args.index("--metrics-bind") + 1] == "$(POD_IP)"
-    config = yaml.safe_load(build_children(spec_of(), TIER).config_map["data"][CONFIG_FILE_NAME])
+    config = yaml.safe_load(build_children(spec_of(), TIER, RUNTIME).config_map["data"][CONFIG_FILE_NAME])
     assert "0.0.0.0" not in (config["listen"].get("bind"), config["metrics"].get("bind"))
 
 
@@ -102,9 +104,9 @@ def test_node_selection_and_priority_reach_the_pod() -> None:
 
 
 def test_config_change_changes_the_pod_template_hash() -> None:
-    before = build_children(spec_of(l1={"size": "4Gi"}), TIER).daemonset
-    after = build_children(spec_of(l1={"size": "6Gi"}), TIER).daemonset
-    same = build_children(spec_of(l1={"size": "4Gi"}), TIER).daemonset
+    before = build_children(spec_of(l1={"size": "4Gi"}), TIER, RUNTIME).daemonset
+    after = build_children(spec_of(l1={"size": "6Gi"}), TIER, RUNTIME).daemonset
+    same = build_children(spec_of(l1={"size": "4Gi"}), TIER, RUNTIME).daemonset
     annotation = lambda ds: ds["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # noqa: E731
     assert annotation(before) != annotation(after)
     assert annotation(before) == annotation(same)
@@ -166,12 +168,13 @@ def test_l2_filesystem_is_mounted(l2: dict[str, Any], volume: dict[str, Any]) ->
 
 
 def test_created_claim_is_read_write_many() -> None:
-    children = build_children(spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti", "storageClassName": "nfs"}}}}), TIER)
+    spec = spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti", "storageClassName": "nfs"}}}})
+    children = build_children(spec, TIER, RUNTIME)
     assert children.pvc is not None
     assert children.pvc["metadata"]["name"] == "kv-l2"
     assert children.pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert children.pvc["spec"]["storageClassName"] == "nfs"
-    assert build_children(spec_of(l2={"fs": {"pvc": {"claimName": "x"}}}), TIER).pvc is None
+    assert build_children(spec_of(l2={"fs": {"pvc": {"claimName": "x"}}}), TIER, RUNTIME).pvc is None
 
 
 def test_s3_credentials_come_from_the_secret_as_environment() -> None:
@@ -188,27 +191,28 @@ def test_auth_token_is_mounted_from_its_secret_key() -> None:
 
 
 def test_service_keeps_traffic_on_the_node() -> None:
-    service = build_children(spec_of(), TIER).service
+    service = build_children(spec_of(), TIER, RUNTIME).service
     assert service["spec"]["internalTrafficPolicy"] == "Local"
-    assert service["spec"]["selector"] == build_children(spec_of(), TIER).daemonset["spec"]["selector"]["matchLabels"]
+    daemonset = build_children(spec_of(), TIER, RUNTIME).daemonset
+    assert service["spec"]["selector"] == daemonset["spec"]["selector"]["matchLabels"]
 
 
 def test_update_strategy() -> None:
-    assert build_children(spec_of(), TIER).daemonset["spec"]["updateStrategy"] == {
+    assert build_children(spec_of(), TIER, RUNTIME).daemonset["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxUnavailable": 1},
     }
     on_delete = spec_of(updateStrategy={"type": "OnDelete"})
-    assert build_children(on_delete, TIER).daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert build_children(on_delete, TIER, RUNTIME).daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
     percent = spec_of(updateStrategy={"maxUnavailable": "25%"})
-    assert build_children(percent, TIER).daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {
+    assert build_children(percent, TIER, RUNTIME).daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {
         "maxUnavailable": "25%"
     }
 
 
 def test_builders_emit_no_shared_objects() -> None:
     """Shared dicts would come out of yaml.safe_dump as anchors (&id001), which kubectl users trip over."""
-    for child in build_children(spec_of(), TIER).in_apply_order():
+    for child in build_children(spec_of(), TIER, RUNTIME).in_apply_order():
         assert "&id" not in yaml.safe_dump(child)
 
 
@@ -256,3 +260,9 @@ def test_connection_keys_are_environment_variable_names() -> None:
     data = build_connection_config_map(spec_of(auth={"secretRef": {"name": "t"}}), TIER)["data"]
     assert all(key.replace("_", "a").isalnum() and not key[0].isdigit() for key in data)
     assert all(isinstance(v, str) for v in data.values())
+
+
+def test_rendered_servers_never_close_idle_lmcache_connections() -> None:
+    """LMCache's RESP workers connect once and never reconnect: a 300 s idle close broke them for good."""
+    config = yaml.safe_load(build_children(spec_of(), TIER, RUNTIME).config_map["data"][CONFIG_FILE_NAME])
+    assert KVServerConfig.model_validate(config).limits.idle_timeout_seconds == 0

@@ -16,9 +16,11 @@ from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import Observed, Plan, plan
+from strata_operator.resources.runtime_image import RuntimeImage
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 TIER = TierRef(name="kv", namespace="serving", uid="tier-uid", generation=1)
+RUNTIME = RuntimeImage("registry.local/strata-runtime:test")
 
 
 class Applied:
@@ -117,14 +119,14 @@ def test_a_users_config_map_named_like_the_tiers_is_a_name_conflict(
     theirs = user_object("ConfigMap", "kv-config", labels={"app": "mine"})
     wanted = ("ConfigMap", "kv-config")
     monkeypatch.setattr(kvcachetier_io, "read", lambda _v, kind, name, _ns: theirs if (kind, name) == wanted else None)
-    problem = tier_reconcile.apply_children(build_children(tier_spec(), TIER), TIER)
+    problem = tier_reconcile.apply_children(build_children(tier_spec(), TIER, RUNTIME), TIER)
     assert problem is not None and problem.reason == "NameConflict"
     assert "ConfigMap 'kv-config'" in problem.message
     assert "kv-config" not in [c["metadata"]["name"] for c in applied]
 
 
 def test_the_tiers_own_children_are_applied(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> None:
-    children = build_children(tier_spec(), TIER)
+    children = build_children(tier_spec(), TIER, RUNTIME)
     live = {c["metadata"]["name"]: c for c in children.in_apply_order()}
     monkeypatch.setattr(kvcachetier_io, "read", lambda _v, kind, name, _ns: live.get(name))
     assert tier_reconcile.apply_children(children, TIER) is None

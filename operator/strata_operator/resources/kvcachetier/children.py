@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.core import stable_hash
 from strata_operator.resources.kvcachetier.config import build_config_map, config_hash
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.daemonset import build_daemonset
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.service import build_service
 from strata_operator.resources.kvcachetier.storage import build_pvc
+from strata_operator.resources.runtime_image import RuntimeImage
 
 
 @dataclass(frozen=True)
@@ -28,14 +30,19 @@ class Children:
         return [*ordered, self.config_map, self.connection, self.service, self.daemonset]
 
 
-def build_children(spec: KVCacheTierSpec, tier: TierRef) -> Children:
+def build_children(
+    spec: KVCacheTierSpec, tier: TierRef, runtime: RuntimeImage, *, token_version: str | None = None
+) -> Children:
+    """`token_version`: the generated token Secret's uid; a new token is new configuration (rolls the pods)."""
     config_map = build_config_map(spec, tier)
     digest = config_hash(config_map)
+    if token_version:
+        digest = stable_hash([digest, token_version], length=16)
     return Children(
         config_map=config_map,
         connection=build_connection_config_map(spec, tier),
         service=build_service(spec, tier),
-        daemonset=build_daemonset(spec, tier, digest),
+        daemonset=build_daemonset(spec, tier, digest, runtime),
         pvc=build_pvc(spec, tier),
         config_hash=digest,
     )

@@ -14,6 +14,7 @@ from strata_kv.config import (
     L2Config,
     L2FsConfig,
     L2S3Config,
+    LimitsConfig,
     ListenConfig,
     MetricsConfig,
     NamespaceConfig,
@@ -22,6 +23,7 @@ from strata_kv.config import (
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, L2Spec
 from strata_operator.resources.core import stable_hash
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
     AUTH_FILE,
@@ -68,6 +70,15 @@ def _l2_config(l2: L2Spec | None) -> L2Config:
     return L2Config(fs=fs, s3=s3)
 
 
+IDLE_TIMEOUT_SECONDS = 0.0
+"""Never close idle connections: the connector this tier hands to vLLM (LMCache's RESP backend) opens one
+connection per worker thread when it starts and never reconnects. Read in LMCache's source
+(csrc/storage_backends/connector_base.h: `worker_loop_for_queue` calls `create_connection()` once, before its
+loop; redis/connector.cpp: a closed socket throws "socket recv failed: connection closed" on every later
+request), so after the server's default 300 s idle close that worker would fail every request until vLLM
+restarts. Idle slots stay bounded by AUTH (on by default) and `max_clients`."""
+
+
 def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     """The complete server configuration; credentials stay out (they come from mounted Secrets)."""
     return KVServerConfig(
@@ -80,8 +91,9 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
         chunk_tokens=spec.chunk_tokens,
         namespace=NamespaceConfig(hash_algorithm=spec.hash.algorithm.value, hash_seed=hash_seed(spec, tier)),
         tenancy=TenancyConfig(require_salt=spec.tenancy.require_salt),
-        auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if spec.auth else None),
+        auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if token_secret(spec, tier) else None),
         metrics=MetricsConfig(port=spec.metrics_port),
+        limits=LimitsConfig(idle_timeout_seconds=IDLE_TIMEOUT_SECONDS),
         log_level=spec.log_level.value,
     )
 

@@ -11,8 +11,9 @@ import json
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
-from strata_operator.resources.kvcachetier.names import AUTH_FILE, TierRef
+from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.service import service_host
 
 KV_CONNECTOR = "LMCacheConnectorV1"
@@ -48,9 +49,10 @@ def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]
     }
     if spec.tenancy.cache_salt:
         env["STRATA_KV_CACHE_SALT"] = spec.tenancy.cache_salt
-    if spec.auth is not None:
-        env["STRATA_KV_AUTH_SECRET"] = spec.auth.secret_ref.name
-        env["STRATA_KV_AUTH_SECRET_KEY"] = spec.auth.secret_ref.key or AUTH_FILE
+    if (token := token_secret(spec, tier)) is not None:
+        # Names only: a client pod takes the token itself with env[].valueFrom.secretKeyRef.
+        env["STRATA_KV_AUTH_SECRET"] = token.name
+        env["STRATA_KV_AUTH_SECRET_KEY"] = token.key
     return env
 
 

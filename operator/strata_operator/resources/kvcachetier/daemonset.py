@@ -8,6 +8,7 @@ from typing import Any
 from strata_kv.config import CONFIG_FILE_NAME
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec, UpdateStrategyType
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
 from strata_operator.resources.kvcachetier.names import (
     AUTH_DIR,
@@ -22,7 +23,7 @@ from strata_operator.resources.kvcachetier.names import (
     mebibytes,
     quantity_bytes,
 )
-from strata_operator.resources.runtime_image import default_runtime_image
+from strata_operator.resources.runtime_image import RuntimeImage
 from strata_operator.resources.security import container_security_context, pod_security_context
 
 """The conventional nonroot uid/gid of distroless images; the runtime image runs as it."""
@@ -75,10 +76,9 @@ def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]]
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    if spec.auth is not None:
-        ref = spec.auth.secret_ref
-        items = [{"key": ref.key or AUTH_FILE, "path": AUTH_FILE}]
-        volumes.append({"name": "auth", "secret": {"secretName": ref.name, "items": items, "defaultMode": 0o440}})
+    if (token := token_secret(spec, tier)) is not None:
+        items = [{"key": token.key, "path": AUTH_FILE}]
+        volumes.append({"name": "auth", "secret": {"secretName": token.name, "items": items, "defaultMode": 0o440}})
         mounts.append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None:
@@ -106,12 +106,13 @@ def _env(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]], li
     return env, env_from
 
 
-def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+def _container(
+    spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]], runtime: RuntimeImage
+) -> dict[str, Any]:
     env, env_from = _env(spec, tier)
     container: dict[str, Any] = {
         "name": "kvserver",
-        "image": spec.image or default_runtime_image(),
-        "imagePullPolicy": spec.image_pull_policy.value,
+        "image": spec.image or runtime.image,
         "command": ["strata-kv"],
         # The pod's own address, not every interface: the Service, the probes and the usage scrape all use it.
         "args": [
@@ -134,21 +135,26 @@ def _container(spec: KVCacheTierSpec, tier: TierRef, mounts: list[dict[str, Any]
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
+    policy = runtime.pull_policy_for(spec.image, spec.image_pull_policy.value if spec.image_pull_policy else None)
+    if policy:
+        container["imagePullPolicy"] = policy
     if env_from:
         container["envFrom"] = env_from
     return container
 
 
-def _pod_spec(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+def _pod_spec(spec: KVCacheTierSpec, tier: TierRef, runtime: RuntimeImage) -> dict[str, Any]:
     volumes, mounts = _volumes(spec, tier)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": pod_security_context(),
-        "containers": [_container(spec, tier, mounts)],
+        "containers": [_container(spec, tier, mounts, runtime)],
         "volumes": volumes,
     }
+    if pull_secrets := runtime.pod_pull_secrets():
+        pod["imagePullSecrets"] = pull_secrets
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -168,7 +174,7 @@ def _update_strategy(spec: KVCacheTierSpec) -> dict[str, Any]:
     return strategy
 
 
-def build_daemonset(spec: KVCacheTierSpec, tier: TierRef, config_hash: str) -> dict[str, Any]:
+def build_daemonset(spec: KVCacheTierSpec, tier: TierRef, config_hash: str, runtime: RuntimeImage) -> dict[str, Any]:
     """The DaemonSet; `config_hash` goes on the pod template so a config change rolls every pod."""
     return {
         "apiVersion": "apps/v1",
@@ -186,7 +192,7 @@ def build_daemonset(spec: KVCacheTierSpec, tier: TierRef, config_hash: str) -> d
                         "kubectl.kubernetes.io/default-container": "kvserver",
                     },
                 },
-                "spec": _pod_spec(spec, tier),
+                "spec": _pod_spec(spec, tier, runtime),
             },
         },
     }

@@ -50,6 +50,10 @@ class TierRef(Owner):
     def created_pvc(self) -> str:
         return f"{self.name}-l2"
 
+    @property
+    def generated_token_secret(self) -> str:
+        return f"{self.name}-kv-token"
+
     def selector_labels(self) -> dict[str, str]:
         """The DaemonSet selector: immutable, so it never grows beyond these."""
         return {NAME_LABEL: APP_NAME, **self.ownership_labels()}

@@ -5,12 +5,13 @@ Pure and cheap on purpose: with hundreds of GPU nodes it runs on every DaemonSet
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.conditions import get_condition, set_condition
+from strata_operator.conditions import get_condition, now_rfc3339, set_condition
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
@@ -26,6 +27,10 @@ STALLED = "Stalled"
 """kstatus' abnormal-true pair (Flux, Argo CD, kpt): progressing, or stuck until the spec changes."""
 SUMMARY = (READY, RECONCILING, STALLED)
 """Conditions that only restate others: no Events for them."""
+STARTUP_GRACE_SECONDS = 300
+"""How long a tier may have no ready server before that is a Warning: pulling the image and starting take time."""
+IN_PROGRESS = ("RollingOut", "InstancesStarting")
+"""Reasons of a rollout going as it should: Normal Events, never Warnings."""
 
 
 @dataclass
@@ -84,23 +89,45 @@ def endpoints(pods: Sequence[Mapping[str, Any]], port: int) -> list[dict[str, An
 
 
 def _instances(counts: Counts, config_valid: bool) -> tuple[bool, str, str]:
+    if counts.desired == 0 and not config_valid:
+        return False, "ConfigInvalid", "no servers run: the configuration is not valid"
+    if not counts.settled:
+        # Until the DaemonSet controller has seen this template its counters (0 desired) say nothing.
+        return False, "RollingOut", "waiting for the DaemonSet controller to place servers"
     if counts.desired == 0:
-        if not config_valid:
-            return False, "ConfigInvalid", "no servers run: the configuration is not valid"
         return False, "NoMatchingNodes", "no node matches nodeSelector/tolerations"
-    if not counts.settled or counts.updated < counts.desired:
+    if counts.updated < counts.desired:
         return False, "RollingOut", f"{counts.updated}/{counts.desired} servers run the current configuration"
     if counts.ready < counts.desired:
         return False, "InstancesNotReady", f"{counts.ready}/{counts.desired} servers are ready"
     return True, "AllReady", f"all {counts.desired} servers are ready"
 
 
-def _available(counts: Counts, instances_reason: str) -> tuple[bool, str, str]:
+def _seconds_unavailable(previous: Mapping[str, Any], now: str | None) -> float:
+    """How long Available has been False, from its lastTransitionTime (0 when it was not False before)."""
+    kept = get_condition(previous.get("conditions") or [], AVAILABLE)
+    if kept is None or kept.get("status") != "False" or not kept.get("lastTransitionTime"):
+        return 0.0
+    since = datetime.datetime.fromisoformat(str(kept["lastTransitionTime"]).replace("Z", "+00:00"))
+    at = datetime.datetime.fromisoformat((now or now_rfc3339()).replace("Z", "+00:00"))
+    return (at - since).total_seconds()
+
+
+def _available(
+    counts: Counts, instances_reason: str, previous: Mapping[str, Any], now: str | None
+) -> tuple[bool, str, str]:
     if counts.ready > 0:
         return True, "InstancesServing", f"{counts.ready}/{counts.desired} nodes serve the KV tier"
     if instances_reason in ("NoMatchingNodes", "ConfigInvalid"):
         return False, instances_reason, "no server is running"
-    return False, "NoReadyInstances", "no server is ready yet"
+    waited = _seconds_unavailable(previous, now)
+    if waited < STARTUP_GRACE_SECONDS:
+        return False, "InstancesStarting", "no server is ready yet: the servers are starting"
+    return (
+        False,
+        "NoReadyInstances",
+        f"no server has become ready in {int(waited)} s: see the events of the tier's pods (image pull, scheduling)",
+    )
 
 
 def _l2(spec: KVCacheTierSpec, tier: TierRef, observed: Observed, counts: Counts) -> tuple[str, str, str]:
@@ -139,7 +166,7 @@ def compute_status(
     counts = Counts.of(observed.daemonset)
     valid = _config_valid(observed, previous)
     all_ready = _instances(counts, valid[0])
-    available = _available(counts, all_ready[1])
+    available = _available(counts, all_ready[1], previous, now)
     l2 = _l2(spec, tier, observed, counts)
     ready = (True, all_ready[1], all_ready[2]) if valid[0] and all_ready[0] else (False, *_not_ready(valid, all_ready))
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
@@ -193,8 +220,9 @@ def transition_events(
 ) -> list[tuple[str, str, str]]:
     """(event type, reason, message) for each condition whose status or reason changed.
 
-    Ready is left out (it repeats ConfigValid or AllInstancesReady); a rollout in progress is Normal,
-    a configuration or an L2 that does not work, or no server serving, is a Warning.
+    Ready is left out (it repeats ConfigValid or AllInstancesReady); a rollout in progress or a state not
+    known yet is Normal; a configuration or an L2 that does not work, no matching node once the DaemonSet
+    controller has looked, or no server ready after the start-up grace, is a Warning.
     """
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous}
     events = []
@@ -202,6 +230,6 @@ def transition_events(
         type_ = condition["type"]
         if type_ in SUMMARY or before.get(type_) == (condition["status"], condition["reason"]):
             continue
-        healthy = condition["status"] == "True" or type_ == ALL_INSTANCES_READY
+        healthy = condition["status"] != "False" or type_ == ALL_INSTANCES_READY or condition["reason"] in IN_PROGRESS
         events.append(("Normal" if healthy else "Warning", condition["reason"], condition["message"]))
     return events

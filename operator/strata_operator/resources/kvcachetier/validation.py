@@ -12,7 +12,7 @@ from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.core import Problem
-from strata_operator.resources.kvcachetier.daemonset import memory_request_bytes
+from strata_operator.resources.kvcachetier.daemonset import derived_memory_request, memory_request_bytes
 from strata_operator.resources.kvcachetier.names import AUTH_FILE, mebibytes, quantity_bytes
 
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -102,8 +102,7 @@ def _check_secret(facts: ClusterFacts, name: str, keys: Iterable[str], field_pat
 
 def check_secrets(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     problems = []
-    if spec.auth is not None:
-        ref = spec.auth.secret_ref
+    if (ref := spec.auth.secret_ref) is not None:
         problem = _check_secret(facts, ref.name, [ref.key or AUTH_FILE], "spec.auth.secretRef", "SecretKeyMissing")
         if problem:
             problems.append(problem)
@@ -134,7 +133,66 @@ def check_existing_claim(spec: KVCacheTierSpec, facts: ClusterFacts) -> Problem 
     return None
 
 
+RESOURCE_KEYS = ("limits", "requests", "claims")
+AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
+
+
+def _quantity_problem(where: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return f"{where} is {type(value).__name__} {value!r}, not a quantity (e.g. 4Gi, 500m, 2)"
+    try:
+        quantity_bytes(value if isinstance(value, str | int) else str(value))
+    except (ValueError, ArithmeticError):
+        return f"{where} {value!r} is not a Kubernetes quantity (e.g. 4Gi, 500m, 2)"
+    return None
+
+
+def check_resources(spec: KVCacheTierSpec) -> Problem | None:
+    """spec.resources must be a core/v1 ResourceRequirements the builders can read, with room for L1.
+
+    The CRD keeps it free-form, so without this a typo reached the DaemonSet builder (a traceback every few
+    seconds) or the API server (a refusal with no status).
+    """
+    resources = spec.resources or {}
+    found = []
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            found.append(f"spec.resources.{key} is not a field of ResourceRequirements ({', '.join(RESOURCE_KEYS)})")
+        elif key != "claims" and not isinstance(value, Mapping):
+            found.append(f"spec.resources.{key} must be a map of resource name to quantity, not {value!r}")
+        elif key != "claims":
+            found += [p for name, q in value.items() if (p := _quantity_problem(f"spec.resources.{key}.{name}", q))]
+    if found:
+        return Problem("ResourcesInvalid", "; ".join(found))
+    limit = (resources.get("limits") or {}).get("memory")
+    l1, wanted = quantity_bytes(spec.l1.size), derived_memory_request(spec)
+    if limit is not None and quantity_bytes(limit) < l1:
+        return Problem(
+            "MemoryLimitBelowL1",
+            f"resources.limits.memory {limit} ({quantity_bytes(limit)} bytes) is below l1.size {spec.l1.size} "
+            f"({l1} bytes): a full L1 would be OOM-killed; raise the limit to at least l1.size + memoryHeadroom "
+            f"({mebibytes(wanted)}) or lower l1.size",
+        )
+    return None
+
+
+def check_affinity(spec: KVCacheTierSpec) -> Problem | None:
+    """spec.affinity must be shaped as a core/v1 Affinity (the API server answers a mistyped one with a 500)."""
+    found = []
+    for key, value in (spec.affinity or {}).items():
+        if key not in AFFINITY_KEYS:
+            found.append(f"spec.affinity.{key} is not a field of Affinity ({', '.join(AFFINITY_KEYS)})")
+        elif not isinstance(value, Mapping):
+            found.append(f"spec.affinity.{key} must be an object, not {type(value).__name__} {value!r}")
+    return Problem("AffinityInvalid", "; ".join(found)) if found else None
+
+
 def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
-    """Every problem, in a stable order (the first one names the ConfigValid reason)."""
+    """Every problem, in a stable order (the first one names the ConfigValid reason).
+
+    A spec whose own fields are malformed is reported alone: the checks against nodes need its quantities.
+    """
+    if shape := [p for p in (check_resources(spec), check_affinity(spec)) if p]:
+        return shape
     problems = [p for p in (check_node_memory(spec, facts.nodes), check_existing_claim(spec, facts)) if p]
     return problems + check_secrets(spec, facts)

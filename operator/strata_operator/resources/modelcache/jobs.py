@@ -18,7 +18,7 @@ from strata_operator.resources.core import stable_hash
 from strata_operator.resources.modelcache.names import PRELOAD_HASH_LABEL
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
-from strata_operator.resources.runtime_image import default_runtime_image
+from strata_operator.resources.runtime_image import RuntimeImage
 from strata_operator.resources.security import container_security_context, pod_security_context
 
 CONTAINER = "fetch"
@@ -31,9 +31,18 @@ TTL of 0 it vanished first, and was created again at once, again and again."""
 HF_HOME = "/tmp/hf"
 
 
-def runtime_image(spec: ModelCacheSpec) -> str:
+def configured_runtime(runtime: RuntimeImage | None) -> RuntimeImage:
+    """The runtime image settings passed in; until every caller passes them, the process's settings."""
+    if runtime is not None:
+        return runtime
+    from strata_operator import settings  # transitional: the ModelCache handlers do not pass settings yet
+
+    return settings.current().runtime
+
+
+def runtime_image(spec: ModelCacheSpec, runtime: RuntimeImage | None = None) -> str:
     """The spec's image, else the operator's configured runtime image."""
-    return spec.preload.image or default_runtime_image()
+    return spec.preload.image or configured_runtime(runtime).image
 
 
 _REQUEST_FIELDS = {
@@ -160,7 +169,9 @@ class JobShape:
     tolerations: tuple[dict[str, Any], ...] = ()
 
 
-def build_job(owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: Any = None) -> dict[str, Any]:
+def build_job(
+    owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: Any = None, runtime: RuntimeImage | None = None
+) -> dict[str, Any]:
     """A Job running one container from the runtime image, restricted pod security, result in the
     termination message (with the log tail as fallback when the process dies before writing it)."""
     labels = {**owner.labels(shape.role), PRELOAD_HASH_LABEL: shape.preload_hash}
@@ -169,7 +180,7 @@ def build_job(owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: A
     credentials = spec.source.credentials
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": runtime_image(spec),
+        "image": runtime_image(spec, runtime),
         "imagePullPolicy": preload.image_pull_policy.value,
         "command": shape.command,
         "args": shape.args,
@@ -189,6 +200,8 @@ def build_job(owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: A
         "containers": [container],
         "volumes": [*shape.mounts.volumes, {"name": "tmp", "emptyDir": {}}],
     }
+    if pull_secrets := configured_runtime(runtime).pod_pull_secrets():
+        pod["imagePullSecrets"] = pull_secrets
     if credentials and credentials.service_account_name:
         pod["serviceAccountName"] = credentials.service_account_name
     else:
