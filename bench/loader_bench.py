@@ -54,6 +54,7 @@ def make_model(root: Path, size_gib: float, files: int) -> list[Path]:
 
 # ---- one measurement, run in a child process -------------------------------------------------------------
 
+
 def run_one(reader: str, paths: list[str]) -> dict[str, float]:
     from strata_loader.sources import open_reader
 
@@ -123,8 +124,15 @@ def run_one(reader: str, paths: list[str]) -> dict[str, float]:
 
 # ---- orchestration -----------------------------------------------------------------------------------------
 
-LOCAL_READERS = ["strata", "strata-stream", "safetensors", "safetensors-pread", "runai", "runai-sync",
-                 "runai-sync-stream"]
+LOCAL_READERS = [
+    "strata",
+    "strata-stream",
+    "safetensors",
+    "safetensors-pread",
+    "runai",
+    "runai-sync",
+    "runai-sync-stream",
+]
 
 
 def drop_caches() -> bool:
@@ -199,10 +207,22 @@ def running_weed_server() -> Iterator[Any]:
     ports = [free_port() for _ in range(4)]
     with tempfile.TemporaryDirectory() as data:
         proc = subprocess.Popen(
-            [str(WEED), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
-             f"-master.port={ports[0]}", f"-volume.port={ports[1]}", f"-filer.port={ports[2]}",
-             f"-s3.port={ports[3]}", "-master.volumeSizeLimitMB=1024", "-volume.max=0"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "weed.log"), "wb"),  # noqa: SIM115
+            [
+                str(WEED),
+                "server",
+                f"-dir={data}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-s3",
+                f"-master.port={ports[0]}",
+                f"-volume.port={ports[1]}",
+                f"-filer.port={ports[2]}",
+                f"-s3.port={ports[3]}",
+                "-master.volumeSizeLimitMB=1024",
+                "-volume.max=0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(data, "weed.log"), "wb"),  # noqa: SIM115
         )
         url = f"http://127.0.0.1:{ports[3]}"
         try:
@@ -228,7 +248,7 @@ def bench_s3(paths: list[Path], repeat: int, server_kind: str = "moto") -> dict[
     from strata_testsupport.s3 import running_s3_server
 
     results: dict[str, dict[str, float]] = {}
-    with (running_weed_server() if server_kind == "seaweedfs" else running_s3_server()) as server:
+    with running_weed_server() if server_kind == "seaweedfs" else running_s3_server() as server:
         bucket = server.create_bucket("bench")
         c = server.client()
         for p in paths:
@@ -281,8 +301,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--s3", action="store_true", help="also read from a local S3 server (moto: slow)")
     ap.add_argument("--s3-files", type=int, default=1, help="how many of the files go through S3")
-    ap.add_argument("--s3-server", choices=["moto", "seaweedfs"], default="moto",
-                    help=f"seaweedfs needs {WEED} (built from its Go module)")
+    ap.add_argument(
+        "--s3-server",
+        choices=["moto", "seaweedfs"],
+        default="moto",
+        help=f"seaweedfs needs {WEED} (built from its Go module)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write raw results here")
     ap.add_argument("--table-from", type=Path, default=None, help="print the table of an earlier --json")
     args = ap.parse_args()

@@ -38,8 +38,18 @@ def main() -> None:
         client = s3.client()
         for p in src:
             client.upload_file(str(p), bucket, f"demo-model/{p.name}")
-        cmd = [sys.executable, "-m", "strata_loader", "fetch", f"s3://{bucket}/demo-model", str(dest),
-               "--verify", "sizes", "--progress", "bar" if sys.stderr.isatty() else "json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "strata_loader",
+            "fetch",
+            f"s3://{bucket}/demo-model",
+            str(dest),
+            "--verify",
+            "sizes",
+            "--progress",
+            "bar" if sys.stderr.isatty() else "json",
+        ]
         print("$ strata-loader " + " ".join(cmd[3:]), flush=True)
         subprocess.run(cmd, check=True, env={**os.environ, **s3.env()})
 

@@ -30,6 +30,7 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
 from strata_operator.api.registry import all_crds  # noqa: E402
 from strata_operator.handlers import kvcachetier_io as io  # noqa: E402
 from strata_operator.handlers import kvcachetier_reconcile as reconciler  # noqa: E402
+from strata_operator.resources.core import label_selector  # noqa: E402
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef  # noqa: E402
 from strata_operator.resources.kvcachetier.status import Observed, compute_status  # noqa: E402
 from strata_operator.resources.kvcachetier.validation import ClusterFacts, validate  # noqa: E402
@@ -78,7 +79,7 @@ def wait_all_ready(client: Any, count: int, timeout: float) -> float:
     start = time.monotonic()
 
     def ready() -> bool:
-        ds = io.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {}
+        ds = kube.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {}
         status = ds.get("status") or {}
         settled = status.get("observedGeneration") == ds.get("metadata", {}).get("generation")
         counts = (status.get(k) for k in ("desiredNumberScheduled", "updatedNumberScheduled", "numberReady"))
@@ -100,17 +101,17 @@ def measure_aggregation(runs: int) -> None:
     tier_body = io.read_tier("kv", NAMESPACE) or {}
     spec = KVCacheTierSpec.model_validate(tier_body["spec"])
     tier = TierRef.from_body(tier_body)
-    selector = io.label_selector(tier.selector_labels())
-    pods = io.list_objects("v1", "Pod", namespace=NAMESPACE, label_selector=selector)
-    nodes = io.list_objects("v1", "Node", label_selector="gpu=true")
-    daemonset = io.read("apps/v1", "DaemonSet", "kv", NAMESPACE)
+    selector = label_selector(tier.selector_labels())
+    pods = kube.list_objects("v1", "Pod", namespace=NAMESPACE, label_selector=selector)
+    nodes = kube.list_objects("v1", "Node", label_selector="gpu=true")
+    daemonset = kube.read("apps/v1", "DaemonSet", "kv", NAMESPACE)
     print(f"status aggregation ({len(pods)} pods, {len(nodes)} nodes):")
     row("compute_status (pure)", timed(lambda: compute_status(spec, tier, Observed(daemonset, pods), {}), runs))
     row("validate against every node (pure)", timed(lambda: validate(spec, ClusterFacts(nodes=nodes)), runs))
-    raw_pods = timed(lambda: io.list_objects("v1", "Pod", namespace=NAMESPACE, label_selector=selector), runs)
+    raw_pods = timed(lambda: kube.list_objects("v1", "Pod", namespace=NAMESPACE, label_selector=selector), runs)
     pod_api = resource(kube.dynamic_client(), "v1", "Pod")
     wrapped_pods = timed(lambda: pod_api.get(namespace=NAMESPACE, label_selector=selector).to_dict(), runs)
-    raw_nodes = timed(lambda: io.list_objects("v1", "Node", label_selector="gpu=true"), runs)
+    raw_nodes = timed(lambda: kube.list_objects("v1", "Node", label_selector="gpu=true"), runs)
     node_api = resource(kube.dynamic_client(), "v1", "Node")
     wrapped_nodes = timed(lambda: node_api.get(label_selector="gpu=true").to_dict(), runs)
     row("list pods, plain JSON (used)", raw_pods)
@@ -127,7 +128,7 @@ def measure_reaction(client: Any, count: int, timeout: float) -> None:
     args = ["run", "-m", HANDLERS_MODULE, "--standalone", f"--namespace={NAMESPACE}"]
     with KopfRunner(args, timeout=60):
         time.sleep(5)  # resume handlers settle
-        before = (io.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {})["spec"]["template"]["metadata"]
+        before = (kube.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {})["spec"]["template"]["metadata"]
         tiers = resource(client, "strata.dev/v1alpha1", "KVCacheTier")
         start = time.monotonic()
         tiers.patch(
@@ -138,7 +139,7 @@ def measure_reaction(client: Any, count: int, timeout: float) -> None:
         )
 
         def template_hash() -> str:
-            ds = io.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {}
+            ds = kube.read("apps/v1", "DaemonSet", "kv", NAMESPACE) or {}
             return str(ds["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
 
         old = before["annotations"][CONFIG_HASH_ANNOTATION]

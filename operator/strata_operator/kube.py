@@ -12,7 +12,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ApiException, NotFoundError
+from kubernetes.dynamic.exceptions import ApiException, ConflictError, NotFoundError
 
 from strata_operator import settings
 
@@ -61,40 +61,100 @@ def api_error_message(error: ApiException) -> str:
         return str(getattr(error, "reason", error))
 
 
-def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> Any:
-    """Server-side apply with Strata's field manager; returns the object as stored.
+_discovery_lock = threading.Lock()
+
+
+def resource(api_version: str, kind: str) -> Any:
+    """The dynamic client's handle for a kind. Discovery fills a cache the client does not guard: reconciles
+    of both kinds run in worker threads, and two threads discovering at once fail (KeyError 'resources')."""
+    with _discovery_lock:
+        return dynamic_client().resources.get(api_version=api_version, kind=kind)
+
+
+def apply(body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+    """Server-side apply with Strata's field manager; returns the object as stored (a no-op on the server when
+    nothing changed).
 
     Forced, because the operator is the only intended owner of the fields it renders; fields other
     managers set (e.g. the Job controller's selectors) are left alone by server-side apply.
     """
-    client = dynamic_client()
-    resource = client.resources.get(api_version=body["apiVersion"], kind=body["kind"])
+    handle = resource(body["apiVersion"], body["kind"])
     ns = namespace or body.get("metadata", {}).get("namespace")
-    return resource.server_side_apply(
+    stored = handle.server_side_apply(
         body=dict(body),
         name=body["metadata"]["name"],
-        namespace=ns if resource.namespaced else None,
+        namespace=ns if handle.namespaced else None,
         field_manager=FIELD_MANAGER,
         force_conflicts=True,
     )
+    return dict(stored.to_dict())
 
 
-def get(api_version: str, kind: str, name: str, namespace: str | None = None) -> Any | None:
-    """The object, or None when it does not exist."""
-    resource = dynamic_client().resources.get(api_version=api_version, kind=kind)
+def create(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Create the object; None when one of that name already exists (it is never overwritten)."""
+    meta = body["metadata"]
     try:
-        return resource.get(name=name, namespace=namespace if resource.namespaced else None)
+        created = resource(body["apiVersion"], body["kind"]).create(body=dict(body), namespace=meta.get("namespace"))
+    except ConflictError:
+        return None
+    return dict(created.to_dict())
+
+
+def read(api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    """The object as a dict, or None when it does not exist. Lists and reads skip the dynamic client's object
+    wrapping (`serialize=False`): with hundreds of nodes and pods that wrapping, not the API server, dominates."""
+    handle = resource(api_version, kind)
+    try:
+        response = handle.get(name=name, namespace=namespace if handle.namespaced else None, serialize=False)
     except NotFoundError:
         return None
+    return dict(json.loads(response.data))
+
+
+def list_objects(
+    api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None
+) -> list[dict[str, Any]]:
+    handle = resource(api_version, kind)
+    response = handle.get(
+        namespace=namespace if handle.namespaced else None, label_selector=label_selector, serialize=False
+    )
+    return list(json.loads(response.data).get("items") or [])
+
+
+def merge_patch(api_version: str, kind: str, name: str, namespace: str | None, body: Mapping[str, Any]) -> Any:
+    """A JSON merge patch (None deletes a key): what label and annotation edits need, unlike apply, which
+    would drop the keys other owners set."""
+    handle = resource(api_version, kind)
+    return handle.patch(
+        name=name,
+        namespace=namespace if handle.namespaced else None,
+        body=dict(body),
+        content_type="application/merge-patch+json",
+    )
+
+
+def patch_status(api_version: str, kind: str, name: str, namespace: str, status: Mapping[str, Any]) -> bool:
+    """A merge patch of the status subresource (lists inside are replaced whole, as intended); False when the
+    object is gone meanwhile (nothing left to report on)."""
+    try:
+        resource(api_version, kind).status.patch(
+            body={"status": dict(status)},
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
+    except NotFoundError:
+        return False
+    return True
 
 
 def delete(api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
     """Delete in the background; True when something was deleted."""
-    resource = dynamic_client().resources.get(api_version=api_version, kind=kind)
+    handle = resource(api_version, kind)
     try:
-        resource.delete(
+        handle.delete(
             name=name,
-            namespace=namespace if resource.namespaced else None,
+            namespace=namespace if handle.namespaced else None,
             body={"propagationPolicy": "Background"},
         )
     except NotFoundError:
@@ -122,7 +182,7 @@ def post_node_event(node: str, uid: str, type_: str, reason: str, message: str) 
         "count": 1,
     }
     try:
-        dynamic_client().resources.get(api_version="v1", kind="Event").create(body=body, namespace="default")
+        resource("v1", "Event").create(body=body, namespace="default")
     except ApiException:
         return False
     return True

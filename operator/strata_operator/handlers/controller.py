@@ -94,7 +94,7 @@ async def run_daemon(
                 logger.exception(f"reconcile failed (attempt {failures})")
                 if failures in ERROR_WARNINGS_AT:
                     kopf.warn(body, reason="ReconcileError", message=f"{type(error).__name__}: {error}")
-                await sleep(waker.event, stopped, min(MAX_BACKOFF_SECONDS, 2.0**failures))
+                await sleep(waker.event, stopped, backoff_seconds(failures))
                 continue
             failures = 0
             for type_, reason, message in events:
@@ -106,6 +106,11 @@ async def run_daemon(
     finally:
         if memory.wakers.get(key) is waker:
             del memory.wakers[key]
+
+
+def backoff_seconds(failures: int) -> float:
+    """2 s doubling per consecutive failure, at most a minute: never a tight loop, never a long outage."""
+    return float(min(MAX_BACKOFF_SECONDS, 2.0 ** min(failures, 16)))
 
 
 async def sleep(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:

@@ -1,28 +1,35 @@
-"""kopf entry points for KVCacheTier: thin triggers; all of them run the same level-based reconcile.
+"""kopf entry points for KVCacheTier: one daemon per tier runs its level-based reconcile (`controller`, the
+same for both kinds); watches only wake it:
 
-- the resource itself: create, update (spec or labels), resume after an operator restart;
-- its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back at once, and a
-  DaemonSet status change (pods becoming ready) refreshes the status;
-- a timer: the safety net for anything a missed watch event would leave behind.
+- the tier itself: a new generation (a spec change) asks for a full reconcile;
+- its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back (full), a DaemonSet
+  status change (pods becoming ready) only refreshes the status, our own writes wake nobody;
+- the resync: the safety net for anything a missed watch event would leave behind, and the time to scrape
+  the servers' usage.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
 import kopf
 
 from strata_operator.api import GROUP, VERSION
-from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.handlers import controller
 from strata_operator.handlers import kvcachetier_reconcile as reconciler
 from strata_operator.handlers import kvcachetier_usage as usage
+from strata_operator.handlers.kvcachetier_io import read_tier
+from strata_operator.handlers.process import settings_of
 from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
-from strata_operator.settings import Settings
 
 PLURAL = "kvcachetiers"
-DRIFT_INTERVAL_SECONDS = 60.0
+RESYNC_SECONDS = 60.0
+USAGE_INTERVAL_SECONDS = 60.0
+"""How often the servers' metrics are scraped into status.usage (informative, never urgent)."""
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY, NAME_LABEL: APP_NAME}
 _CHILD_KINDS = (
     ("apps", "v1", "daemonsets"),
@@ -32,46 +39,59 @@ _CHILD_KINDS = (
 )
 
 
-def _settings(memo: kopf.Memo) -> Settings | None:
-    """What the startup hook read (absent only when a test registry skipped it)."""
-    found = memo.get("strata")
-    return found if isinstance(found, Settings) else None
+@dataclass
+class TierMemory(controller.Memory):
+    """The KVCacheTier controller's memory (see `controller`), plus the versions its applies left."""
+
+    name: str = "kvcachetier"
+    applied: reconciler.AppliedChildren = field(default_factory=dict)
 
 
-MAX_RETRY_DELAY_SECONDS = 300.0
+@kopf.on.startup()
+def remember_tiers(memo: kopf.Memo, **_: Any) -> None:
+    memo.kvcachetiers = TierMemory()
 
 
-def retry_delay(retry: int) -> float:
-    """5 s doubling per failed attempt up to 5 min: an unforeseen failure is retried, never in a tight loop
-    (a spec problem ends in a condition instead; the drift timer re-runs the reconcile anyway)."""
-    return float(min(MAX_RETRY_DELAY_SECONDS, 5.0 * 2 ** min(retry, 16)))
+def memory(memo: kopf.Memo) -> TierMemory:
+    return cast(TierMemory, memo.kvcachetiers)
 
 
-def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, *, full: bool = True, retry: int = 0) -> None:
-    try:
-        reconciler.reconcile(body, full=full, settings=_settings(memo))
-    except kopf.PermanentError:
-        raise
-    except Exception as error:  # kopf retries after the delay; the message says what failed.
-        raise kopf.TemporaryError(f"reconcile failed: {error}", delay=retry_delay(retry)) from error
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def tier_daemon(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+) -> None:
+    """The tier's reconcile loop; Events are collected in the worker thread and posted on kopf's loop."""
+    mine, process = memory(memo), settings_of(memo)
+    scraped = 0.0
+
+    def reconcile_once(snapshot: dict[str, Any], _waker: controller.Waker, full: bool) -> list[Any]:
+        nonlocal scraped
+        events: list[tuple[str, str, str]] = []
+        reconciler.reconcile(
+            snapshot,
+            full=full,
+            events=lambda _body, *event: events.append(cast(tuple[str, str, str], event)),
+            settings=process,
+            applied=mine.applied,
+        )
+        if time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS:
+            scraped = time.monotonic()
+            current = read_tier(snapshot["metadata"]["name"], snapshot["metadata"]["namespace"])
+            if current is not None:
+                try:
+                    usage.refresh_usage(current)
+                except Exception:  # metrics are informative: a failed scrape never fails the reconcile
+                    logger.exception("scraping the KV servers' metrics failed")
+        return events
+
+    await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-def tier_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    _reconcile(body, memo, retry=retry)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_SECONDS, initial_delay=DRIFT_INTERVAL_SECONDS)
-def tier_drift(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _reconcile(body, memo)
-    current = io.read_tier(body["metadata"]["name"], body["metadata"]["namespace"])
-    if current is not None:
-        try:
-            usage.refresh_usage(current)
-        except Exception:  # metrics are informative: a failed scrape never fails the reconcile
-            logger.exception("scraping the KV servers' metrics failed")
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def tier_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
+    """A spec change (new generation) wakes the daemon; our own status writes do not."""
+    if meta.get("generation") != status.get("observedGeneration"):
+        memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
 def owning_tier(body: Mapping[str, Any]) -> str | None:
@@ -82,38 +102,36 @@ def owning_tier(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def child_event_action(event_type: str | None, body: Mapping[str, Any]) -> Literal["skip", "status", "full"]:
+def child_event_action(
+    event_type: str | None, body: Mapping[str, Any], applied: reconciler.AppliedChildren
+) -> Literal["skip", "status", "full"]:
     """What a child's watch event asks for.
 
     Our own creations (ADDED) and writes (the resourceVersion our apply returned) need nothing; a
     DaemonSet whose spec generation is still ours only changed status (pods becoming ready); anything
     else — a deletion, a hand edit — re-applies the children.
     """
-    if event_type in (None, "ADDED"):  # None: the initial listing, which `resume` on the owner covers
+    if event_type in (None, "ADDED"):  # None: the initial listing, which each daemon's first reconcile covers
         return "skip"
     if event_type == "DELETED":
         return "full"
     meta = body.get("metadata", {})
-    applied = reconciler.applied_children.get((body.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")))
-    if applied is None:
+    known = applied.get((body.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")))
+    if known is None:
         return "full"
-    if meta.get("resourceVersion") == applied.resource_version:
+    if meta.get("resourceVersion") == known.resource_version:
         return "skip"
-    if body.get("kind") == "DaemonSet" and int(meta.get("generation") or 0) == applied.generation:
+    if body.get("kind") == "DaemonSet" and int(meta.get("generation") or 0) == known.generation:
         return "status"
     return "full"
 
 
-def _child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def _child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     owner = owning_tier(body)
-    action = child_event_action(event.get("type"), body)
-    if owner is None or action == "skip":
-        return
-    try:
-        target = {"metadata": {"name": owner, "namespace": body["metadata"]["namespace"]}}
-        reconciler.reconcile(target, full=action == "full", settings=_settings(memo))
-    except Exception:  # events are not retried: the timer converges later
-        logger.exception("reconcile of KVCacheTier %s after a %s event failed", owner, body.get("kind"))
+    mine = memory(memo)
+    action = child_event_action(event.get("type"), body, mine.applied)
+    if owner is not None and action != "skip":
+        mine.wake(body["metadata"]["namespace"], owner, full=action == "full")
 
 
 def _register_child_watches() -> None:

@@ -1,14 +1,14 @@
 """One KVCacheTier reconcile: read the cluster, validate, apply the children, write status if it changed.
 
-Level-based: every trigger (the resource itself, a child's event, the drift timer) runs the same code
-and converges on the same state. Reconciles of one resource are serialized by a per-resource lock.
+Level-based: every trigger (the resource itself, a child's event, the resync) wakes the tier's daemon
+(`handlers/controller.py`), which runs this same code, so reconciles of one tier never overlap and converge on
+the same state.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -42,9 +42,6 @@ from strata_operator.resources.kvcachetier.validation import (
     validate,
 )
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
-
 
 @dataclass(frozen=True)
 class Applied:
@@ -54,8 +51,9 @@ class Applied:
     generation: int
 
 
-applied_children: dict[tuple[str, str, str], Applied] = {}
-"""(kind, namespace, name) -> Applied; in memory only: after a restart `resume` re-applies everything."""
+AppliedChildren = dict[tuple[str, str, str], Applied]
+"""(kind, namespace, name) -> Applied, kept in the controller's memory: after a restart the daemons' first
+reconciles re-apply everything."""
 
 
 @dataclass
@@ -67,14 +65,9 @@ class Outcome:
     status: dict[str, Any]
 
 
-def _lock(tier: TierRef) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((tier.namespace, tier.name), threading.Lock())
-
-
 def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     """Selected nodes, referenced Secrets' keys and the existing L2 claim, as validation needs them."""
-    nodes = io.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
+    nodes = kube.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
     if spec.auth.secret_ref is not None:
@@ -82,12 +75,12 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     if spec.l2 and spec.l2.s3 and spec.l2.s3.secret_ref:
         refs.append(spec.l2.s3.secret_ref.name)
     for name in refs:
-        secret = io.read("v1", "Secret", name, tier.namespace)
+        secret = kube.read("v1", "Secret", name, tier.namespace)
         # Only the key names: validation never needs the values, so they are not kept.
         facts.secrets[name] = None if secret is None else dict.fromkeys(secret.get("data") or {}, "")
     fs = spec.l2.fs if spec.l2 else None
     if fs is not None and fs.pvc is not None and fs.pvc.claim_name is not None:
-        facts.existing_claim = io.read("v1", "PersistentVolumeClaim", fs.pvc.claim_name, tier.namespace)
+        facts.existing_claim = kube.read("v1", "PersistentVolumeClaim", fs.pvc.claim_name, tier.namespace)
         facts.claim_checked = True
     return facts
 
@@ -102,7 +95,7 @@ def check(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[Problem], list[str
     return problems, warnings
 
 
-def apply_children(children: Children, tier: TierRef) -> Problem | None:
+def apply_children(children: Children, tier: TierRef, applied: AppliedChildren | None = None) -> Problem | None:
     """Apply in dependency order; a child the API server refuses (e.g. a claim shrunk) becomes a Problem.
 
     Nothing is applied while any child's name is taken by an object the tier did not create: forced apply
@@ -113,14 +106,16 @@ def apply_children(children: Children, tier: TierRef) -> Problem | None:
             return problem
     for child in children.in_apply_order():
         try:
-            stored = io.apply(child)
+            stored = kube.apply(child)
         except (BadRequestError, UnprocessibleEntityError, InternalServerError) as error:
             # 400/422: the child is invalid as rendered; 500: the API server could not even type it (a
             # mistyped free-form field such as affinity). Reported, not raised: retried by the timer, not in a loop.
             kind, name = child["kind"], child["metadata"]["name"]
             return Problem("ChildRejected", f"the API server refused {kind} {name}: {kube.api_error_message(error)}")
         meta = stored["metadata"]
-        applied_children[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
+        if applied is None:
+            continue
+        applied[(stored["kind"], meta["namespace"], meta["name"])] = Applied(
             str(meta.get("resourceVersion", "")), int(meta.get("generation") or 0)
         )
     return None
@@ -136,11 +131,11 @@ def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Proble
     token = token_secret(spec, tier)
     if token is None or not token.generated:
         return None, None
-    live = io.read("v1", "Secret", token.name, tier.namespace)
+    live = kube.read("v1", "Secret", token.name, tier.namespace)
     if live is None:
-        live = io.create(build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES)))
+        live = kube.create(build_token_secret(tier, secrets.token_urlsafe(TOKEN_BYTES)))
         if live is None:  # created meanwhile by someone else: read what is there now
-            live = io.read("v1", "Secret", token.name, tier.namespace)
+            live = kube.read("v1", "Secret", token.name, tier.namespace)
     if live is not None and not tier.created(live):
         return name_conflict({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token.name}}, tier), None
     return None, str((live or {}).get("metadata", {}).get("uid") or "")
@@ -148,7 +143,7 @@ def ensure_generated_token(spec: KVCacheTierSpec, tier: TierRef) -> tuple[Proble
 
 def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
     kind, name = child["kind"], child["metadata"]["name"]
-    live = io.read(child["apiVersion"], kind, name, tier.namespace)
+    live = kube.read(child["apiVersion"], kind, name, tier.namespace)
     if live is None or tier.created(live):
         return None
     hint = {
@@ -164,8 +159,10 @@ def name_conflict(child: Mapping[str, Any], tier: TierRef) -> Problem | None:
 
 def observe(tier: TierRef) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The DaemonSet and its pods, as they are now."""
-    daemonset = io.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
-    pods = io.list_objects("v1", "Pod", namespace=tier.namespace, label_selector=label_selector(tier.selector_labels()))
+    daemonset = kube.read("apps/v1", "DaemonSet", tier.daemonset, tier.namespace)
+    pods = kube.list_objects(
+        "v1", "Pod", namespace=tier.namespace, label_selector=label_selector(tier.selector_labels())
+    )
     return daemonset, pods
 
 
@@ -187,22 +184,23 @@ def reconcile(
     events: EventSink = post_event,
     now: str | None = None,
     settings: strata_settings.Settings | None = None,
+    applied: AppliedChildren | None = None,
 ) -> Outcome | None:
     """Reconcile the resource named in `body` (re-read, so a stale trigger cannot write a stale status).
 
     `settings`: the operator's (kopf's memo holds them); the process's own when called outside kopf.
+    `applied`: where to record the versions our applies left, so their watch events can be told apart.
     """
     meta = body["metadata"]
     current = io.read_tier(meta["name"], meta["namespace"])
     if current is None or current["metadata"].get("deletionTimestamp"):
         return None
     tier = TierRef.from_body(current)
-    with _lock(tier):
-        process = settings or strata_settings.current()
-        return _reconcile_locked(current, tier, full=full, events=events, now=now, settings=process)
+    process = settings or strata_settings.current()
+    return _reconcile(current, tier, full=full, events=events, now=now, settings=process, applied=applied)
 
 
-def _reconcile_locked(
+def _reconcile(
     current: dict[str, Any],
     tier: TierRef,
     *,
@@ -210,25 +208,26 @@ def _reconcile_locked(
     events: EventSink,
     now: str | None,
     settings: strata_settings.Settings,
+    applied: AppliedChildren | None,
 ) -> Outcome:
     previous = current.get("status") or {}
     try:
         spec = KVCacheTierSpec.model_validate(current.get("spec") or {})
     except ValidationError as error:
-        return _reject_spec(current, tier, previous, error, now)
+        return _reject_spec(current, tier, previous, error, now, events)
     problems, warnings = check(spec, tier) if full else (None, [])
-    applied, config_digest = False, None
+    done, config_digest = False, None
     if full and not problems:
         # Built only from a spec that passed validation: the builders read its quantities.
         rejection, token_uid = ensure_generated_token(spec, tier)
         children = build_children(spec, tier, settings.runtime, token_version=token_uid)
-        rejection = rejection or apply_children(children, tier)
-        applied, config_digest = rejection is None, children.config_hash
+        rejection = rejection or apply_children(children, tier, applied)
+        done, config_digest = rejection is None, children.config_hash
         if rejection is not None:
             problems = [rejection]
     daemonset, pods = observe(tier)
     claim_name = l2_claim_name(spec, tier)
-    claim = io.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
+    claim = kube.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
     observed = Observed(
         daemonset=daemonset,
         pods=pods,
@@ -239,7 +238,7 @@ def _reconcile_locked(
     )
     status = compute_status(spec, tier, observed, previous, now=now)
     written = _write_if_changed(current, tier, previous, status, events)
-    return Outcome(applied=applied, status_written=written, status=status)
+    return Outcome(applied=done, status_written=written, status=status)
 
 
 def _write_if_changed(
@@ -263,6 +262,7 @@ def _reject_spec(
     previous: Mapping[str, Any],
     error: ValidationError,
     now: str | None,
+    events: EventSink,
 ) -> Outcome:
     """A spec the operator's model refuses (the CRD let it through): say so, change nothing else."""
     message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
@@ -276,5 +276,5 @@ def _reject_spec(
         now=now,
     )
     status = {"observedGeneration": tier.generation, "conditions": conditions}
-    written = _write_if_changed(current, tier, previous, status, post_event)
+    written = _write_if_changed(current, tier, previous, status, events)
     return Outcome(applied=False, status_written=written, status=status)

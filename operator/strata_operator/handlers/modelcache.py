@@ -7,7 +7,6 @@ the cache, its children (Jobs, their pods, claims) and on nodes only wake it.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -21,11 +20,11 @@ from strata_operator.handlers import controller
 from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, finish_cleanup
 from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.handlers.modelcache_reconcile import reconcile
+from strata_operator.handlers.process import settings_of
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
 
 PLURAL = "modelcaches"
-RESYNC_SECONDS = float(os.environ.get("STRATA_MODELCACHE_RESYNC_SECONDS", "60"))
 CLEANUP_ATTEMPTS = 150
 """About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
 
@@ -60,16 +59,18 @@ async def modelcache_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
     """The cache's reconcile loop (`controller.run_daemon`); the status it last wrote is carried between runs."""
-    mine = memory(memo)
+    mine, process = memory(memo), settings_of(memo)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
 
     def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
-        previous, events = reconcile(snapshot, previous, mine.nodes)
+        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime)
         return events
 
-    await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
+    await controller.run_daemon(
+        mine, body, stopped, logger, reconcile_once, resync_seconds=process.modelcache_resync_seconds
+    )
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -133,7 +134,7 @@ def modelcache_deleted(
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
     owner = CacheRef.from_body(body)
-    state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes)
+    state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes, settings_of(memo).runtime)
     if state.running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)
     if state.namespace_terminating:

@@ -19,11 +19,12 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
 from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
-from strata_operator.handlers.modelcache_io import delete_job, get_dict, list_children
+from strata_operator.handlers.modelcache_io import delete_job, list_children
 from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_annotation, patch_node_label
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.runtime_image import RuntimeImage
 
 LEFT_BEHIND = "ModelCopyLeftBehind"
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def namespace_terminating(error: ApiException) -> bool:
 
 
 def cleanup_node_copies(
-    owner: CacheRef, spec: ModelCacheSpec, status: dict[str, Any], node_cache: NodeCache
+    owner: CacheRef, spec: ModelCacheSpec, status: dict[str, Any], node_cache: NodeCache, runtime: RuntimeImage
 ) -> Cleanup:
     """On delete: stop preloads, unlabel nodes, and (policy Delete) run a clean-up Job per node with a copy."""
     state = Cleanup(path=storage.node_copy_path(owner, spec))
@@ -80,8 +81,8 @@ def cleanup_node_copies(
     if spec.deletion_policy == DeletionPolicy.RETAIN:
         return state
     for name in sorted(holders):
-        job = storage.node_cleanup(owner, spec, name)
-        live = get_dict("batch/v1", "Job", job["metadata"]["name"], owner.namespace)
+        job = storage.node_cleanup(owner, spec, name, runtime)
+        live = kube.read("batch/v1", "Job", job["metadata"]["name"], owner.namespace)
         if live is None and not state.namespace_terminating:
             try:
                 kube.apply(job)

@@ -6,12 +6,10 @@ the caller on kopf's event loop.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.dynamic.exceptions import NotFoundError
 from pydantic import ValidationError
 
 from strata_operator import kube
@@ -24,19 +22,23 @@ from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
+from strata_operator.resources.runtime_image import RuntimeImage
 
 
 def gather(
     body: Mapping[str, Any],
     previous: Mapping[str, Any],
     nodes: NodeCache,
+    runtime: RuntimeImage,
     *,
     inputs: bool = False,
     now: datetime.datetime | None = None,
 ) -> plan.Observed:
     """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use."""
     owner = CacheRef.from_body(body)
-    observed = plan.Observed(owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC))
+    observed = plan.Observed(
+        owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC), runtime=runtime
+    )
     try:
         spec = ModelCacheSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
@@ -46,10 +48,10 @@ def gather(
     mode = spec.storage.mode
     try:
         if mode == StorageMode.SHARED_PVC:
-            observed.claim = get_dict("v1", "PersistentVolumeClaim", storage.claim_name(owner, spec), owner.namespace)
+            observed.claim = kube.read("v1", "PersistentVolumeClaim", storage.claim_name(owner, spec), owner.namespace)
             class_name = storage.shared_pvc(spec).storage_class_name
             if observed.claim is None and class_name and not storage.claim_is_adopted(spec):
-                missing = get_dict("storage.k8s.io/v1", "StorageClass", class_name, None) is None
+                missing = kube.read("storage.k8s.io/v1", "StorageClass", class_name, None) is None
                 observed.storage_class_missing = missing
     except SpecError as error:
         observed.spec_problem = error.problem()
@@ -75,7 +77,7 @@ def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
     """References a preloader pod would fail on silently (it would sit in CreateContainerConfigError)."""
     credentials = spec.source.credentials
     ns = owner.namespace
-    if credentials and credentials.secret_ref and kube.get("v1", "Secret", credentials.secret_ref.name, ns) is None:
+    if credentials and credentials.secret_ref and kube.read("v1", "Secret", credentials.secret_ref.name, ns) is None:
         return Problem(
             "SecretNotFound",
             f"Secret {credentials.secret_ref.name!r} (source.credentials.secretRef) does not exist in "
@@ -83,14 +85,14 @@ def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
             "AWS_SECRET_ACCESS_KEY, or HF_TOKEN), or remove secretRef",
         )
     sa = credentials.service_account_name if credentials else None
-    if sa and kube.get("v1", "ServiceAccount", sa, ns) is None:
+    if sa and kube.read("v1", "ServiceAccount", sa, ns) is None:
         return Problem(
             "ServiceAccountNotFound",
             f"ServiceAccount {sa!r} (source.credentials.serviceAccountName) does not exist in namespace {ns!r}",
         )
     if spec.source.uri.startswith("pvc://"):
         claim = spec.source.uri.removeprefix("pvc://").split("/", 1)[0]
-        if kube.get("v1", "PersistentVolumeClaim", claim, ns) is None:
+        if kube.read("v1", "PersistentVolumeClaim", claim, ns) is None:
             return Problem(
                 "SourceClaimNotFound",
                 f"source claim {claim!r} (from {spec.source.uri}) does not exist in namespace {ns!r}",
@@ -99,22 +101,14 @@ def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
 
 
 def list_children(owner: CacheRef, api_version: str, kind: str, role: str) -> list[dict[str, Any]]:
-    api = kube.dynamic_client().resources.get(api_version=api_version, kind=kind)
-    found = api.get(
-        namespace=owner.namespace, label_selector=label_selector({CACHE_LABEL: owner.name, ROLE_LABEL: role})
-    )
-    return list(found.to_dict().get("items") or [])
+    selector = label_selector({CACHE_LABEL: owner.name, ROLE_LABEL: role})
+    return kube.list_objects(api_version, kind, namespace=owner.namespace, label_selector=selector)
 
 
 def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
-    pods = kube.dynamic_client().resources.get(api_version="v1", kind="Pod")
-    found = pods.get(namespace=namespace, label_selector=f"batch.kubernetes.io/job-name={job_name}")
-    return list(found.to_dict().get("items") or [])
-
-
-def get_dict(api_version: str, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
-    found = kube.get(api_version, kind, name, namespace)
-    return None if found is None else dict(found.to_dict())
+    return kube.list_objects(
+        "v1", "Pod", namespace=namespace, label_selector=f"batch.kubernetes.io/job-name={job_name}"
+    )
 
 
 def delete_job(namespace: str, name: str) -> bool:
@@ -123,11 +117,4 @@ def delete_job(namespace: str, name: str) -> bool:
 
 
 def patch_status(owner: CacheRef, patch: Mapping[str, Any]) -> None:
-    api = kube.dynamic_client().resources.get(api_version=API_VERSION, kind="ModelCache")
-    with contextlib.suppress(NotFoundError):  # deleted meanwhile: nothing left to report on
-        api.status.patch(
-            name=owner.name,
-            namespace=owner.namespace,
-            body={"status": dict(patch)},
-            content_type="application/merge-patch+json",
-        )
+    kube.patch_status(API_VERSION, "ModelCache", owner.name, owner.namespace, patch)

@@ -57,10 +57,10 @@ class NodeCache:
         with self._lock:
             if self._primed:
                 return dict(self._nodes)
-        listed = kube.dynamic_client().resources.get(api_version="v1", kind="Node").get().to_dict()
+        listed = kube.list_objects("v1", "Node")
         with self._lock:
             if not self._primed:
-                for item in listed.get("items") or []:
+                for item in listed:
                     info = NodeInfo.from_body(item)
                     self._nodes.setdefault(info.name, info)
                 self._primed = True
@@ -70,23 +70,13 @@ class NodeCache:
 def patch_node_label(cache: NodeCache, name: str, key: str, value: str | None) -> None:
     """Merge patch (not server-side apply): apply would drop the labels of other caches we set earlier. The
     answer goes into `cache` at once, so the next plan sees the label without waiting for the watch."""
-    nodes = kube.dynamic_client().resources.get(api_version="v1", kind="Node")
-    patched = nodes.patch(
-        name=name,
-        body={"metadata": {"labels": {key: value}}},
-        content_type="application/merge-patch+json",
-    )
+    patched = kube.merge_patch("v1", "Node", name, None, {"metadata": {"labels": {key: value}}})
     cache.observe(patched.to_dict())
 
 
 def patch_node_annotation(name: str, key: str, value: str | None) -> None:
     """Merge patch of one annotation (None removes it); the node cache keeps no annotations, nothing to record."""
-    nodes = kube.dynamic_client().resources.get(api_version="v1", kind="Node")
-    nodes.patch(
-        name=name,
-        body={"metadata": {"annotations": {key: value}}},
-        content_type="application/merge-patch+json",
-    )
+    kube.merge_patch("v1", "Node", name, None, {"metadata": {"annotations": {key: value}}})
 
 
 def _older(candidate: str, known: str) -> bool:

@@ -19,6 +19,7 @@ from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_labe
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.runtime_image import RuntimeImage
 
 ROUNDS = 3
 """A plan asks again at most twice per reconcile: once for the Job references, once for a created claim."""
@@ -28,6 +29,7 @@ def reconcile(
     body: Mapping[str, Any],
     previous: Mapping[str, Any],
     nodes: NodeCache,
+    runtime: RuntimeImage,
     *,
     now: datetime.datetime | None = None,
 ) -> tuple[dict[str, Any], list[planning.Event]]:
@@ -35,7 +37,7 @@ def reconcile(
     events: list[planning.Event] = []
     inputs = False
     for _ in range(ROUNDS):
-        observed = gather(body, previous, nodes, inputs=inputs, now=now)
+        observed = gather(body, previous, nodes, runtime, inputs=inputs, now=now)
         plan = planning.plan(observed)
         if plan.needs_inputs and not inputs:
             inputs = True  # discarded unexecuted: planned again with the references checked

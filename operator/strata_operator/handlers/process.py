@@ -51,6 +51,12 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     configure(settings, process)
 
 
+def settings_of(memo: kopf.Memo) -> strata_settings.Settings:
+    """What the startup hook read; the process's own where a test called a handler without kopf's startup."""
+    found = memo.get("strata")
+    return found if isinstance(found, strata_settings.Settings) else strata_settings.current()
+
+
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod, the service account; elsewhere $KUBECONFIG as it is when the operator starts."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
@@ -87,10 +93,10 @@ def peering_verdict(
 def _peering_status(settings: kopf.OperatorSettings) -> Mapping[str, Mapping[str, Any]] | None:
     if settings.peering.standalone or not settings.peering.clusterwide:
         return None  # namespaced peering objects live per namespace; only the API check applies there
-    peering = kube.get("kopf.dev/v1", "ClusterKopfPeering", settings.peering.name)
+    peering = kube.read("kopf.dev/v1", "ClusterKopfPeering", settings.peering.name)
     if peering is None:
         return None
-    return dict(peering.to_dict().get("status") or {})
+    return dict(peering.get("status") or {})
 
 
 @kopf.on.probe(id="ready")

@@ -21,6 +21,11 @@ def release_image() -> str:
     return f"{RUNTIME_IMAGE_REPOSITORY}:{version}"
 
 
+def default_runtime() -> RuntimeImage:
+    """The release's image, pulled IfNotPresent, no pull Secrets: what builders use when not told otherwise."""
+    return RuntimeImage(release_image())
+
+
 @dataclass(frozen=True)
 class RuntimeImage:
     """The default image of every pod the operator renders, how to pull it, and with which Secrets."""

@@ -20,6 +20,7 @@ from strata_operator.api.crdgen import build_crd
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
+from strata_operator.resources.runtime_image import default_runtime
 
 SYSTEM_PATHS = [
     "/",
@@ -202,6 +203,7 @@ def test_both_s3_options_carry_the_endpoint_rules_and_document_the_switch() -> N
 def test_allow_link_local_does_not_change_the_preload_job() -> None:
     plain = ModelCacheSpec.model_validate(cache_s3("http://minio:9000"))
     allowed = ModelCacheSpec.model_validate(cache_s3("http://minio:9000", allowLinkLocal=True))
-    assert request_hash(plain, fetch_request(plain, MODEL_MOUNT)) == request_hash(
-        allowed, fetch_request(allowed, MODEL_MOUNT)
+    runtime = default_runtime()
+    assert request_hash(plain, fetch_request(plain, MODEL_MOUNT), runtime=runtime) == request_hash(
+        allowed, fetch_request(allowed, MODEL_MOUNT), runtime=runtime
     )

@@ -10,7 +10,6 @@ import pytest
 from strata_operator import kube
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.handlers import kvcachetier_io
 from strata_operator.handlers import kvcachetier_reconcile as tier_reconcile
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
@@ -23,22 +22,18 @@ TIER = TierRef(name="kv", namespace="serving", uid="tier-uid", generation=1)
 RUNTIME = RuntimeImage("registry.local/strata-runtime:test")
 
 
-class Applied:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-
-    def to_dict(self) -> dict[str, Any]:
-        meta = {**self.body["metadata"], "uid": "new-uid", "resourceVersion": "1"}
-        return {**self.body, "metadata": meta}
+def stored(body: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server would return it from an apply."""
+    return {**body, "metadata": {**body["metadata"], "uid": "new-uid", "resourceVersion": "1"}}
 
 
 @pytest.fixture
 def applied(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
-    def fake_apply(body: dict[str, Any], **_: Any) -> Applied:
+    def fake_apply(body: dict[str, Any], **_: Any) -> dict[str, Any]:
         calls.append(body)
-        return Applied(body)
+        return stored(body)
 
     monkeypatch.setattr(kube, "apply", fake_apply)
     return calls
@@ -118,7 +113,7 @@ def test_a_users_config_map_named_like_the_tiers_is_a_name_conflict(
 ) -> None:
     theirs = user_object("ConfigMap", "kv-config", labels={"app": "mine"})
     wanted = ("ConfigMap", "kv-config")
-    monkeypatch.setattr(kvcachetier_io, "read", lambda _v, kind, name, _ns: theirs if (kind, name) == wanted else None)
+    monkeypatch.setattr(kube, "read", lambda _v, kind, name, _ns=None: theirs if (kind, name) == wanted else None)
     problem = tier_reconcile.apply_children(build_children(tier_spec(), TIER, RUNTIME), TIER)
     assert problem is not None and problem.reason == "NameConflict"
     assert "ConfigMap 'kv-config'" in problem.message
@@ -128,6 +123,6 @@ def test_a_users_config_map_named_like_the_tiers_is_a_name_conflict(
 def test_the_tiers_own_children_are_applied(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> None:
     children = build_children(tier_spec(), TIER, RUNTIME)
     live = {c["metadata"]["name"]: c for c in children.in_apply_order()}
-    monkeypatch.setattr(kvcachetier_io, "read", lambda _v, kind, name, _ns: live.get(name))
+    monkeypatch.setattr(kube, "read", lambda _v, kind, name, _ns=None: live.get(name))
     assert tier_reconcile.apply_children(children, TIER) is None
     assert len(applied) == len(children.in_apply_order())

@@ -75,7 +75,7 @@ class FakeCluster:
 def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     fake = FakeCluster(ready={"gpu-a": True, "gpu-b": True})
     monkeypatch.setattr(cleanup, "list_children", fake.list_children)
-    monkeypatch.setattr(cleanup, "get_dict", lambda _v, _k, name, _ns: fake.jobs.get(name))
+    monkeypatch.setattr(kube, "read", lambda _v, _k, name, _ns=None: fake.jobs.get(name))
     monkeypatch.setattr(cleanup, "delete_job", fake.delete_job)
     monkeypatch.setattr(cleanup, "patch_node_label", lambda *_a: None)
     monkeypatch.setattr(

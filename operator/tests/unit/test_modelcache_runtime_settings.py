@@ -1,16 +1,16 @@
-"""The operator's configured runtime image and pull Secrets reach ModelCache Jobs too (through the process's
-settings until the ModelCache handlers pass them explicitly)."""
+"""The operator's configured runtime image and pull Secrets reach ModelCache Jobs too: the handlers pass the
+settings to the plan, and the plan to every Job builder."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import datetime
 
-import pytest
 from strata_operator import settings
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import storage
 from strata_operator.resources.modelcache.jobs import JobShape, PodMounts, build_job
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.plan import Observed, plan
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 SPEC = ModelCacheSpec.model_validate(
@@ -18,21 +18,34 @@ SPEC = ModelCacheSpec.model_validate(
 )
 
 
-@pytest.fixture
-def configured(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("STRATA_RUNTIME_IMAGE", "registry.local/strata-runtime:dev")
-    monkeypatch.setenv("STRATA_IMAGE_PULL_SECRETS", "regcred")
-    settings.reload()
-    yield
-    monkeypatch.undo()
-    settings.reload()
+CONFIGURED = settings.Settings.from_env(
+    {"STRATA_RUNTIME_IMAGE": "registry.local/strata-runtime:dev", "STRATA_IMAGE_PULL_SECRETS": "regcred"}
+)
 
 
-def test_preload_jobs_take_the_configured_image_and_pull_secrets(configured: None) -> None:
-    _, job = storage.shared_pvc_preload(OWNER, SPEC, "claim-uid")
+def test_planned_preload_jobs_take_the_configured_image_and_pull_secrets() -> None:
+    claim = storage.build_claim(OWNER, SPEC)
+    claim["metadata"]["uid"] = "claim-uid"
+    observed = Observed(
+        owner=OWNER,
+        previous={},
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        spec=SPEC,
+        claim=claim,
+        inputs_checked=True,
+        runtime=CONFIGURED.runtime,
+    )
+    (job,) = [a.body for a in plan(observed).actions if a.body["kind"] == "Job"]
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry.local/strata-runtime:dev"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_the_configured_image_is_part_of_the_request_hash() -> None:
+    """A new runtime image is a new Job: the preload runs again with it."""
+    default, _ = storage.shared_pvc_preload(OWNER, SPEC, "claim-uid")
+    configured, _ = storage.shared_pvc_preload(OWNER, SPEC, "claim-uid", CONFIGURED.runtime)
+    assert default != configured
 
 
 def test_settings_passed_explicitly_win() -> None:

@@ -31,18 +31,9 @@ TTL of 0 it vanished first, and was created again at once, again and again."""
 HF_HOME = "/tmp/hf"
 
 
-def configured_runtime(runtime: RuntimeImage | None) -> RuntimeImage:
-    """The runtime image settings passed in; until every caller passes them, the process's settings."""
-    if runtime is not None:
-        return runtime
-    from strata_operator import settings  # transitional: the ModelCache handlers do not pass settings yet
-
-    return settings.current().runtime
-
-
-def runtime_image(spec: ModelCacheSpec, runtime: RuntimeImage | None = None) -> str:
+def runtime_image(spec: ModelCacheSpec, runtime: RuntimeImage) -> str:
     """The spec's image, else the operator's configured runtime image."""
-    return spec.preload.image or configured_runtime(runtime).image
+    return spec.preload.image or runtime.image
 
 
 _REQUEST_FIELDS = {
@@ -101,12 +92,12 @@ def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
         raise SpecError(_spec_field(tuple(errors[0]["loc"])), f"the preloader would refuse it: {message}") from None
 
 
-def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: str) -> str:
+def request_hash(spec: ModelCacheSpec, request: contract.FetchRequest, *extra: str, runtime: RuntimeImage) -> str:
     """Changes whenever what the Job would do changes: a new hash means a new Job (and a new preload)."""
     # allowLinkLocal only widens what the API accepts; the Job it leads to is the same, so it is not hashed.
     s3 = spec.source.s3.to_k8s() if spec.source.s3 else {}
     s3.pop("allowLinkLocal", None)
-    return stable_hash([request.to_args(), s3, runtime_image(spec), *extra])
+    return stable_hash([request.to_args(), s3, runtime_image(spec, runtime), *extra])
 
 
 @dataclass
@@ -170,7 +161,7 @@ class JobShape:
 
 
 def build_job(
-    owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: Any = None, runtime: RuntimeImage | None = None
+    owner: CacheRef, spec: ModelCacheSpec, shape: JobShape, request: Any = None, *, runtime: RuntimeImage
 ) -> dict[str, Any]:
     """A Job running one container from the runtime image, restricted pod security, result in the
     termination message (with the log tail as fallback when the process dies before writing it)."""
@@ -200,7 +191,7 @@ def build_job(
         "containers": [container],
         "volumes": [*shape.mounts.volumes, {"name": "tmp", "emptyDir": {}}],
     }
-    if pull_secrets := configured_runtime(runtime).pod_pull_secrets():
+    if pull_secrets := runtime.pod_pull_secrets():
         pod["imagePullSecrets"] = pull_secrets
     if credentials and credentials.service_account_name:
         pod["serviceAccountName"] = credentials.service_account_name

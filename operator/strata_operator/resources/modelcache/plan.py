@@ -32,6 +32,7 @@ from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import Outcome, SpecError
 from strata_operator.resources.modelcache.volume import build_volume_snippet
+from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
 
 RECREATE_BASE_SECONDS = 30
 RECREATE_MAX_SECONDS = 1800
@@ -89,6 +90,8 @@ class Observed:
     """A Job reference that does not exist (only meaningful when `inputs_checked`)."""
     rejected: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """(kind, name) → the API server's message, for writes of an earlier plan it refused."""
+    runtime: RuntimeImage = field(default_factory=default_runtime)
+    """The operator's configured runtime image (from its settings): the Jobs' default image and pull Secrets."""
 
 
 @dataclass
@@ -174,7 +177,7 @@ def _shared_pvc(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         planner.again = True
         return st.preloading_outcome(fields, f"creating PersistentVolumeClaim {fields['claimName']}")
     claim_uid = str(claim["metadata"]["uid"])
-    preload_hash, job = storage.shared_pvc_preload(owner, spec, claim_uid)
+    preload_hash, job = storage.shared_pvc_preload(owner, spec, claim_uid, observed.runtime)
     job_name = job["metadata"]["name"]
     fields.update(preloadHash=preload_hash, job=job_name)
     if previous.get("preloadHash") == preload_hash and previous.get("phase") == st.PHASE_READY:
@@ -289,6 +292,13 @@ def _job_result(
 
 # -- per node: NodeLocal copies and image pre-pulls ---------------------------------------------------------
 JobBuilder = Callable[[str, str], tuple[str, dict[str, Any]]]
+
+
+def _builder(
+    build: Callable[..., tuple[str, dict[str, Any]]], owner: CacheRef, spec: ModelCacheSpec, observed: Observed
+) -> JobBuilder:
+    """One node's Job from a per-node builder, with this cache, spec and configured runtime image."""
+    return lambda node, node_uid: build(owner, spec, node, node_uid, observed.runtime)
 
 
 def selected_nodes(nodes: Mapping[str, NodeInfo], selector: Mapping[str, str]) -> dict[str, NodeInfo]:
@@ -431,7 +441,12 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     local = storage.node_local(spec)
     key = names.node_label_key(owner.namespace, owner.name)
     wanted = selected_nodes(observed.nodes, local.node_selector)
-    found = node_states(planner, storage.ROLE_PRELOAD, wanted, lambda n, uid: storage.node_preload(owner, spec, n, uid))
+    found = node_states(
+        planner,
+        storage.ROLE_PRELOAD,
+        wanted,
+        _builder(storage.node_preload, owner, spec, observed),
+    )
     states = found.states
     planner.labels = label_changes(observed.nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
     fields = _node_fields(planner, spec, states)
@@ -467,7 +482,7 @@ def _node_fields(planner: _Planner, spec: ModelCacheSpec, states: list[dict[str,
         "nodes": states,
         "readyNodes": sum(1 for s in states if s["phase"] == st.PHASE_READY),
         "desiredNodes": len(states),
-        "preloadHash": request_hash(spec, fetch_request(spec, MODEL_MOUNT)),
+        "preloadHash": request_hash(spec, fetch_request(spec, MODEL_MOUNT), runtime=planner.observed.runtime),
         "volume": build_volume_snippet(planner.observed.owner, spec),
     }
 
@@ -489,7 +504,10 @@ def _image_volume(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Reconciling.
     wanted = selected_nodes(planner.observed.nodes, pull.node_selector)
     states = node_states(
-        planner, storage.ROLE_PREPULL, wanted, lambda n, uid: storage.node_prepull(owner, spec, n, uid)
+        planner,
+        storage.ROLE_PREPULL,
+        wanted,
+        _builder(storage.node_prepull, owner, spec, planner.observed),
     ).states
     fields.update(
         nodes=states,

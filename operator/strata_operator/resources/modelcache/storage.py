@@ -28,6 +28,7 @@ from strata_operator.resources.modelcache.jobs import (
 )
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
+from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
 
 ROLE_PRELOAD = "preload"
 ROLE_PREPULL = "prepull"
@@ -79,11 +80,14 @@ def build_claim(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
 
 
-def shared_pvc_preload(owner: CacheRef, spec: ModelCacheSpec, claim_uid: str) -> tuple[str, dict[str, Any]]:
+def shared_pvc_preload(
+    owner: CacheRef, spec: ModelCacheSpec, claim_uid: str, runtime: RuntimeImage | None = None
+) -> tuple[str, dict[str, Any]]:
     """(hash, Job) filling the claim. The claim's uid is part of the hash: a re-created claim is empty."""
     request = fetch_request(spec, MODEL_MOUNT)
     claim = claim_name(owner, spec)
-    preload_hash = request_hash(spec, request, claim, claim_uid)
+    runtime = runtime or default_runtime()
+    preload_hash = request_hash(spec, request, claim, claim_uid, runtime=runtime)
     mounts = source_mounts(spec)
     mounts.add("model", {"persistentVolumeClaim": {"claimName": claim}}, MODEL_MOUNT)
     shape = JobShape(
@@ -94,7 +98,7 @@ def shared_pvc_preload(owner: CacheRef, spec: ModelCacheSpec, claim_uid: str) ->
         mounts=mounts,
         preload_hash=preload_hash,
     )
-    return preload_hash, build_job(owner, spec, shape, request)
+    return preload_hash, build_job(owner, spec, shape, request, runtime=runtime)
 
 
 def node_copy_path(owner: CacheRef, spec: ModelCacheSpec) -> str:
@@ -109,11 +113,14 @@ def _node_root_mounts(spec: ModelCacheSpec, base: PodMounts | None = None) -> Po
     return mounts
 
 
-def node_preload(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+def node_preload(
+    owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str, runtime: RuntimeImage | None = None
+) -> tuple[str, dict[str, Any]]:
     """(hash, Job) copying the model onto one node. The node's uid is in the hash: a new node is empty."""
     dest = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
     request = fetch_request(spec, dest)
-    node_hash = request_hash(spec, request, node, node_uid)
+    runtime = runtime or default_runtime()
+    node_hash = request_hash(spec, request, node, node_uid, runtime=runtime)
     shape = JobShape(
         name=names.node_job_name(owner.name, ROLE_PRELOAD, node_hash),
         role=ROLE_PRELOAD,
@@ -124,14 +131,16 @@ def node_preload(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str
         node=node,
         tolerations=tuple(node_local(spec).tolerations),
     )
-    return node_hash, build_job(owner, spec, shape, request)
+    return node_hash, build_job(owner, spec, shape, request, runtime=runtime)
 
 
 def node_cleanup_job_name(owner: CacheRef, node: str) -> str:
     return names.node_job_name(owner.name, ROLE_CLEANUP, stable_hash(["cleanup", owner.uid, node]))
 
 
-def node_cleanup(owner: CacheRef, spec: ModelCacheSpec, node: str) -> dict[str, Any]:
+def node_cleanup(
+    owner: CacheRef, spec: ModelCacheSpec, node: str, runtime: RuntimeImage | None = None
+) -> dict[str, Any]:
     """A Job removing the node's copy after the cache is deleted (a shell `rm`: the runtime image has one)."""
     target = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
     node_hash = stable_hash(["cleanup", owner.uid, node])
@@ -145,7 +154,7 @@ def node_cleanup(owner: CacheRef, spec: ModelCacheSpec, node: str) -> dict[str, 
         node=node,
         tolerations=tuple(node_local(spec).tolerations),
     )
-    job = build_job(owner, spec, shape)
+    job = build_job(owner, spec, shape, runtime=runtime or default_runtime())
     # Owned by the cache, the Job would be garbage-collected with it; it must outlive the cache a little.
     del job["metadata"]["ownerReferences"]
     job["spec"]["ttlSecondsAfterFinished"] = 600
@@ -160,7 +169,9 @@ def image_volume_source(spec: ModelCacheSpec) -> dict[str, Any]:
     return {"image": {"reference": image_reference(spec), "pullPolicy": image_volume(spec).pull_policy.value}}
 
 
-def node_prepull(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+def node_prepull(
+    owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str, runtime: RuntimeImage | None = None
+) -> tuple[str, dict[str, Any]]:
     """(hash, Job) whose pod mounts the image volume on one node: the kubelet pulls it to start the pod."""
     node_hash = stable_hash(["prepull", image_volume_source(spec), node, node_uid])
     mounts = PodMounts()
@@ -175,4 +186,4 @@ def node_prepull(owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str
         node=node,
         tolerations=tuple(image_volume(spec).tolerations),
     )
-    return node_hash, build_job(owner, spec, shape)
+    return node_hash, build_job(owner, spec, shape, runtime=runtime or default_runtime())

@@ -1,0 +1,58 @@
+"""`resources/` holds pure builders: from a spec and what was observed to objects, never touching the cluster,
+the environment or kopf. So every builder is a unit test on plain data, and nothing under it can block."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parents[2] / "strata_operator" / "resources"
+ALLOWED_PROJECT_MODULES = (
+    "strata_operator.api",
+    "strata_operator.conditions",
+    "strata_operator.resources",
+    "strata_loader.contract",
+    "strata_kv.config",
+    "strata_units",
+)
+"""The contracts builders render from: the CRD models, the loader's request and the KV server's config."""
+ALLOWED_THIRD_PARTY = ("pydantic", "kubernetes.utils.quantity")
+"""Validation models, and Kubernetes' own quantity arithmetic for container resources (no client)."""
+FORBIDDEN_STDLIB = ("os", "subprocess", "socket", "threading", "asyncio", "urllib", "http")
+
+
+def imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [f"{node.module}.{alias.name}" for alias in node.names]  # `from a import b` imports a.b
+    return found
+
+
+def is_allowed(module: str) -> bool:
+    root = module.split(".")[0]
+    if root in FORBIDDEN_STDLIB:
+        return False
+    if root in sys.stdlib_module_names or module == "__future__":
+        return True
+    return any(module == m or module.startswith(f"{m}.") for m in ALLOWED_PROJECT_MODULES + ALLOWED_THIRD_PARTY)
+
+
+def test_resources_import_no_client_no_environment_and_no_kopf() -> None:
+    offenders = {
+        f"{path.relative_to(RESOURCES)}: {module}"
+        for path in RESOURCES.rglob("*.py")
+        for module in imported_modules(path)
+        if not is_allowed(module)
+    }
+    assert offenders == set()
+
+
+def test_the_rule_catches_what_it_forbids() -> None:
+    for module in ("strata_operator.kube", "strata_operator.settings", "kopf", "kubernetes.dynamic", "os"):
+        assert not is_allowed(module), module
+    assert is_allowed("strata_operator.api.modelcache") and is_allowed("json")
