@@ -48,7 +48,7 @@ crds-check: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check operator/strata_operator testsupport realnode
+	$(VENV)/bin/ruff format --check operator/strata_operator kvserver testsupport realnode
 	$(VENV)/bin/mypy
 
 test-unit: venv
