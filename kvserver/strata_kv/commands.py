@@ -224,6 +224,11 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
     stats: dict[str, Any] = state.store.stats()
     stats["connected_clients"] = len(state.sessions)
     stats["commands_processed"] = state.commands_processed
+    if state.inflight is not None:
+        stats["inflight_bytes"] = state.inflight.used
+        stats["inflight_limit_bytes"] = state.inflight.limit
+        stats["inflight_peak_bytes"] = state.inflight.peak
+        stats["inflight_waits"] = state.inflight.waits
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
 
 

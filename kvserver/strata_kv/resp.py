@@ -6,6 +6,8 @@ returned as separate parts so the server can hand them to the transport without 
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Iterable
 
 CRLF = b"\r\n"
@@ -23,7 +25,6 @@ _MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
 _READ_CHUNK = 256 * 1024
 _JOIN_BELOW = 256 * 1024  # one send for small replies; larger values are written without a copy
 _BIG_VALUE = 256 * 1024  # values from this size get a buffer of their own, filled by recv_into
-_MAX_GROW = 64 * 1024 * 1024  # grow towards a huge announced value in steps, not all at once
 _SHRINK_ABOVE = 8 * 1024 * 1024  # give back a buffer grown for a huge value once it is consumed
 
 
@@ -55,9 +56,9 @@ class RequestParser:
         self._need = 0
         self._bulk = -1
         self._request_bytes = 0
-        self._big: bytearray | None = None  # a large value being received straight into its own buffer
+        self._big: memoryview | None = None  # a large value being received straight into its own mapping
         self._big_filled = 0
-        self._big_size = 0  # the announced length of `_big`'s value; the buffer grows towards it
+        self.big_values_started = 0  # large values begun so far (the server reserves memory for each)
         self._crlf_pending = False
         self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
 
@@ -81,16 +82,14 @@ class RequestParser:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
         if self._big is not None:
-            if self._big_filled == len(self._big):
-                self._grow_big()
-            return memoryview(self._big)[self._big_filled :]
+            return self._big[self._big_filled :]
         if self._pos == self._end:
             self._pos = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE:
                 self._buf = bytearray(_READ_CHUNK)
         need = _READ_CHUNK
         if self._bulk >= 0:
-            need = max(need, min(self._pos + self._bulk + 2 - self._end, _MAX_GROW))
+            need = max(need, self._pos + self._bulk + 2 - self._end)
         if len(self._buf) - self._end < need:
             if self._pos:
                 live = self._end - self._pos
@@ -111,24 +110,13 @@ class RequestParser:
         self._buf = bytearray()
         self._pos = self._end = 0
         self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
-        self._big, self._big_filled, self._big_size = None, 0, 0
+        self._big, self._big_filled = None, 0
         self._crlf_pending = False
 
-    def _grow_big(self) -> None:
-        """Make room for the next bytes of a large value: the buffer doubles as bytes arrive.
-
-        An announced length is only a claim: allocating it up front let a 40-byte request reserve
-        512 MiB. Doubling keeps the copies amortised (a large bytearray grows by realloc, mostly
-        without copying) and at most doubles what was really received; the step is capped so no
-        single grow zero-fills for long. The last step jumps to the exact size when it is near, so
-        bytearray does not over-allocate a stored value by its 1/8 growth margin.
-        """
-        assert self._big is not None
-        size = len(self._big)
-        new = min(self._big_size, size + min(max(size, _READ_CHUNK), _MAX_GROW))
-        if self._big_size - new < new // 8:
-            new = self._big_size
-        self._big.extend(bytes(new - size))
+    @property
+    def receiving(self) -> int:
+        """The announced size of the large value being received now, or 0."""
+        return len(self._big) if self._big is not None else 0
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -195,9 +183,9 @@ class RequestParser:
         args = self._args
         while len(args) < self._need or self._crlf_pending:
             if self._big is not None:
-                if self._big_filled < self._big_size:
+                if self._big_filled < len(self._big):
                     return None
-                args.append(self._big)  # type: ignore[arg-type]  # bytearray: kept as is, never resized
+                args.append(self._big)  # type: ignore[arg-type]  # a memoryview: compares, slices and sends as bytes
                 self._big, self._crlf_pending = None, True
             if self._crlf_pending:
                 if self._end - self._pos < 2:
@@ -225,13 +213,14 @@ class RequestParser:
                     )
                 self._pos = nl + 2
                 self._bulk = n
-            if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own buffer
+            if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own mapping
                 have = min(self._end - self._pos, self._bulk)
-                big = bytearray(min(self._bulk, max(have, _READ_CHUNK)))  # what arrived; get_buffer grows it
+                big = _value_buffer(self._bulk)
                 with memoryview(buf) as view:
                     big[:have] = view[self._pos : self._pos + have]
                 self._pos += have
-                self._big, self._big_filled, self._big_size, self._bulk = big, have, self._bulk, -1
+                self._big, self._big_filled, self._bulk = big, have, -1
+                self.big_values_started += 1
                 continue
             end = self._pos + self._bulk
             if self._end < end + 2:
@@ -256,6 +245,27 @@ class RequestParser:
         if b'"' in line or b"'" in line:
             raise ProtocolError("Protocol error: quoted inline arguments are not supported; use RESP arrays")
         return line.split()
+
+
+def is_big(arg: bytes) -> bool:
+    """Whether a parsed argument was received into a buffer of its own (`_value_buffer`)."""
+    return isinstance(arg, memoryview)
+
+
+def _value_buffer(size: int) -> memoryview:
+    """A buffer for one large value, received into in place and then stored as is (no copy, no join).
+
+    An anonymous mapping of exactly the announced size: the kernel gives it pages only as bytes
+    arrive, so announcing 512 MiB and sending nothing costs address space, not memory, and the buffer
+    never grows (growing copied it, and left the old block behind). Its pages go back to the system
+    the moment the last reference goes (malloc keeps freed blocks of this size in its heap). Huge
+    pages, where the kernel offers them on request, cut the page faults of filling it 512-fold.
+    """
+    m = mmap.mmap(-1, size)
+    if size >= 2 * 1024 * 1024 and hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            m.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(m)
 
 
 # -- reply encoders ---------------------------------------------------------------------------------
