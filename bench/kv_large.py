@@ -98,15 +98,18 @@ def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float
     into = memoryview(bytearray(size + 2))
     line = bytearray()
     lat: list[float] = []
-    with _connect(addr) as s:
-        while time.perf_counter() < deadline:
-            key = _key(rng.randrange(keys))
-            t = time.perf_counter()
-            if op == "SET":
-                _set(s, key, value, line)
-            else:
-                _get(s, key, into, line)
-            lat.append(time.perf_counter() - t)
+    try:
+        with _connect(addr) as s:
+            while time.perf_counter() < deadline:
+                key = _key(rng.randrange(keys))
+                t = time.perf_counter()
+                if op == "SET":
+                    _set(s, key, value, line)
+                else:
+                    _get(s, key, into, line)
+                lat.append(time.perf_counter() - t)
+    except (OSError, RuntimeError) as e:
+        out.append(e)
     out.append(lat)
 
 
@@ -121,7 +124,8 @@ def _client_process(addr: Address, op: str, size: int, keys: int, threads: int, 
         w.start()
     for w in workers:
         w.join()
-    results.put([x for lat in out for x in lat])
+    errors = [str(e)[:120] for e in out if isinstance(e, Exception)]
+    results.put(([x for lat in out if isinstance(lat, list) for x in lat], errors))
 
 
 def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: float) -> dict[str, float]:
@@ -137,16 +141,21 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
     for p in ps:
         p.start()
     lat: list[float] = []
+    errors: list[str] = []
     for _ in ps:
-        lat.extend(results.get(timeout=seconds + 600))
+        got, errs = results.get(timeout=seconds + 600)
+        lat.extend(got)
+        errors.extend(errs)
+    elapsed = max(seconds, time.time() - start)  # a request begun before the deadline counts in full
     for p in ps:
         p.join()
     lat.sort()
     n = len(lat)
     if n == 0:
-        return {"gbps": 0.0, "requests": 0, "p50_ms": float("nan"), "p99_ms": float("nan")}
+        return {"gbps": 0.0, "requests": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors}
     return {
-        "gbps": n * size / seconds / 1e9,
+        "errors": errors,
+        "gbps": n * size / elapsed / 1e9,
         "requests": n,
         "p50_ms": lat[n // 2] * 1e3,
         "p99_ms": lat[min(n - 1, int(n * 0.99))] * 1e3,
@@ -249,7 +258,8 @@ def strata(workdir: Path, l1: int, extra: dict[str, Any]) -> Iterator[tuple[int,
 @contextlib.contextmanager
 def redis(workdir: Path, l1: int) -> Iterator[tuple[int, Address, Address]]:
     sock = str(workdir / "redis.sock")
-    with running_redis_server(maxmemory=str(l1), extra_args=["--unixsocket", sock, "--unixsocketperm", "600"]) as r:
+    extra = ["--unixsocket", sock, "--unixsocketperm", "600", "--maxmemory-policy", "allkeys-lru"]
+    with running_redis_server(maxmemory=str(l1), extra_args=extra) as r:
         yield r.process.pid, ("127.0.0.1", r.port), sock
 
 
@@ -262,11 +272,15 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
         transports = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
         for transport, addr in transports:
             for op in ("SET", "GET"):
+                if op == "GET":
+                    fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
                 for c in clients:
                     reset_peak(pid)
                     r = load(addr, op, size, keys, c, seconds)
                     r.update(server=name, transport=transport, op=op, size_mib=size // MiB, clients=c,
                              peak_rss=peak_rss(pid))  # fmt: skip
+                    if r["errors"]:
+                        print(f"  {len(r['errors'])} client errors, e.g. {r['errors'][0]}", flush=True)
                     print(f"  {name:6} {transport:4} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
                           f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  peak RSS "
                           f"{r['peak_rss'] / 1e9:5.2f} GB", flush=True)  # fmt: skip
@@ -289,6 +303,32 @@ def table(rows: list[dict[str, Any]], transport: str) -> str:
         rss = f"{s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f}"
         out.append(f"| {size} MiB | {op} | {c} | {s['gbps']:.2f} | {r['gbps']:.2f} | {ratio:.2f}x | "
                    f"{s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {rss} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def compare(before: Path, after: Path) -> str:
+    """A before/after table from two `--json` results (TCP cells)."""
+
+    def cells(path: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+        rows = json.loads(path.read_text())["cells"]
+        return {(r["server"], r["op"], r["size_mib"], r["clients"]): r for r in rows if r["transport"] == "tcp"}
+
+    b, a = cells(before), cells(after)
+    out = ["| value | op | clients | before: Strata / Redis GB/s (ratio) | after: Strata / Redis GB/s (ratio) | "
+           "after p99 Strata / Redis ms | after peak RSS Strata / Redis GB |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def pair(d: dict[tuple[str, str, int, int], dict[str, Any]], op: str, size: int, c: int) -> str:
+        s, r = d.get(("strata", op, size, c)), d.get(("redis", op, size, c))
+        if not s or not r:
+            return "-"
+        return f"{s['gbps']:.2f} / {r['gbps']:.2f} ({s['gbps'] / r['gbps'] if r['gbps'] else float('inf'):.2f}x)"
+
+    for size, op, c in sorted({(k[2], k[1], k[3]) for k in a}, key=lambda t: (t[0], t[1] != "SET", t[2])):
+        s, r = a.get(("strata", op, size, c)), a.get(("redis", op, size, c))
+        p99 = f"{s['p99_ms']:.0f} / {r['p99_ms']:.0f}" if s and r else "-"
+        rss = f"{s['peak_rss'] / 1e9:.2f} / {r['peak_rss'] / 1e9:.2f}" if s and r else "-"
+        out.append(f"| {size} MiB | {op} | {c} | {pair(b, op, size, c)} | {pair(a, op, size, c)} | {p99} | {rss} |")
     return "\n".join(out)
 
 
@@ -327,7 +367,7 @@ def main() -> None:
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--seconds", type=float, default=3.0, help="per cell")
     ap.add_argument("--l1", default=str(3 * 1024**3), help="Strata's L1 size and Redis' maxmemory, in bytes")
-    ap.add_argument("--keyspace", type=int, default=1024**3, help="bytes of values in the key space")
+    ap.add_argument("--keyspace", type=int, default=512 * MiB, help="bytes of values in the key space")
     ap.add_argument("--unix", action="store_true", help="also measure over a Unix socket")
     ap.add_argument("--strata-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra strata-kv config, dotted (e.g. listen.event_loop=asyncio)")  # fmt: skip
@@ -335,7 +375,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print a table, run nothing")
     args = ap.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
     l1 = int(args.l1)

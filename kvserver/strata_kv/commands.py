@@ -229,6 +229,10 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
         stats["inflight_limit_bytes"] = state.inflight.limit
         stats["inflight_peak_bytes"] = state.inflight.peak
         stats["inflight_waits"] = state.inflight.waits
+    if state.value_pool is not None:
+        stats["value_pool_bytes"] = state.value_pool.held
+        stats["value_pool_reused"] = state.value_pool.reused
+        stats["value_pool_created"] = state.value_pool.created
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
 
 

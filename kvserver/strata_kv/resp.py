@@ -6,9 +6,9 @@ returned as separate parts so the server can hand them to the transport without 
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 from collections.abc import Iterable
+
+from .valuepool import ValuePool, new_mapping
 
 CRLF = b"\r\n"
 OK = b"+OK\r\n"
@@ -45,7 +45,14 @@ class RequestParser:
     `asyncio.BufferedProtocol` receive straight into the parser's buffer (one copy less per value).
     """
 
-    def __init__(self, max_bulk: int = 512 * 1024**2, max_args: int = 1024 * 1024, max_request: int = 1024**3) -> None:
+    def __init__(
+        self,
+        max_bulk: int = 512 * 1024**2,
+        max_args: int = 1024 * 1024,
+        max_request: int = 1024**3,
+        pool: ValuePool | None = None,
+    ) -> None:
+        self.pool = pool  # where large values' buffers come from (recycled mappings); None: always new ones
         self.max_bulk = max_bulk
         self.max_args = max_args
         self.max_request = max_request
@@ -58,6 +65,8 @@ class RequestParser:
         self._request_bytes = 0
         self._big: memoryview | None = None  # a large value being received straight into its own mapping
         self._big_filled = 0
+        self._big_want = 0  # a large value announced whose buffer is not taken yet (see `get_buffer`)
+        self._big_head = b""  # its first bytes, which arrived with the header
         self.big_values_started = 0  # large values begun so far (the server reserves memory for each)
         self._crlf_pending = False
         self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
@@ -81,6 +90,8 @@ class RequestParser:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
+        if self._big_want:
+            self._take_big()
         if self._big is not None:
             return self._big[self._big_filled :]
         if self._pos == self._end:
@@ -110,13 +121,24 @@ class RequestParser:
         self._buf = bytearray()
         self._pos = self._end = 0
         self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
-        self._big, self._big_filled = None, 0
+        self._big, self._big_filled, self._big_want, self._big_head = None, 0, 0, b""
         self._crlf_pending = False
 
     @property
     def receiving(self) -> int:
         """The announced size of the large value being received now, or 0."""
-        return len(self._big) if self._big is not None else 0
+        return len(self._big) if self._big is not None else self._big_want
+
+    def _take_big(self) -> None:
+        """Take the buffer for the announced large value, now that bytes are wanted for it.
+
+        Taken this late, not when the header arrives, so a connection the server holds back (its
+        in-flight budget is spent) holds no buffer, and a recycled, fully resident one least of all.
+        """
+        want, head = self._big_want, self._big_head
+        big = self.pool.take(want) if self.pool is not None else memoryview(new_mapping(want))
+        big[: len(head)] = head
+        self._big, self._big_filled, self._big_want, self._big_head = big, len(head), 0, b""
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -182,6 +204,8 @@ class RequestParser:
             self._args, self._need, self._bulk, self._request_bytes = [], n, -1, 0
         args = self._args
         while len(args) < self._need or self._crlf_pending:
+            if self._big_want:
+                return None  # nothing of it can be here yet: the next get_buffer takes its buffer
             if self._big is not None:
                 if self._big_filled < len(self._big):
                     return None
@@ -215,12 +239,13 @@ class RequestParser:
                 self._bulk = n
             if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own mapping
                 have = min(self._end - self._pos, self._bulk)
-                big = _value_buffer(self._bulk)
                 with memoryview(buf) as view:
-                    big[:have] = view[self._pos : self._pos + have]
+                    self._big_head = bytes(view[self._pos : self._pos + have])
                 self._pos += have
-                self._big, self._big_filled, self._bulk = big, have, -1
+                self._big_want, self._bulk = self._bulk, -1
                 self.big_values_started += 1
+                if have == self._big_want:
+                    self._take_big()  # all of it is here already
                 continue
             end = self._pos + self._bulk
             if self._end < end + 2:
@@ -248,24 +273,13 @@ class RequestParser:
 
 
 def is_big(arg: bytes) -> bool:
-    """Whether a parsed argument was received into a buffer of its own (`_value_buffer`)."""
-    return isinstance(arg, memoryview)
+    """Whether a parsed argument was received into a buffer of its own.
 
-
-def _value_buffer(size: int) -> memoryview:
-    """A buffer for one large value, received into in place and then stored as is (no copy, no join).
-
-    An anonymous mapping of exactly the announced size: the kernel gives it pages only as bytes
-    arrive, so announcing 512 MiB and sending nothing costs address space, not memory, and the buffer
-    never grows (growing copied it, and left the old block behind). Its pages go back to the system
-    the moment the last reference goes (malloc keeps freed blocks of this size in its heap). Huge
-    pages, where the kernel offers them on request, cut the page faults of filling it 512-fold.
+    Values of 256 KiB and up are received in place into an anonymous mapping of exactly their size
+    (`valuepool`) and stored as is: no growth, no joins, no copies. The kernel backs it only as bytes
+    arrive, so announcing a size costs address space, not memory.
     """
-    m = mmap.mmap(-1, size)
-    if size >= 2 * 1024 * 1024 and hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):
-            m.madvise(mmap.MADV_HUGEPAGE)
-    return memoryview(m)
+    return isinstance(arg, memoryview)
 
 
 # -- reply encoders ---------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .state import (
     Session,
 )
 from .store import TieredStore
+from .valuepool import ValuePool
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -108,6 +109,7 @@ class RespConnection(asyncio.BufferedProtocol):
             max_bulk=limits.max_value_size,
             max_args=max(1024, limits.max_pipeline_depth * 2),
             max_request=limits.max_request_size,
+            pool=server.value_pool,
         )
         self.queue: deque[list[bytes] | resp.ProtocolError] = deque()
         self.transport: asyncio.Transport | None = None
@@ -434,6 +436,9 @@ class KVServer:
         self.state = ServerState(store=self.store, token=_read_token(cfg.auth.token_file))
         self.metrics = Metrics(self.state)
         self.inflight = InflightBudget(cfg.inflight_budget)
+        self.value_pool = ValuePool(cfg.inflight_budget)  # recycled buffers: at most another in-flight budget
+        self.store.l1.on_drop = self.value_pool.give
+        self.state.value_pool = self.value_pool
         self.state.inflight = self.inflight
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()

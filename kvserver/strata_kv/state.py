@@ -67,3 +67,5 @@ class ServerState:
     unix_socket: str = ""
     inflight: Any = None
     """The server's `InflightBudget` (large values received, not yet stored); None outside a server."""
+    value_pool: Any = None
+    """The server's `ValuePool` (buffers of dropped large values, kept for reuse)."""

@@ -94,6 +94,26 @@ def test_rss_stays_within_l1_plus_inflight_budget_under_concurrent_large_writes(
     # per connection: a 256 KiB parse buffer and socket bookkeeping; 24 MiB of slack for the allocator
     allowance = clients * 512 * 1024 + 24 * MiB
     grown = max(peak[0], proc.memory_info().rss) - baseline
-    assert grown <= l1 + inflight + allowance, f"RSS grew {grown / MiB:.0f} MiB"
+    # L1, values in flight, and as much again of dropped values' buffers kept for reuse
+    assert stats["value_pool_bytes"] <= inflight
+    assert grown <= l1 + 2 * inflight + allowance, f"RSS grew {grown / MiB:.0f} MiB"
     last = server.redis().get(f"k{clients - 1}-2")
     assert last is None or last == value  # evicted or intact, never torn
+
+
+def test_recycled_buffers_never_change_values_still_being_read(kv_server_factory) -> None:
+    """Overwrites and evictions recycle large buffers; a value fetched before, or stored after, stays intact."""
+    server = kv_server_factory({"l1": {"size": "48MiB"}, "limits": {"max_inflight_bytes": "16MiB"}}, l2_fs=False)
+    r = server.redis()
+    values = _values(8, 4 * MiB)
+    for round_ in range(3):
+        for i, v in enumerate(values):
+            r.set(f"k{i % 5}", v)  # 5 keys of 4 MiB: overwrites, and evictions past 48 MiB
+            assert r.get(f"k{i % 5}") == v, (round_, i)
+    stats = server.client().stats()
+    assert stats["value_pool_reused"] > 0
+    pipe = r.pipeline(transaction=False)
+    for i in range(5):
+        pipe.get(f"k{i}")
+    got = pipe.execute()
+    assert all(g is None or g in values for g in got)
