@@ -263,15 +263,15 @@ def redis(workdir: Path, l1: int) -> Iterator[tuple[int, Address, Address]]:
         yield r.process.pid, ("127.0.0.1", r.port), sock
 
 
-def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], seconds: float, unix: bool
-              ) -> list[dict[str, Any]]:  # fmt: skip
+def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], seconds: float, unix: bool,
+              ops: list[str]) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     with server as (pid, tcp, uds):
         reset_peak(pid)
         fill(tcp, size, keys)
         transports = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
         for transport, addr in transports:
-            for op in ("SET", "GET"):
+            for op in ops:
                 if op == "GET":
                     fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
                 for c in clients:
@@ -372,6 +372,7 @@ def main() -> None:
     ap.add_argument("--strata-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra strata-kv config, dotted (e.g. listen.event_loop=asyncio)")  # fmt: skip
     ap.add_argument("--only", choices=("strata", "redis"), help="one server only")
+    ap.add_argument("--ops", default="SET,GET", help="SET alone with a key space larger than L1: the memory bound")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     ap.add_argument("--markdown", action="store_true")
@@ -381,6 +382,7 @@ def main() -> None:
         print(compare(*args.compare))
         return
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
+    ops = args.ops.split(",")
     clients = [int(c) for c in args.clients.split(",")]
     l1 = int(args.l1)
     extra = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.strata_set)}
@@ -407,7 +409,7 @@ def main() -> None:
             for name, server in order:
                 if args.only and name != args.only:
                     continue
-                rows.extend(run_cells(name, server, size, keys, clients, args.seconds, args.unix))
+                rows.extend(run_cells(name, server, size, keys, clients, args.seconds, args.unix, ops))
     result["cells"] = rows
     result["machine"]["loadavg_after"] = os.getloadavg()
     if args.json:
