@@ -128,7 +128,25 @@ def _client_process(addr: Address, op: str, size: int, keys: int, threads: int, 
     results.put(([x for lat in out if isinstance(lat, list) for x in lat], errors))
 
 
-def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: float) -> dict[str, float]:
+PROBE_KEY = b"probe:small"
+
+
+def _probe(addr: Address, start: float, seconds: float, out: list[float]) -> None:
+    """A small GET every 5 ms on a connection of its own, while the load runs: what the load costs others."""
+    time.sleep(max(0.0, start - time.time()))
+    into = memoryview(bytearray(100 + 2))
+    line = bytearray()
+    deadline = time.perf_counter() + seconds
+    with _connect(addr) as s:
+        while time.perf_counter() < deadline:
+            t = time.perf_counter()
+            _get(s, PROBE_KEY, into, line)
+            out.append(time.perf_counter() - t)
+            time.sleep(0.005)
+
+
+def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: float, probe: bool = False
+         ) -> dict[str, Any]:  # fmt: skip
     """Run `clients` connections for `seconds`; GB/s (1e9 bytes of values per second) and latency percentiles."""
     procs = min(clients, 2)
     ctx = mp.get_context("fork")
@@ -140,6 +158,10 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
         ps.append(ctx.Process(target=_client_process, args=(addr, op, size, keys, threads, start, seconds, p, results)))
     for p in ps:
         p.start()
+    probe_lat: list[float] = []
+    prober = threading.Thread(target=_probe, args=(addr, start, seconds, probe_lat)) if probe else None
+    if prober is not None:
+        prober.start()
     lat: list[float] = []
     errors: list[str] = []
     for _ in ps:
@@ -147,6 +169,10 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
         lat.extend(got)
         errors.extend(errs)
     elapsed = max(seconds, time.time() - start)  # a request begun before the deadline counts in full
+    if prober is not None:
+        prober.join()
+    probe_lat.sort()
+    probe_p99 = probe_lat[min(len(probe_lat) - 1, int(len(probe_lat) * 0.99))] * 1e3 if probe_lat else float("nan")
     for p in ps:
         p.join()
     lat.sort()
@@ -154,6 +180,7 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
     if n == 0:
         return {"gbps": 0.0, "requests": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors}
     return {
+        "probe_p99_ms": probe_p99,
         "errors": errors,
         "gbps": n * size / elapsed / 1e9,
         "requests": n,
@@ -264,11 +291,13 @@ def redis(workdir: Path, l1: int) -> Iterator[tuple[int, Address, Address]]:
 
 
 def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], seconds: float, unix: bool,
-              ops: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+              ops: list[str], probe: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     with server as (pid, tcp, uds):
         reset_peak(pid)
         fill(tcp, size, keys)
+        with _connect(tcp) as s:
+            _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
         transports = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
         for transport, addr in transports:
             for op in ops:
@@ -276,7 +305,7 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
                     fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
                 for c in clients:
                     reset_peak(pid)
-                    r = load(addr, op, size, keys, c, seconds)
+                    r = load(addr, op, size, keys, c, seconds, probe)
                     r.update(server=name, transport=transport, op=op, size_mib=size // MiB, clients=c,
                              peak_rss=peak_rss(pid))  # fmt: skip
                     if r["errors"]:
@@ -284,6 +313,10 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
                     print(f"  {name:6} {transport:4} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
                           f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  peak RSS "
                           f"{r['peak_rss'] / 1e9:5.2f} GB", flush=True)  # fmt: skip
+                    if probe:
+                        print(
+                            f"    small GET on another connection meanwhile: p99 {r['probe_p99_ms']:.1f} ms", flush=True
+                        )
                     rows.append(r)
     return rows
 
@@ -372,6 +405,7 @@ def main() -> None:
     ap.add_argument("--strata-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra strata-kv config, dotted (e.g. listen.event_loop=asyncio)")  # fmt: skip
     ap.add_argument("--only", choices=("strata", "redis"), help="one server only")
+    ap.add_argument("--probe", action="store_true", help="also time a small GET every 5 ms on another connection")
     ap.add_argument("--ops", default="SET,GET", help="SET alone with a key space larger than L1: the memory bound")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
@@ -409,7 +443,7 @@ def main() -> None:
             for name, server in order:
                 if args.only and name != args.only:
                     continue
-                rows.extend(run_cells(name, server, size, keys, clients, args.seconds, args.unix, ops))
+                rows.extend(run_cells(name, server, size, keys, clients, args.seconds, args.unix, ops, args.probe))
     result["cells"] = rows
     result["machine"]["loadavg_after"] = os.getloadavg()
     if args.json:
