@@ -48,7 +48,7 @@ crds-check: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check units operator/strata_operator testsupport realnode loader
+	$(VENV)/bin/ruff format --check units operator/strata_operator kvserver loader testsupport realnode
 	$(VENV)/bin/mypy
 
 test-unit: venv

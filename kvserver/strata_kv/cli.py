@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
 from .config import KVServerConfig, parse_size
@@ -20,6 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--port", type=int, help="TCP port for RESP (0 = pick a free one)")
         s.add_argument("--bind", help="TCP bind address (default 127.0.0.1)")
         s.add_argument("--unix-socket", help="also listen on this Unix socket path")
+        s.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], help="event loop (default auto)")
         s.add_argument("--no-tcp", action="store_true", help="listen on the Unix socket only")
         s.add_argument("--l1-size", help="L1 DRAM capacity, e.g. 1GiB")
         s.add_argument("--eviction-policy", choices=["lru", "prefix-lirs"], help="L1 eviction policy")
@@ -54,6 +56,7 @@ def build_config(args: argparse.Namespace) -> KVServerConfig:
         "listen.port": args.port,
         "listen.bind": args.bind,
         "listen.unix_socket": args.unix_socket,
+        "listen.event_loop": args.event_loop,
         "l1.size": parse_size(args.l1_size) if args.l1_size else None,
         "l1.eviction_policy": args.eviction_policy,
         "metrics.port": args.metrics_port,
@@ -97,11 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     try:
-        asyncio.run(_serve(cfg))
+        _run(_serve(cfg), cfg.listen.event_loop)
     except OSError as e:
         print(f"strata-kv: cannot start: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+    """Run the server on uvloop when asked (or, with `auto`, when it is installed), else on asyncio's loop."""
+    factory = None
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise SystemExit("strata-kv: listen.event_loop is uvloop, but uvloop is not installed") from None
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
 
 
 async def _serve(cfg: KVServerConfig) -> None:

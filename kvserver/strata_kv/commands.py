@@ -13,7 +13,6 @@ from . import resp
 from .connection_commands import (
     cmd_auth,
     cmd_client,
-    cmd_command,
     cmd_echo,
     cmd_hello,
     cmd_ping,
@@ -31,11 +30,32 @@ CHAIN_WINDOW_SECONDS = 2.0
 Handler = Callable[[ServerState, Session, list[bytes]], Awaitable[Parts]]
 
 
+NowaitHandler = Callable[[ServerState, Session, list[bytes]], Parts | None]
+
+
 @dataclass(frozen=True)
 class Command:
+    """One entry of the table: the handler and the properties dispatch checks before running it.
+
+    As in Redis' command table, arity, authentication and key positions are flags of the entry, so
+    the fast path and the slow path check them in one place (`_refusal`).
+    """
+
     handler: Handler
     arity: int  # Redis convention: N exact (name included), -N at least N
     needs_auth: bool = True
+    first_key: int = 0  # Redis' key spec: keys checked against limits and tenancy; 0: none
+    last_key: int = 0  # position of the last key; negative counts from the end (-1: the last argument)
+    key_step: int = 1
+    pairs: bool = False  # the arguments after the name come as key/value pairs (MSET)
+    nowait: NowaitHandler | None = None
+    """Answers from L1 inside the read callback, or None: run `handler` in the command task."""
+
+    def keys(self, args: list[bytes]) -> list[bytes]:
+        if not self.first_key:
+            return []
+        last = self.last_key if self.last_key > 0 else len(args) + self.last_key
+        return args[self.first_key : last + 1 : self.key_step]
 
 
 def check_key(state: ServerState, key: bytes) -> bytes | None:
@@ -72,8 +92,6 @@ async def _set(state: ServerState, key: bytes, value: bytes, parent: bytes | Non
 
 async def cmd_set(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     key, value = args[1], args[2]
-    if (err := check_key(state, key)) is not None:
-        return err
     nx = xx = False
     for opt in args[3:]:
         o = opt.upper()
@@ -93,8 +111,6 @@ async def cmd_set(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 
 
 async def cmd_get(state: ServerState, s: Session, args: list[bytes]) -> Parts:
-    if (err := check_key(state, args[1])) is not None:
-        return err
     return resp.bulk(await state.store.get(args[1]), s.proto)
 
 
@@ -126,11 +142,6 @@ async def cmd_mget(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 
 
 async def _mset(state: ServerState, args: list[bytes], chain: bool) -> Parts:
-    if len(args) % 2 == 0:
-        return wrong_args(args[0])
-    for key in args[1::2]:
-        if (err := check_key(state, key)) is not None:
-            return err
     parent: bytes | None = None
     for key, value in zip(args[1::2], args[2::2], strict=True):
         if err := await _set(state, key, value, parent if chain else None):
@@ -213,7 +224,52 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
     stats: dict[str, Any] = state.store.stats()
     stats["connected_clients"] = len(state.sessions)
     stats["commands_processed"] = state.commands_processed
+    if state.inflight is not None:
+        stats["inflight_bytes"] = state.inflight.used
+        stats["inflight_limit_bytes"] = state.inflight.limit
+        stats["inflight_peak_bytes"] = state.inflight.peak
+        stats["inflight_waits"] = state.inflight.waits
+    if state.value_pool is not None:
+        stats["value_pool_bytes"] = state.value_pool.held
+        stats["value_pool_reused"] = state.value_pool.reused
+        stats["value_pool_created"] = state.value_pool.created
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
+
+
+async def cmd_command(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    if len(args) >= 2 and args[1].upper() == b"COUNT":
+        return resp.integer(len(COMMANDS))
+    return resp.EMPTY_ARRAY  # redis-cli asks COMMAND DOCS at start; an empty answer is valid
+
+
+# -- fast paths: L1 alone answers, no task switch -----------------------------------------------------
+def get_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+    value = state.store.get_nowait(args[1])
+    return None if value is None else resp.bulk(value)
+
+
+def set_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+    if len(args) != 3:
+        return None  # options: the slow path
+    key = args[1]
+    parent, last_time = s.last_set_key, s.last_set_time
+    try:
+        done = state.store.set_nowait(key, args[2], _chain_parent(state, s, key))
+    except StoreFull as e:
+        return resp.error(f"OOM {e}")
+    if not done:
+        s.last_set_key, s.last_set_time = parent, last_time  # the slow path will infer it again
+        return None
+    return resp.OK
+
+
+def exists_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+    l1 = state.store.l1
+    if not all(k in l1 for k in args[1:]):
+        return None
+    for k in args[1:]:
+        l1.pin(k)
+    return resp.integer(len(args) - 1)
 
 
 COMMANDS: dict[bytes, Command] = {
@@ -225,79 +281,64 @@ COMMANDS: dict[bytes, Command] = {
     b"SELECT": Command(cmd_select, 2),
     b"QUIT": Command(cmd_quit, -1, needs_auth=False),
     b"COMMAND": Command(cmd_command, -1),
-    b"SET": Command(cmd_set, -3),
-    b"GET": Command(cmd_get, 2),
-    b"EXISTS": Command(cmd_exists, -2),
+    b"SET": Command(cmd_set, -3, first_key=1, last_key=1, nowait=set_nowait),
+    b"GET": Command(cmd_get, 2, first_key=1, last_key=1, nowait=get_nowait),
+    b"EXISTS": Command(cmd_exists, -2, nowait=exists_nowait),
     b"DEL": Command(cmd_del, -2),
     b"UNLINK": Command(cmd_del, -2),
     b"MGET": Command(cmd_mget, -2),
-    b"MSET": Command(cmd_mset, -3),
+    b"MSET": Command(cmd_mset, -3, first_key=1, last_key=-2, key_step=2, pairs=True),
     b"DBSIZE": Command(cmd_dbsize, 1),
     b"INFO": Command(cmd_info, -1),
     b"CONFIG": Command(cmd_config, -2),
     b"STRATA.PREFIX": Command(cmd_strata_prefix, -2),
     b"STRATA.LOCATE": Command(cmd_strata_locate, 2),
-    b"STRATA.MSETCHAIN": Command(cmd_strata_msetchain, -3),
+    b"STRATA.MSETCHAIN": Command(cmd_strata_msetchain, -3, first_key=1, last_key=-2, key_step=2, pairs=True),
     b"STRATA.LINK": Command(cmd_strata_link, 3),
     b"STRATA.STATS": Command(cmd_strata_stats, 1),
 }
+
+
+def _refusal(state: ServerState, s: Session, cmd: Command, args: list[bytes]) -> bytes | None:
+    """The error reply the table's flags call for (auth, arity, pairs, key limits), or None: run it."""
+    if cmd.needs_auth and not s.authenticated:
+        return resp.error("NOAUTH Authentication required.")
+    n = len(args)
+    if (cmd.arity > 0 and n != cmd.arity) or (cmd.arity < 0 and n < -cmd.arity) or (cmd.pairs and n % 2 == 0):
+        return wrong_args(args[0])
+    for key in cmd.keys(args):
+        if (err := check_key(state, key)) is not None:
+            return err
+    return None
 
 
 def dispatch_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
     """The hot commands answered without a task switch when L1 can answer alone; None: use `dispatch`.
 
     GET of an L1 hit and a plain SET with room in the write-behind queue are the traffic of a KV
-    tier; skipping the per-command task hop roughly halves their cost.
+    tier; skipping the per-command task hop roughly halves their cost. Refusals (errors) are left
+    to the slow path, which replies to them.
     """
-    if not s.authenticated or len(args) < 2:
+    cmd = COMMANDS.get(args[0].upper())
+    if cmd is None or cmd.nowait is None or _refusal(state, s, cmd, args) is not None:
         return None
-    name = args[0].upper()
-    reply: Parts
-    if name == b"GET" and len(args) == 2:
-        if check_key(state, args[1]) is not None:
-            return None
-        value = state.store.get_nowait(args[1])
-        if value is None:
-            return None
-        reply = resp.bulk(value)
-    elif name == b"SET" and len(args) == 3:
-        key = args[1]
-        if check_key(state, key) is not None:
-            return None
-        parent = s.last_set_key
-        last_time = s.last_set_time
-        try:
-            done = state.store.set_nowait(key, args[2], _chain_parent(state, s, key))
-        except StoreFull as e:
-            return resp.error(f"OOM {e}")
-        if not done:
-            s.last_set_key, s.last_set_time = parent, last_time  # the slow path will infer it again
-            return None
-        reply = resp.OK
-    elif name == b"EXISTS" and all(k in state.store.l1 for k in args[1:]):
-        for k in args[1:]:
-            state.store.l1.pin(k)
-        reply = resp.integer(len(args) - 1)
-    else:
-        return None
-    s.commands += 1
-    state.commands_processed += 1
+    reply = cmd.nowait(state, s, args)
+    if reply is not None:
+        s.commands += 1
+        state.commands_processed += 1
     return reply
 
 
 async def dispatch(state: ServerState, s: Session, args: list[bytes]) -> Parts:
-    """Run one command: lookup, arity and auth checks, then the handler."""
-    name = args[0].upper()
-    cmd = COMMANDS.get(name)
+    """Run one command: lookup, the checks its table entry calls for, then the handler."""
+    cmd = COMMANDS.get(args[0].upper())
     if cmd is None:
         shown = "".join(f"'{a[:64].decode(errors='replace')}' " for a in args[1:4])
         return resp.error(
             f"unknown command '{args[0][:64].decode(errors='replace')}', with args beginning with: {shown}"
         )
-    if cmd.needs_auth and not s.authenticated:
-        return resp.error("NOAUTH Authentication required.")
-    if (cmd.arity > 0 and len(args) != cmd.arity) or (cmd.arity < 0 and len(args) < -cmd.arity):
-        return wrong_args(args[0])
+    if (err := _refusal(state, s, cmd, args)) is not None:
+        return err
     s.commands += 1
     state.commands_processed += 1
     return await cmd.handler(state, s, args)

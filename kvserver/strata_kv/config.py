@@ -57,8 +57,24 @@ class ListenConfig(_Model):
         description="TCP bind address: loopback unless set (the operator sets 0.0.0.0 for its pods)",
     )
     unix_socket: str | None = Field(default=None, description="Path of a Unix socket to also listen on")
-    unix_socket_mode: int = Field(default=0o660, description="Permission bits of the Unix socket")
+    unix_socket_mode: int = Field(
+        default=0o660, description="Permission bits of the Unix socket: 0660 or tighter (never world-accessible)"
+    )
     tcp_enabled: bool = True
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="auto: uvloop when installed (its transports send a large reply without copying it), "
+        "else asyncio's own",
+    )
+
+    @model_validator(mode="after")
+    def _socket_not_world_accessible(self) -> ListenConfig:
+        if self.unix_socket_mode & ~0o660:
+            raise ValueError(
+                f"listen.unix_socket_mode {self.unix_socket_mode:#o} grants more than owner and group "
+                "read/write (0660): anyone on the node could read and write every tenant's KV cache"
+            )
+        return self
 
 
 class L1Config(_Model):
@@ -243,6 +259,13 @@ class LimitsConfig(_Model):
         "(HELLO 3 AUTH user pass SETNAME name is 7)",
     )
 
+    max_inflight_bytes: ByteSize | None = Field(
+        default=None,
+        description="Bytes of large values (256 KiB and up) received but not yet stored, all connections "
+        "together; past it a connection starting a large value waits before reading it. One value is "
+        "always let in alone. Unset: 5% of l1.size, at least 64 MiB",
+    )
+
     @model_validator(mode="after")
     def _largest_value_fits_the_output_buffer(self) -> LimitsConfig:
         """A GET of the largest value must fit; a config written before this limit existed still parses."""
@@ -286,6 +309,13 @@ class KVServerConfig(_Model):
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     write_behind: WriteBehindConfig = Field(default_factory=lambda: WriteBehindConfig())
     log_level: str = "INFO"
+
+    @property
+    def inflight_budget(self) -> int:
+        """`limits.max_inflight_bytes`, or its default derived from the L1 size."""
+        if self.limits.max_inflight_bytes is not None:
+            return int(self.limits.max_inflight_bytes)
+        return max(64 * 1024**2, int(self.l1.size) // 20)
 
     @classmethod
     def from_yaml(cls, text: str) -> KVServerConfig:

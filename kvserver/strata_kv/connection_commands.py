@@ -7,7 +7,7 @@ import hmac
 import logging
 import time
 
-from . import resp
+from . import __version__, resp
 from .state import AUTH_FAILURES, Parts, ServerState, Session
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,6 @@ async def cmd_hello(state: ServerState, s: Session, args: list[bytes]) -> Parts:
             "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
             "version at the same time"
         )
-    from . import __version__
-
     if len(args) > 1:
         s.proto = int(args[1])
     reply = resp.Map(
@@ -145,11 +143,3 @@ async def cmd_select(state: ServerState, s: Session, args: list[bytes]) -> Parts
 async def cmd_quit(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     s.close_after_reply = True
     return resp.OK
-
-
-async def cmd_command(state: ServerState, s: Session, args: list[bytes]) -> Parts:
-    if len(args) >= 2 and args[1].upper() == b"COUNT":
-        from .commands import COMMANDS  # the table imports this module
-
-        return resp.integer(len(COMMANDS))
-    return resp.EMPTY_ARRAY  # redis-cli asks COMMAND DOCS at start; an empty answer is valid

@@ -43,6 +43,8 @@ class L2WriteError(OSError):
 
 
 class FsTier:
+    name = "fs"
+    read_failure: type[Exception] = OSError
     """One namespace's block files under `root_dir`, with an LRU-ordered index for eviction."""
 
     def __init__(self, cfg: L2FsConfig, namespace: NamespaceConfig) -> None:
@@ -239,6 +241,14 @@ class FsTier:
 
     def delete(self, key: bytes) -> bool:
         return self._remove(self.relpath(key))
+
+    @property
+    def rescan_interval(self) -> float:
+        return self.cfg.rescan_interval_seconds
+
+    def rescan(self) -> None:
+        self.rebuild_index()
+        self.make_room(0)
 
     # -- capacity ---------------------------------------------------------------------------------
     def _capacity(self) -> int:

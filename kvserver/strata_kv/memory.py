@@ -51,6 +51,8 @@ class MemoryTier:
         self.evictions = 0
         self.evicted_bytes = 0
         self.rejections = 0
+        self.on_drop: Callable[[bytes], None] | None = None
+        """Told of every value L1 lets go (the server recycles large values' buffers)."""
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._values
@@ -120,12 +122,16 @@ class MemoryTier:
         self.used -= self._cost(key, value)
         self.evicted_bytes += len(value)
         self._pins.pop(key, None)
+        if self.on_drop is not None:
+            self.on_drop(value)
 
     def _drop(self, key: bytes) -> None:
         value = self._values.pop(key)
         self.used -= self._cost(key, value)
         self._pins.pop(key, None)
         self.policy.remove(key)
+        if self.on_drop is not None:
+            self.on_drop(value)
 
     def delete(self, key: bytes) -> bool:
         if key not in self._values:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .valuepool import ValuePool, new_mapping
+
 CRLF = b"\r\n"
 OK = b"+OK\r\n"
 PONG = b"+PONG\r\n"
@@ -23,7 +25,6 @@ _MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
 _READ_CHUNK = 256 * 1024
 _JOIN_BELOW = 256 * 1024  # one send for small replies; larger values are written without a copy
 _BIG_VALUE = 256 * 1024  # values from this size get a buffer of their own, filled by recv_into
-_MAX_GROW = 64 * 1024 * 1024  # grow towards a huge announced value in steps, not all at once
 _SHRINK_ABOVE = 8 * 1024 * 1024  # give back a buffer grown for a huge value once it is consumed
 
 
@@ -44,7 +45,14 @@ class RequestParser:
     `asyncio.BufferedProtocol` receive straight into the parser's buffer (one copy less per value).
     """
 
-    def __init__(self, max_bulk: int = 512 * 1024**2, max_args: int = 1024 * 1024, max_request: int = 1024**3) -> None:
+    def __init__(
+        self,
+        max_bulk: int = 512 * 1024**2,
+        max_args: int = 1024 * 1024,
+        max_request: int = 1024**3,
+        pool: ValuePool | None = None,
+    ) -> None:
+        self.pool = pool  # where large values' buffers come from (recycled mappings); None: always new ones
         self.max_bulk = max_bulk
         self.max_args = max_args
         self.max_request = max_request
@@ -55,9 +63,11 @@ class RequestParser:
         self._need = 0
         self._bulk = -1
         self._request_bytes = 0
-        self._big: bytearray | None = None  # a large value being received straight into its own buffer
+        self._big: memoryview | None = None  # a large value being received straight into its own mapping
         self._big_filled = 0
-        self._big_size = 0  # the announced length of `_big`'s value; the buffer grows towards it
+        self._big_want = 0  # a large value announced whose buffer is not taken yet (see `get_buffer`)
+        self._big_head = b""  # its first bytes, which arrived with the header
+        self.big_values_started = 0  # large values begun so far (the server reserves memory for each)
         self._crlf_pending = False
         self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
 
@@ -80,17 +90,17 @@ class RequestParser:
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Free space to receive into: at least a read chunk, or the rest of a large pending value."""
+        if self._big_want:
+            self._take_big()
         if self._big is not None:
-            if self._big_filled == len(self._big):
-                self._grow_big()
-            return memoryview(self._big)[self._big_filled :]
+            return self._big[self._big_filled :]
         if self._pos == self._end:
             self._pos = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE:
                 self._buf = bytearray(_READ_CHUNK)
         need = _READ_CHUNK
         if self._bulk >= 0:
-            need = max(need, min(self._pos + self._bulk + 2 - self._end, _MAX_GROW))
+            need = max(need, self._pos + self._bulk + 2 - self._end)
         if len(self._buf) - self._end < need:
             if self._pos:
                 live = self._end - self._pos
@@ -111,24 +121,24 @@ class RequestParser:
         self._buf = bytearray()
         self._pos = self._end = 0
         self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
-        self._big, self._big_filled, self._big_size = None, 0, 0
+        self._big, self._big_filled, self._big_want, self._big_head = None, 0, 0, b""
         self._crlf_pending = False
 
-    def _grow_big(self) -> None:
-        """Make room for the next bytes of a large value: the buffer doubles as bytes arrive.
+    @property
+    def receiving(self) -> int:
+        """The announced size of the large value being received now, or 0."""
+        return len(self._big) if self._big is not None else self._big_want
 
-        An announced length is only a claim: allocating it up front let a 40-byte request reserve
-        512 MiB. Doubling keeps the copies amortised (a large bytearray grows by realloc, mostly
-        without copying) and at most doubles what was really received; the step is capped so no
-        single grow zero-fills for long. The last step jumps to the exact size when it is near, so
-        bytearray does not over-allocate a stored value by its 1/8 growth margin.
+    def _take_big(self) -> None:
+        """Take the buffer for the announced large value, now that bytes are wanted for it.
+
+        Taken this late, not when the header arrives, so a connection the server holds back (its
+        in-flight budget is spent) holds no buffer, and a recycled, fully resident one least of all.
         """
-        assert self._big is not None
-        size = len(self._big)
-        new = min(self._big_size, size + min(max(size, _READ_CHUNK), _MAX_GROW))
-        if self._big_size - new < new // 8:
-            new = self._big_size
-        self._big.extend(bytes(new - size))
+        want, head = self._big_want, self._big_head
+        big = self.pool.take(want) if self.pool is not None else memoryview(new_mapping(want))
+        big[: len(head)] = head
+        self._big, self._big_filled, self._big_want, self._big_head = big, len(head), 0, b""
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -194,10 +204,12 @@ class RequestParser:
             self._args, self._need, self._bulk, self._request_bytes = [], n, -1, 0
         args = self._args
         while len(args) < self._need or self._crlf_pending:
+            if self._big_want:
+                return None  # nothing of it can be here yet: the next get_buffer takes its buffer
             if self._big is not None:
-                if self._big_filled < self._big_size:
+                if self._big_filled < len(self._big):
                     return None
-                args.append(self._big)  # type: ignore[arg-type]  # bytearray: kept as is, never resized
+                args.append(self._big)  # type: ignore[arg-type]  # a memoryview: compares, slices and sends as bytes
                 self._big, self._crlf_pending = None, True
             if self._crlf_pending:
                 if self._end - self._pos < 2:
@@ -225,13 +237,15 @@ class RequestParser:
                     )
                 self._pos = nl + 2
                 self._bulk = n
-            if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own buffer
+            if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own mapping
                 have = min(self._end - self._pos, self._bulk)
-                big = bytearray(min(self._bulk, max(have, _READ_CHUNK)))  # what arrived; get_buffer grows it
                 with memoryview(buf) as view:
-                    big[:have] = view[self._pos : self._pos + have]
+                    self._big_head = bytes(view[self._pos : self._pos + have])
                 self._pos += have
-                self._big, self._big_filled, self._big_size, self._bulk = big, have, self._bulk, -1
+                self._big_want, self._bulk = self._bulk, -1
+                self.big_values_started += 1
+                if have == self._big_want:
+                    self._take_big()  # all of it is here already
                 continue
             end = self._pos + self._bulk
             if self._end < end + 2:
@@ -256,6 +270,16 @@ class RequestParser:
         if b'"' in line or b"'" in line:
             raise ProtocolError("Protocol error: quoted inline arguments are not supported; use RESP arrays")
         return line.split()
+
+
+def is_big(arg: bytes) -> bool:
+    """Whether a parsed argument was received into a buffer of its own.
+
+    Values of 256 KiB and up are received in place into an anonymous mapping of exactly their size
+    (`valuepool`) and stored as is: no growth, no joins, no copies. The kernel backs it only as bytes
+    arrive, so announcing a size costs address space, not memory.
+    """
+    return isinstance(arg, memoryview)
 
 
 # -- reply encoders ---------------------------------------------------------------------------------

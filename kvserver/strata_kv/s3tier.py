@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 
 
 class S3Tier:
+    name = "s3"
+    read_failure: type[Exception] = Exception  # boto3 raises errors of its own
+    rescan_interval = 0.0  # the bucket holds no index of ours to rebuild
+
     def __init__(self, cfg: L2S3Config, namespace: NamespaceConfig, rank: int = 0) -> None:
         import boto3
         from botocore.config import Config
@@ -41,7 +45,7 @@ class S3Tier:
         prefix = self.cfg.prefix.strip("/")
         return f"{prefix}/{rel}" if prefix else rel
 
-    def check(self) -> None:
+    def prepare(self) -> None:
         """Fail fast with a readable error when the bucket is unreachable (used by readiness)."""
         self._client.head_bucket(Bucket=self.cfg.bucket)
 
@@ -75,7 +79,7 @@ class S3Tier:
             return None
         return value
 
-    def contains(self, key: bytes) -> bool:
+    def contains(self, key: bytes, pin_seconds: float = 0.0) -> bool:
         from botocore.exceptions import ClientError
 
         try:
@@ -87,8 +91,13 @@ class S3Tier:
             raise
 
     def delete(self, key: bytes) -> bool:
+        if not self.contains(key):
+            return False
         self._client.delete_object(Bucket=self.cfg.bucket, Key=self.object_key(key))
         return True
+
+    def rescan(self) -> None:
+        pass
 
     def stats(self) -> dict[str, int]:
         return {"corrupt_removed": self.corrupt_removed, "write_errors": self.write_errors}

@@ -17,10 +17,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 from . import resp
 from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
+from .inflight import InflightBudget
 from .metrics import Metrics
 from .state import (
     AUTH_TIMEOUT,
@@ -33,6 +35,7 @@ from .state import (
     Session,
 )
 from .store import TieredStore
+from .valuepool import ValuePool
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -59,6 +62,7 @@ class RespConnection(asyncio.BufferedProtocol):
             max_bulk=limits.max_value_size,
             max_args=max(1024, limits.max_pipeline_depth * 2),
             max_request=limits.max_request_size,
+            pool=server.value_pool,
         )
         self.queue: deque[list[bytes] | resp.ProtocolError] = deque()
         self.transport: asyncio.Transport | None = None
@@ -75,17 +79,19 @@ class RespConnection(asyncio.BufferedProtocol):
             self.parser.limit_until_authenticated(limits.max_unauthenticated_bulk, limits.max_unauthenticated_args)
         self.connected_at = self.last_active = time.monotonic()
         self.running = False  # inside a command's handler (which may wait on L2 or the write-behind queue)
+        self.reserved = 0  # bytes of large values this connection holds against the in-flight budget
+        self.reserved_values = 0  # how many of the parser's large values are covered
+        self.waiting_budget = False
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.server.connections.add(self)
         state = self.server.state
         state.total_connections += 1
         if not self._admit():
             state.rejected_connections += 1
-            transport.write(resp.error("max number of clients reached"))
+            self.transport.write(resp.error("max number of clients reached"))
             transport.close()
             return
         peer = transport.get_extra_info("peername")
@@ -139,6 +145,39 @@ class RespConnection(asyncio.BufferedProtocol):
             return
         self.parser.buffer_updated(nbytes)
         self._parse()
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Reserve in-flight memory for a large value the parser has just begun, or stop reading until there is room."""
+        if self.waiting_budget or self.parser.big_values_started == self.reserved_values or self.broken:
+            return
+        self.reserved_values = self.parser.big_values_started
+        want = self.parser.receiving
+        if not want:
+            return  # begun and finished within this read: already in the parse buffer
+        budget = self.server.inflight
+        if budget.try_reserve(want):
+            self.reserved += want
+            return
+        self.waiting_budget = True
+        budget.wait(self, want)
+        if self.transport is not None and not self.reading_paused:
+            self.transport.pause_reading()
+
+    def reservation_granted(self, n: int) -> None:
+        self.reserved += n
+        self.waiting_budget = False
+        if self.transport is not None and not self.reading_paused:
+            self.transport.resume_reading()
+
+    def _release(self, cmd: list[bytes]) -> None:
+        """A command ran: its large values are stored (L1 counts them now) or dropped."""
+        if not self.reserved:
+            return
+        n = min(self.reserved, sum(len(a) for a in cmd if resp.is_big(a)))
+        if n:
+            self.reserved -= n
+            self.server.inflight.release(n)
 
     def _depth(self) -> int:
         """Commands parsed ahead of execution. One before AUTH: what follows AUTH in the same read
@@ -163,6 +202,7 @@ class RespConnection(asyncio.BufferedProtocol):
                 if commands > 0 and reply_bytes > 0 and self.idle and not self.queue:
                     size = self._run_nowait(cmd)
                     if size is not None:
+                        self._release(cmd)
                         commands, reply_bytes = commands - 1, reply_bytes - size
                         continue
                 self.queue.append(cmd)
@@ -243,6 +283,10 @@ class RespConnection(asyncio.BufferedProtocol):
             self.task.cancel()
             self.task = None
         self.queue.clear()
+        self.server.inflight.forget(self)
+        if self.reserved:
+            self.server.inflight.release(self.reserved)
+            self.reserved = 0
         self.parser.release()
         self.can_write.set()
 
@@ -284,6 +328,7 @@ class RespConnection(asyncio.BufferedProtocol):
                     reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
                 finally:
                     self.running = False
+                    self._release(item)
                 metrics.observe(item[0], time.perf_counter() - started)
                 size = -1 if reply is None else _reply_size(reply)
                 if reply is None or not self._within_output_limit(size):
@@ -299,8 +344,10 @@ class RespConnection(asyncio.BufferedProtocol):
                     self._authenticated()
                 if self.reading_paused and len(self.queue) < max(1, self._depth() // 2):
                     self.reading_paused = False
-                    transport.resume_reading()
+                    if not self.waiting_budget:
+                        transport.resume_reading()
                     self._parse()
+                    self._reserve()
                 commands, reply_bytes = commands - 1, reply_bytes - size
                 if commands <= 0 or reply_bytes <= 0:  # end of this connection's turn
                     await asyncio.sleep(0)
@@ -341,6 +388,11 @@ class KVServer:
         self.store = TieredStore(cfg)
         self.state = ServerState(store=self.store, token=_read_token(cfg.auth.token_file))
         self.metrics = Metrics(self.state)
+        self.inflight = InflightBudget(cfg.inflight_budget)
+        self.value_pool = ValuePool(cfg.inflight_budget)  # recycled buffers: at most another in-flight budget
+        self.store.l1.on_drop = self.value_pool.give
+        self.state.value_pool = self.value_pool
+        self.state.inflight = self.inflight
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()
         self.unauthenticated: dict[int, RespConnection] = {}  # by session id, oldest first

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from .store import TieredStore
 
@@ -64,3 +65,7 @@ class ServerState:
     commands_processed: int = 0
     tcp_port: int = 0
     unix_socket: str = ""
+    inflight: Any = None
+    """The server's `InflightBudget` (large values received, not yet stored); None outside a server."""
+    value_pool: Any = None
+    """The server's `ValuePool` (buffers of dropped large values, kept for reuse)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from .config import KVServerConfig
 from .fstier import FsTier
+from .l2 import L2Tier
 from .memory import MemoryTier
 from .policy import make_policy
 from .s3tier import S3Tier
@@ -30,50 +31,46 @@ class TieredStore:
             make_policy(l1.eviction_policy, l1.size, l1.hir_fraction),
             grace_seconds=l1.exists_grace_seconds,
         )
-        self.fs = FsTier(cfg.l2.fs, cfg.namespace) if cfg.l2.fs else None
-        self.s3 = S3Tier(cfg.l2.s3, cfg.namespace, cfg.l2.fs.rank if cfg.l2.fs else 0) if cfg.l2.s3 else None
-        sinks: list[tuple[str, Sink]] = []
-        if self.fs:
-            sinks.append(("fs", self.fs.put))
-        if self.s3:
-            sinks.append(("s3", self.s3.put))
+        self.l2: list[L2Tier] = []  # nearest first
+        if cfg.l2.fs:
+            self.l2.append(FsTier(cfg.l2.fs, cfg.namespace))
+        if cfg.l2.s3:
+            self.l2.append(S3Tier(cfg.l2.s3, cfg.namespace, cfg.l2.fs.rank if cfg.l2.fs else 0))
+        sinks: list[tuple[str, Sink]] = [(tier.name, tier.put) for tier in self.l2]
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
         self.ready = False
-        self._rescan_task: asyncio.Task[None] | None = None
+        self._rescan_tasks: list[asyncio.Task[None]] = []
 
     @property
     def has_l2(self) -> bool:
         return self.write_behind is not None
 
     async def start(self) -> None:
-        if self.fs:
-            await asyncio.to_thread(self.fs.prepare)
-        if self.s3:
-            await asyncio.to_thread(self.s3.check)
+        for tier in self.l2:
+            await asyncio.to_thread(tier.prepare)
         if self.write_behind:
             self.write_behind.start()
-        if self.fs and self.fs.cfg.rescan_interval_seconds > 0:
-            self._rescan_task = asyncio.create_task(self._rescan_loop(self.fs.cfg.rescan_interval_seconds))
+        for tier in self.l2:
+            if tier.rescan_interval > 0:
+                self._rescan_tasks.append(asyncio.create_task(self._rescan_loop(tier)))
         self.ready = True
 
-    async def _rescan_loop(self, interval: float) -> None:
-        """Other nodes write into a shared L2 too: recount the directory now and then, then enforce capacity."""
-        assert self.fs is not None
+    async def _rescan_loop(self, tier: L2Tier) -> None:
+        """Other nodes write into a shared L2 too: recount it now and then, then enforce capacity."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tier.rescan_interval)
             try:
-                await asyncio.to_thread(self.fs.rebuild_index)
-                await asyncio.to_thread(self.fs.make_room, 0)
-            except OSError as e:
-                log.warning("L2 rescan failed: %s", e)
+                await asyncio.to_thread(tier.rescan)
+            except tier.read_failure as e:
+                log.warning("L2 %s rescan failed: %s", tier.name, e)
 
     async def close(self) -> bool:
         """Drain the write-behind queue (bounded by the configured timeout); True if fully drained."""
         self.ready = False
-        if self._rescan_task is not None:
-            self._rescan_task.cancel()
+        for task in self._rescan_tasks:
+            task.cancel()
         if not self.write_behind:
             return True
         drained = await self.write_behind.close(self.cfg.write_behind.drain_timeout_seconds)
@@ -100,19 +97,15 @@ class TieredStore:
 
     async def _get_l2(self, key: bytes) -> tuple[str, bytes | None]:
         """The first L2 tier that has `key`, nearest first; a failing tier counts an error and is a miss."""
-        # The fs tier fails with OSError; boto3 raises errors of its own.
-        tiers: tuple[tuple[str, Any, type[Exception]], ...] = (("fs", self.fs, OSError), ("s3", self.s3, Exception))
-        for name, tier, failure in tiers:
-            if tier is None:
-                continue
+        for tier in self.l2:
             try:
                 value = await asyncio.to_thread(tier.get, key)
-            except failure as e:
-                self.counters[f"errors_{name}"] += 1
-                log.warning("L2 %s read failed: %s", name, e)
+            except tier.read_failure as e:
+                self.counters[f"errors_{tier.name}"] += 1
+                log.warning("L2 %s read failed: %s", tier.name, e)
                 continue
             if value is not None:
-                return name, value
+                return tier.name, value
         return "", None
 
     def _promote(self, key: bytes, value: bytes) -> None:
@@ -136,15 +129,13 @@ class TieredStore:
         if key in self.l1 or (self.write_behind and key in self.write_behind.pending):
             return "l1"
         grace = self.cfg.l1.exists_grace_seconds
-        if self.fs is not None and await asyncio.to_thread(self.fs.contains, key, grace):
-            return "fs"
-        if self.s3:
+        for tier in self.l2:
             try:
-                if await asyncio.to_thread(self.s3.contains, key):
-                    return "s3"
-            except Exception as e:
-                self.counters["errors_s3"] += 1
-                log.warning("L2 s3 lookup failed: %s", e)
+                if await asyncio.to_thread(tier.contains, key, grace):
+                    return tier.name
+            except tier.read_failure as e:
+                self.counters[f"errors_{tier.name}"] += 1
+                log.warning("L2 %s lookup failed: %s", tier.name, e)
         return ""
 
     async def prefix(self, keys: list[bytes]) -> list[str]:
@@ -208,15 +199,11 @@ class TieredStore:
                 self.write_behind.discard(key)
                 found = True
             await self.write_behind.wait_written(key)
-        if self.fs:
-            found = await asyncio.to_thread(self.fs.delete, key) or found
-        if self.s3:
+        for tier in self.l2:
             try:
-                if await asyncio.to_thread(self.s3.contains, key):
-                    await asyncio.to_thread(self.s3.delete, key)
-                    found = True
-            except Exception as e:
-                log.warning("L2 s3 delete failed: %s", e)
+                found = await asyncio.to_thread(tier.delete, key) or found
+            except tier.read_failure as e:
+                log.warning("L2 %s delete failed: %s", tier.name, e)
         return found
 
     def link(self, parent: bytes, child: bytes) -> None:
@@ -245,11 +232,11 @@ class TieredStore:
             out["write_behind_bytes"] = self.write_behind.queued_bytes
             out["write_behind_written"] = self.write_behind.written
             out["write_behind_backpressure_waits"] = self.write_behind.backpressure_waits
-            for tier, n in self.write_behind.errors.items():
-                out[f"{tier}_write_errors"] = n
-                out[f"{tier}_write_failing"] = int(self.write_behind.failing[tier])
+            for name, n in self.write_behind.errors.items():
+                out[f"{name}_write_errors"] = n
+                out[f"{name}_write_failing"] = int(self.write_behind.failing[name])
             out["l2_failing"] = int(any(self.write_behind.failing.values()))
             out["write_behind_last_error"] = self.write_behind.last_error
-        if self.fs:
-            out.update({f"fs_{k}": v for k, v in self.fs.stats().items() if k != "write_errors"})
+        for tier in self.l2:  # write errors come from the write-behind counters above
+            out.update({f"{tier.name}_{k}": v for k, v in tier.stats().items() if k != "write_errors"})
         return out

@@ -212,7 +212,7 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def running_redis_server(maxmemory: str = "0") -> Iterator[RedisServer]:
+def running_redis_server(maxmemory: str = "0", extra_args: list[str] | None = None) -> Iterator[RedisServer]:
     """Debian's redis-server on a free loopback port, no persistence (usable by benchmarks too)."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -236,6 +236,7 @@ def running_redis_server(maxmemory: str = "0") -> Iterator[RedisServer]:
             maxmemory,
             "--protected-mode",
             "no",
+            *(extra_args or []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -72,7 +72,8 @@ def test_announced_huge_values_cost_only_what_arrives(kv_server_factory) -> None
 
 def test_closed_connections_give_their_buffers_back(kv_server_factory) -> None:
     """Half-sent large values, connections that lived through a few collections, then went away."""
-    server = kv_server_factory({"metrics": {"port": -1}}, l2_fs=False)
+    # an in-flight budget for all six announced values at once: here they must arrive, not wait
+    server = kv_server_factory({"metrics": {"port": -1}, "limits": {"max_inflight_bytes": "4GiB"}}, l2_fs=False)
     base = rss_after_sync(server)
     socks = [connect(server) for _ in range(6)]
     for s in socks:

@@ -70,3 +70,21 @@ def test_a_standalone_server_listens_on_loopback_unless_told_otherwise() -> None
     assert (cfg.listen.bind, cfg.metrics.bind) == ("127.0.0.1", "127.0.0.1")
     cfg = KVServerConfig.model_validate({"listen": {"bind": "0.0.0.0"}, "metrics": {"bind": "0.0.0.0"}})
     assert (cfg.listen.bind, cfg.metrics.bind) == ("0.0.0.0", "0.0.0.0")
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o661, 0o770, 0o4660])
+def test_a_unix_socket_mode_granting_others_or_execute_is_refused(mode: int) -> None:
+    with pytest.raises(ValidationError, match="0660"):
+        KVServerConfig.model_validate({"listen": {"unix_socket": "/run/kv.sock", "unix_socket_mode": mode}})
+
+
+@pytest.mark.parametrize("mode", [0o660, 0o600, 0o640])
+def test_owner_and_group_socket_modes_are_accepted(mode: int) -> None:
+    assert KVServerConfig.model_validate({"listen": {"unix_socket_mode": mode}}).listen.unix_socket_mode == mode
+
+
+def test_the_inflight_budget_defaults_to_a_share_of_l1_with_a_floor() -> None:
+    assert KVServerConfig.model_validate({"l1": {"size": "4GiB"}}).inflight_budget == 4 * 1024**3 // 20
+    assert KVServerConfig.model_validate({"l1": {"size": "64MiB"}}).inflight_budget == 64 * 1024**2
+    cfg = KVServerConfig.model_validate({"limits": {"max_inflight_bytes": "1GiB"}})
+    assert cfg.inflight_budget == 1024**3

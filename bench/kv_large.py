@@ -1,0 +1,461 @@
+"""Large values (4-64 MiB): strata-kv against redis-server in one run, with a client that is not the bottleneck.
+
+redis-benchmark tops out below 1 GB/s here, so this drives both servers with its own load generator:
+raw RESP over blocking sockets, one thread per connection spread over a few processes, every value
+sent from one preallocated buffer (`sendall` of a memoryview) and every reply received with
+`recv_into` into another, so the client copies nothing in Python. Its own ceiling is measured first
+against a null server that answers every GET from one preallocated reply.
+
+Cells: value size x (SET, GET) x client count, over TCP (and, with `--unix`, over a Unix socket next
+to this machine's memcpy bandwidth). The key space is filled before the GETs, so every GET is a hit;
+SETs overwrite keys of the same key space, so both servers hold the same bytes throughout. Peak RSS
+per cell comes from /proc (VmHWM, reset before each cell through clear_refs). Servers run one at a
+time, alternating per value size.
+
+    .venv/bin/python bench/kv_large.py [--sizes 4,16,64] [--clients 1,8,32] [--seconds 3] [--unix]
+        [--json bench/results/kv_large.json] [--png bench/results/kv_large.png] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import random
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
+
+from strata_testsupport.kvserver import running_kv_server, running_redis_server
+
+MiB = 1024**2
+Address = tuple[str, int] | str  # (host, port) or a Unix socket path
+
+
+# -- the load generator ----------------------------------------------------------------------------
+def _connect(addr: Address) -> socket.socket:
+    if isinstance(addr, str):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(addr)
+    else:
+        s = socket.create_connection(addr)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _read_line(s: socket.socket, buf: bytearray) -> bytes:
+    """One reply line; replies here are tiny headers, read byte-exactly so the value lands in `recv_into`."""
+    buf.clear()
+    while not buf.endswith(b"\r\n"):
+        chunk = s.recv(1)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_exact(s: socket.socket, view: memoryview) -> None:
+    while view:
+        n = s.recv_into(view)
+        if n == 0:
+            raise ConnectionError("server closed the connection")
+        view = view[n:]
+
+
+def _key(i: int) -> bytes:
+    return b"bench:%08d" % i
+
+
+def _set(s: socket.socket, key: bytes, value: memoryview, line: bytearray) -> None:
+    s.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, len(value)))
+    s.sendall(value)
+    s.sendall(b"\r\n")
+    reply = _read_line(s, line)
+    if reply != b"+OK\r\n":
+        raise RuntimeError(f"SET failed: {reply[:200]!r}")
+
+
+def _get(s: socket.socket, key: bytes, into: memoryview, line: bytearray) -> None:
+    s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(key), key))
+    head = _read_line(s, line)
+    if not head.startswith(b"$") or int(head[1:-2]) != len(into) - 2:
+        raise RuntimeError(f"GET is not a hit of the expected size: {head[:200]!r}")
+    _recv_exact(s, into)
+
+
+def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float, seed: int, out: list[Any]) -> None:
+    rng = random.Random(seed)
+    value = memoryview(bytearray(os.urandom(64)) * (size // 64))
+    into = memoryview(bytearray(size + 2))
+    line = bytearray()
+    lat: list[float] = []
+    try:
+        with _connect(addr) as s:
+            while time.perf_counter() < deadline:
+                key = _key(rng.randrange(keys))
+                t = time.perf_counter()
+                if op == "SET":
+                    _set(s, key, value, line)
+                else:
+                    _get(s, key, into, line)
+                lat.append(time.perf_counter() - t)
+    except (OSError, RuntimeError) as e:
+        out.append(e)
+    out.append(lat)
+
+
+def _client_process(addr: Address, op: str, size: int, keys: int, threads: int, start: float, seconds: float,
+                    seed: int, results: Any) -> None:  # fmt: skip
+    time.sleep(max(0.0, start - time.time()))
+    deadline = time.perf_counter() + seconds
+    out: list[Any] = []
+    workers = [threading.Thread(target=_client_thread, args=(addr, op, size, keys, deadline, seed * 1000 + i, out))
+               for i in range(threads)]  # fmt: skip
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    errors = [str(e)[:120] for e in out if isinstance(e, Exception)]
+    results.put(([x for lat in out if isinstance(lat, list) for x in lat], errors))
+
+
+PROBE_KEY = b"probe:small"
+
+
+def _probe(addr: Address, start: float, seconds: float, out: list[float]) -> None:
+    """A small GET every 5 ms on a connection of its own, while the load runs: what the load costs others."""
+    time.sleep(max(0.0, start - time.time()))
+    into = memoryview(bytearray(100 + 2))
+    line = bytearray()
+    deadline = time.perf_counter() + seconds
+    with _connect(addr) as s:
+        while time.perf_counter() < deadline:
+            t = time.perf_counter()
+            _get(s, PROBE_KEY, into, line)
+            out.append(time.perf_counter() - t)
+            time.sleep(0.005)
+
+
+def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: float, probe: bool = False
+         ) -> dict[str, Any]:  # fmt: skip
+    """Run `clients` connections for `seconds`; GB/s (1e9 bytes of values per second) and latency percentiles."""
+    procs = min(clients, 2)
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    start = time.time() + 0.3  # every process starts together
+    ps = []
+    for p in range(procs):
+        threads = clients // procs + (1 if p < clients % procs else 0)
+        ps.append(ctx.Process(target=_client_process, args=(addr, op, size, keys, threads, start, seconds, p, results)))
+    for p in ps:
+        p.start()
+    probe_lat: list[float] = []
+    prober = threading.Thread(target=_probe, args=(addr, start, seconds, probe_lat)) if probe else None
+    if prober is not None:
+        prober.start()
+    lat: list[float] = []
+    errors: list[str] = []
+    for _ in ps:
+        got, errs = results.get(timeout=seconds + 600)
+        lat.extend(got)
+        errors.extend(errs)
+    elapsed = max(seconds, time.time() - start)  # a request begun before the deadline counts in full
+    if prober is not None:
+        prober.join()
+    probe_lat.sort()
+    probe_p99 = probe_lat[min(len(probe_lat) - 1, int(len(probe_lat) * 0.99))] * 1e3 if probe_lat else float("nan")
+    for p in ps:
+        p.join()
+    lat.sort()
+    n = len(lat)
+    if n == 0:
+        return {"gbps": 0.0, "requests": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors}
+    return {
+        "probe_p99_ms": probe_p99,
+        "errors": errors,
+        "gbps": n * size / elapsed / 1e9,
+        "requests": n,
+        "p50_ms": lat[n // 2] * 1e3,
+        "p99_ms": lat[min(n - 1, int(n * 0.99))] * 1e3,
+    }
+
+
+def fill(addr: Address, size: int, keys: int) -> None:
+    """SET every key once (parallel over 4 connections) so GETs are hits."""
+    value = memoryview(bytearray(os.urandom(64)) * (size // 64))
+
+    def part(first: int) -> None:
+        line = bytearray()
+        with _connect(addr) as s:
+            for i in range(first, keys, 4):
+                _set(s, _key(i), value, line)
+
+    threads = [threading.Thread(target=part, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+# -- measuring the servers ---------------------------------------------------------------------------
+def reset_peak(pid: int) -> None:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def null_server(size: int) -> Iterator[tuple[str, int]]:
+    """Answers every request with one preallocated bulk reply of `size` bytes: the client's own ceiling."""
+    reply = memoryview(b"$%d\r\n" % size + bytes(size) + b"\r\n")
+    lsock = socket.create_server(("127.0.0.1", 0), backlog=128)
+
+    def serve(conn: socket.socket) -> None:
+        buf = bytearray(65536)
+        with conn:
+            while True:
+                n = conn.recv_into(buf)
+                if n == 0:
+                    return
+                for _ in range(bytes(buf[:n]).count(b"GET")):
+                    conn.sendall(reply)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield lsock.getsockname()[:2]
+    finally:
+        lsock.close()
+
+
+def memcpy_gbps(size: int = 64 * MiB, repeat: int = 10) -> float:
+    """One thread copying between two touched buffers: this machine's memcpy bandwidth (best of `repeat`)."""
+    import numpy as np
+
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return size / best / 1e9
+
+
+def keys_for(size: int, budget: int) -> int:
+    return max(4, budget // size)
+
+
+@contextlib.contextmanager
+def strata(workdir: Path, l1: int, extra: dict[str, Any]) -> Iterator[tuple[int, Address, Address]]:
+    config: dict[str, Any] = {"l1": {"size": l1}, "metrics": {"port": -1}}
+    for dotted, value in extra.items():  # e.g. listen.event_loop=uvloop
+        node = config
+        *path, leaf = dotted.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    with running_kv_server(workdir, config, l2_fs=False) as srv:
+        assert srv.process is not None and srv.unix_socket
+        yield srv.process.pid, ("127.0.0.1", srv.port), srv.unix_socket
+
+
+@contextlib.contextmanager
+def redis(workdir: Path, l1: int) -> Iterator[tuple[int, Address, Address]]:
+    sock = str(workdir / "redis.sock")
+    extra = ["--unixsocket", sock, "--unixsocketperm", "600", "--maxmemory-policy", "allkeys-lru"]
+    with running_redis_server(maxmemory=str(l1), extra_args=extra) as r:
+        yield r.process.pid, ("127.0.0.1", r.port), sock
+
+
+def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], seconds: float, unix: bool,
+              ops: list[str], probe: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    with server as (pid, tcp, uds):
+        reset_peak(pid)
+        fill(tcp, size, keys)
+        with _connect(tcp) as s:
+            _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
+        transports = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
+        for transport, addr in transports:
+            for op in ops:
+                if op == "GET":
+                    fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
+                for c in clients:
+                    reset_peak(pid)
+                    r = load(addr, op, size, keys, c, seconds, probe)
+                    r.update(server=name, transport=transport, op=op, size_mib=size // MiB, clients=c,
+                             peak_rss=peak_rss(pid))  # fmt: skip
+                    if r["errors"]:
+                        print(f"  {len(r['errors'])} client errors, e.g. {r['errors'][0]}", flush=True)
+                    print(f"  {name:6} {transport:4} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
+                          f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  peak RSS "
+                          f"{r['peak_rss'] / 1e9:5.2f} GB", flush=True)  # fmt: skip
+                    if probe:
+                        print(
+                            f"    small GET on another connection meanwhile: p99 {r['probe_p99_ms']:.1f} ms", flush=True
+                        )
+                    rows.append(r)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], transport: str) -> str:
+    by = {(r["server"], r["transport"], r["op"], r["size_mib"], r["clients"]): r for r in rows}
+    out = ["| value | op | clients | Strata GB/s | Redis GB/s | ratio | p99 Strata ms | p99 Redis ms | "
+           "peak RSS Strata GB | peak RSS Redis GB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (server, tr, op, size, c), s in sorted(by.items(), key=lambda kv: (kv[0][3], kv[0][2] != "SET", kv[0][4])):
+        if server != "strata" or tr != transport:
+            continue
+        r = by.get(("redis", tr, op, size, c))
+        if r is None:
+            continue
+        ratio = s["gbps"] / r["gbps"] if r["gbps"] else float("inf")
+        rss = f"{s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f}"
+        out.append(f"| {size} MiB | {op} | {c} | {s['gbps']:.2f} | {r['gbps']:.2f} | {ratio:.2f}x | "
+                   f"{s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {rss} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def compare(before: Path, after: Path) -> str:
+    """A before/after table from two `--json` results (TCP cells)."""
+
+    def cells(path: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+        rows = json.loads(path.read_text())["cells"]
+        return {(r["server"], r["op"], r["size_mib"], r["clients"]): r for r in rows if r["transport"] == "tcp"}
+
+    b, a = cells(before), cells(after)
+    out = ["| value | op | clients | before: Strata / Redis GB/s (ratio) | after: Strata / Redis GB/s (ratio) | "
+           "after p99 Strata / Redis ms | after peak RSS Strata / Redis GB |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def pair(d: dict[tuple[str, str, int, int], dict[str, Any]], op: str, size: int, c: int) -> str:
+        s, r = d.get(("strata", op, size, c)), d.get(("redis", op, size, c))
+        if not s or not r:
+            return "-"
+        return f"{s['gbps']:.2f} / {r['gbps']:.2f} ({s['gbps'] / r['gbps'] if r['gbps'] else float('inf'):.2f}x)"
+
+    for size, op, c in sorted({(k[2], k[1], k[3]) for k in a}, key=lambda t: (t[0], t[1] != "SET", t[2])):
+        s, r = a.get(("strata", op, size, c)), a.get(("redis", op, size, c))
+        p99 = f"{s['p99_ms']:.0f} / {r['p99_ms']:.0f}" if s and r else "-"
+        rss = f"{s['peak_rss'] / 1e9:.2f} / {r['peak_rss'] / 1e9:.2f}" if s and r else "-"
+        out.append(f"| {size} MiB | {op} | {c} | {pair(b, op, size, c)} | {pair(a, op, size, c)} | {p99} | {rss} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tcp = [r for r in rows if r["transport"] == "tcp"]
+    clients = sorted({r["clients"] for r in tcp})
+    fig, axes = plt.subplots(2, len(clients), figsize=(4 * len(clients), 7), squeeze=False, sharey="row")
+    for i, op in enumerate(("SET", "GET")):
+        for j, c in enumerate(clients):
+            ax = axes[i][j]
+            for server, style in (("strata", "o-"), ("redis", "s--")):
+                pts = sorted((r["size_mib"], r["gbps"]) for r in tcp if r["server"] == server and r["op"] == op
+                             and r["clients"] == c)  # fmt: skip
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=server)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op}, {c} client{'s' if c > 1 else ''}")
+            ax.set_xlabel("value size (MiB)")
+            if j == 0:
+                ax.set_ylabel("GB/s")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+    fig.suptitle("strata-kv vs redis-server, TCP loopback, hits only")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4,16,64", help="value sizes in MiB")
+    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per cell")
+    ap.add_argument("--l1", default=str(3 * 1024**3), help="Strata's L1 size and Redis' maxmemory, in bytes")
+    ap.add_argument("--keyspace", type=int, default=512 * MiB, help="bytes of values in the key space")
+    ap.add_argument("--unix", action="store_true", help="also measure over a Unix socket")
+    ap.add_argument("--strata-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra strata-kv config, dotted (e.g. listen.event_loop=asyncio)")  # fmt: skip
+    ap.add_argument("--only", choices=("strata", "redis"), help="one server only")
+    ap.add_argument("--probe", action="store_true", help="also time a small GET every 5 ms on another connection")
+    ap.add_argument("--ops", default="SET,GET", help="SET alone with a key space larger than L1: the memory bound")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print a table, run nothing")
+    args = ap.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return
+    sizes = [int(s) * MiB for s in args.sizes.split(",")]
+    ops = args.ops.split(",")
+    clients = [int(c) for c in args.clients.split(",")]
+    l1 = int(args.l1)
+    extra = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.strata_set)}
+    load1 = os.getloadavg()
+    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_before": load1}, "l1_bytes": l1}
+    result["memcpy_gbps"] = memcpy_gbps()
+    print(f"memcpy (one thread, 64 MiB, touched buffers): {result['memcpy_gbps']:.1f} GB/s", flush=True)
+    ceiling = []
+    for size in sizes:
+        for c in clients:
+            with contextlib.contextmanager(null_server)(size) as addr:
+                r = load(addr, "GET", size, 1, c, min(args.seconds, 2.0))
+            r.update(size_mib=size // MiB, clients=c)
+            ceiling.append(r)
+            print(f"  client ceiling GET {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s", flush=True)
+    result["client_ceiling"] = ceiling
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:
+        for n, size in enumerate(sizes):
+            keys = keys_for(size, args.keyspace)
+            order = [("strata", strata(Path(tmp) / f"s{n}", l1, extra)), ("redis", redis(Path(tmp), l1))]
+            if n % 2:
+                order.reverse()
+            for name, server in order:
+                if args.only and name != args.only:
+                    continue
+                rows.extend(run_cells(name, server, size, keys, clients, args.seconds, args.unix, ops, args.probe))
+    result["cells"] = rows
+    result["machine"]["loadavg_after"] = os.getloadavg()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.png:
+        plot(rows, args.png)
+    if args.markdown:
+        print("\nTCP\n" + table(rows, "tcp"))
+        if args.unix:
+            print("\nUnix socket\n" + table(rows, "unix"))
+
+
+if __name__ == "__main__":
+    main()
