@@ -296,6 +296,10 @@ class KVCacheTierStatus(CRDModel):
     endpoints: list[NodeEndpoint] = Field(default_factory=list)
     usage: Usage | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    consumers: int | None = Field(
+        default=None,
+        description="Running or pending pods labelled strata.dev/kv-cache-tier with this tier's name.",
+    )
 
 
 CRD = CRDSpec(
