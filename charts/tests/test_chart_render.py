@@ -47,9 +47,10 @@ def test_default_install_renders_operator_rbac_and_crds(helm, chart_helpers):
             "Deployment",
         ]
         + ["CustomResourceDefinition"] * 2
-        # The pod admission webhook (templates/webhook.yaml): its TLS Secret, Service, configuration and the
-        # pod-gate role and binding.
-        + ["Secret", "Service", "MutatingWebhookConfiguration", "ClusterRole", "ClusterRoleBinding"]
+        # The admission webhooks (templates/webhook.yaml): TLS Secret, Service, pod wiring and deletion
+        # configurations, and the pod-gate role and binding.
+        + ["Secret", "Service", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+        + ["ClusterRole", "ClusterRoleBinding"]
     )
     for obj in objects:
         if obj["kind"] not in (
@@ -57,6 +58,7 @@ def test_default_install_renders_operator_rbac_and_crds(helm, chart_helpers):
             "ClusterRoleBinding",
             "CustomResourceDefinition",
             "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
         ):
             assert obj["metadata"]["namespace"] == "strata-system", obj["kind"]
 

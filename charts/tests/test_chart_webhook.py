@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
-from strata_operator.admission import MUTATE_PODS_PATH
+from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_testsupport.kube import resource, wait_for
 
@@ -48,6 +48,19 @@ def test_only_opted_in_pods_are_sent_and_a_failure_refuses_them(helm):
             "port": 443,
         }
         assert "namespaceSelector" not in hook
+
+
+def test_deleting_a_cache_in_use_is_checked_but_never_blocked_by_an_outage(helm):
+    objects = rendered(helm)
+    (hook,) = only(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["rules"][0]["operations"] == ["DELETE"]
+    assert hook["rules"][0]["resources"] == ["modelcaches", "kvcachetiers"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["clientConfig"]["service"]["path"] == VALIDATE_DELETION_PATH
+    mutating = only(objects, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == mutating["clientConfig"]["caBundle"]
+    off = rendered(helm, {"webhook": {"protectInUse": False}})
+    assert not [o for o in off if o["kind"] == "ValidatingWebhookConfiguration"]
 
 
 def test_helm_generated_ca_signs_the_served_certificate(helm):
@@ -113,7 +126,7 @@ def test_watched_namespaces_limit_the_webhook_too(helm):
 def test_disabled_webhook_renders_none_of_it(helm):
     objects = rendered(helm, {"webhook": {"enabled": False}})
     kinds = {o["kind"] for o in objects}
-    assert not kinds & {"MutatingWebhookConfiguration", "Service", "Secret"}
+    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Service", "Secret"}
     (container,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert "STRATA_WEBHOOK_CERT_DIR" not in {e["name"] for e in container["env"]}
 
@@ -229,6 +242,7 @@ def test_upgrade_keeps_the_ca_and_uninstall_removes_the_webhook(k8s, control_pla
         helm.run("uninstall", release, *base[:4])
         for api_version, kind, ns, obj in (
             ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", None, f"{name}-pod-wiring"),
+            ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", None, f"{name}-cache-deletion"),
             ("v1", "Service", namespace, f"{name}-webhook"),
             ("v1", "Secret", namespace, f"{name}-webhook-tls"),
             ("rbac.authorization.k8s.io/v1", "ClusterRole", None, f"{name}-pod-gates"),

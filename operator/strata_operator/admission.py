@@ -1,4 +1,5 @@
-"""The pod admission webhook: a small aiohttp server over TLS that answers AdmissionReviews for pod creation.
+"""The admission webhooks: a small aiohttp server over TLS that wires pods at creation (`MUTATE_PODS_PATH`) and
+refuses deleting a ModelCache or KVCacheTier that pods still use (`VALIDATE_DELETION_PATH`).
 
 Its own server rather than kopf's admission support: the chart owns the MutatingWebhookConfiguration (the
 operator needs no rights on webhook configurations), the patch is the exact JSON Patch `resources.serving`
@@ -33,6 +34,11 @@ from strata_operator.resources.serving import (
 )
 
 MUTATE_PODS_PATH = "/mutate-pods"
+VALIDATE_DELETION_PATH = "/validate-deletion"
+FORCE_DELETE_ANNOTATION = "strata.dev/delete-while-in-use"
+"""`"true"` on a ModelCache or KVCacheTier lets it be deleted although pods still use it."""
+CONSUMER_LABELS = {"ModelCache": MODEL_CACHE_LABEL, "KVCacheTier": KV_TIER_LABEL}
+SHOWN_CONSUMERS = 5
 HEALTH_PATH = "/healthz"
 DEFAULT_PORT = 9443
 CERT_FILE = "tls.crt"
@@ -43,11 +49,43 @@ log = logging.getLogger(__name__)
 
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
 """(kind, namespace, name) → the object as a dict, or None when it does not exist. Blocking; run in a thread."""
+ListPods = Callable[[str, str], list[Mapping[str, Any]]]
+"""(namespace, label selector) → the pods. Blocking; run in a thread."""
 
 
 def api_lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
     found = kube.get(API_VERSION, kind, name, namespace)
     return None if found is None else dict(found.to_dict())
+
+
+def api_list_pods(namespace: str, selector: str) -> list[Mapping[str, Any]]:
+    pods = kube.dynamic_client().resources.get(api_version="v1", kind="Pod")
+    return list(pods.get(namespace=namespace, label_selector=selector).to_dict()["items"])
+
+
+def decide_deletion(request: Mapping[str, Any], list_pods: ListPods) -> dict[str, Any]:
+    """Refuse deleting a ModelCache or KVCacheTier that live pods still name, unless it is annotated to allow it."""
+    kind = (request.get("kind") or {}).get("kind")
+    label = CONSUMER_LABELS.get(str(kind))
+    if request.get("operation") != "DELETE" or label is None:
+        return {"allowed": True}
+    meta = (request.get("oldObject") or {}).get("metadata") or {}
+    if (meta.get("annotations") or {}).get(FORCE_DELETE_ANNOTATION, "").lower() == "true":
+        return {"allowed": True}
+    name, namespace = request.get("name") or meta.get("name"), request.get("namespace") or meta.get("namespace")
+    pods = [
+        p["metadata"]["name"]
+        for p in list_pods(str(namespace), f"{label}={name}")
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    if not pods:
+        return {"allowed": True}
+    shown = ", ".join(sorted(pods)[:SHOWN_CONSUMERS]) + (", ..." if len(pods) > SHOWN_CONSUMERS else "")
+    return deny(
+        f"{kind} {name} is used by {len(pods)} pod(s) ({shown}): delete them or remove their label {label} "
+        f"first, or annotate the {kind} {FORCE_DELETE_ANNOTATION}=true to delete it anyway"
+    )
 
 
 def decide(request: Mapping[str, Any], lookup: Lookup) -> dict[str, Any]:
@@ -97,8 +135,10 @@ class AdmissionServer:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
     lookup: Lookup = api_lookup
+    list_pods: ListPods = api_list_pods
     requests: int = 0
-    """Admission requests answered: tests prove with it which pods were sent."""
+    """Pod admission requests answered: tests prove with it which pods were sent."""
+    deletion_requests: int = 0
     _runner: web.AppRunner | None = field(default=None, repr=False)
     _watch: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -108,6 +148,7 @@ class AdmissionServer:
         stamp = self._load(context)
         app = web.Application()
         app.router.add_post(MUTATE_PODS_PATH, self._review)
+        app.router.add_post(VALIDATE_DELETION_PATH, self._review_deletion)
         app.router.add_get(HEALTH_PATH, self._health)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -149,17 +190,28 @@ class AdmissionServer:
         return web.Response(text="ok")
 
     async def _review(self, request: web.Request) -> web.Response:
+        return await self._answer(request, lambda admission: decide(admission, self.lookup))
+
+    async def _review_deletion(self, request: web.Request) -> web.Response:
+        return await self._answer(request, lambda admission: decide_deletion(admission, self.list_pods))
+
+    async def _answer(
+        self, request: web.Request, decision: Callable[[Mapping[str, Any]], dict[str, Any]]
+    ) -> web.Response:
         try:
             review = await request.json()
             admission = review["request"]
         except (ValueError, KeyError, TypeError):
             return web.Response(status=400, text="expected an AdmissionReview with a request")
-        self.requests += 1
+        if request.path == MUTATE_PODS_PATH:
+            self.requests += 1
+        else:
+            self.deletion_requests += 1
         try:
-            response = await asyncio.to_thread(decide, admission, self.lookup)
+            response = await asyncio.to_thread(decision, admission)
         except Exception as error:  # an API outage: refuse with the reason rather than answer 500
-            log.exception("admission of %s failed", admission.get("name") or "a pod")
-            response = deny(f"could not read the caches the pod names: {type(error).__name__}: {error}")
+            log.exception("admission of %s failed", admission.get("name") or "an object")
+            response = deny(f"could not read what the decision needs: {type(error).__name__}: {error}")
         return web.json_response(
             {
                 "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),

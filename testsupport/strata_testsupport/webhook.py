@@ -96,6 +96,33 @@ def webhook_configuration(name: str, url: str, ca_pem: bytes, timeout: int = WEB
     }
 
 
+def deletion_webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
+    """Deleting a ModelCache or KVCacheTier that pods use is refused; an outage lets deletions through (Ignore)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "deletion.caches.strata.dev",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
+                "rules": [
+                    {
+                        "operations": ["DELETE"],
+                        "apiGroups": ["strata.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "resources": ["modelcaches", "kvcachetiers"],
+                    }
+                ],
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "timeoutSeconds": WEBHOOK_TIMEOUT_SECONDS,
+            }
+        ],
+    }
+
+
 @dataclass
 class RunningWebhook:
     """Strata's AdmissionServer on 127.0.0.1 in a thread; `stop()` and `start()` keep the port."""
@@ -113,6 +140,12 @@ class RunningWebhook:
         return f"https://127.0.0.1:{self.port}{MUTATE_PODS_PATH}"
 
     @property
+    def deletion_url(self) -> str:
+        from strata_operator.admission import VALIDATE_DELETION_PATH
+
+        return f"https://127.0.0.1:{self.port}{VALIDATE_DELETION_PATH}"
+
+    @property
     def requests(self) -> int:
         return int(self._server.requests) if self._server is not None else 0
 
@@ -122,10 +155,10 @@ class RunningWebhook:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name="strata-webhook", daemon=True)
             self._thread.start()
-        previous = self.requests
+        previous = (self.requests, self._server.deletion_requests if self._server is not None else 0)
         server = AdmissionServer(self.cert_dir, host="127.0.0.1", port=self.port)
         asyncio.run_coroutine_threadsafe(server.start(), self._loop).result(timeout=30)
-        server.requests = previous
+        server.requests, server.deletion_requests = previous
         self.port, self._server = server.port, server
 
     def stop(self) -> None:
@@ -148,8 +181,11 @@ def pod_webhook(k8s: DynamicClient, tmp_path_factory: pytest.TempPathFactory) ->
     running.start()
     configurations = resource(k8s, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
     configurations.create(body=webhook_configuration(CONFIGURATION_NAME, running.url, ca))
+    validating = resource(k8s, "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
+    validating.create(body=deletion_webhook_configuration(CONFIGURATION_NAME, running.deletion_url, ca))
     try:
         yield running
     finally:
         configurations.delete(name=CONFIGURATION_NAME)
+        validating.delete(name=CONFIGURATION_NAME)
         running.close()

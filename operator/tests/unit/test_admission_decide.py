@@ -6,7 +6,7 @@ import base64
 import json
 from typing import Any
 
-from strata_operator.admission import decide
+from strata_operator.admission import decide, decide_deletion
 
 CACHE = {
     "metadata": {"name": "llama", "namespace": "serving", "uid": "u"},
@@ -43,3 +43,40 @@ def test_a_missing_object_is_refused_with_its_name() -> None:
         "KVCacheTier 'kv' (label strata.dev/kv-cache-tier) does not exist in namespace serving"
         in (answer["status"]["message"])
     )
+
+
+def deletion(kind: str = "ModelCache", annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    old = {"metadata": {"name": "llama", "namespace": "serving", "annotations": annotations or {}}}
+    return {
+        "uid": "2",
+        "kind": {"kind": kind},
+        "operation": "DELETE",
+        "name": "llama",
+        "namespace": "serving",
+        "oldObject": old,
+    }
+
+
+def pods_named(*names: str, phase: str = "Running") -> Any:
+    def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+        assert (namespace, selector) in (
+            ("serving", "strata.dev/model-cache=llama"),
+            ("serving", "strata.dev/kv-cache-tier=llama"),
+        )
+        return [{"metadata": {"name": n}, "status": {"phase": phase}} for n in names]
+
+    return list_pods
+
+
+def test_deleting_a_cache_in_use_is_refused_with_the_pods_named() -> None:
+    answer = decide_deletion(deletion(), pods_named("vllm-b", "vllm-a"))
+    assert not answer["allowed"]
+    assert "ModelCache llama is used by 2 pod(s) (vllm-a, vllm-b)" in answer["status"]["message"]
+    assert not decide_deletion(deletion("KVCacheTier"), pods_named("vllm-a"))["allowed"]
+
+
+def test_a_cache_no_live_pod_uses_or_one_annotated_may_go() -> None:
+    assert decide_deletion(deletion(), pods_named())["allowed"]
+    assert decide_deletion(deletion(), pods_named("done", phase="Succeeded"))["allowed"]
+    forced = deletion(annotations={"strata.dev/delete-while-in-use": "true"})
+    assert decide_deletion(forced, pods_named("vllm-a"))["allowed"]
