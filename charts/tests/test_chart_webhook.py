@@ -36,8 +36,16 @@ def test_only_opted_in_pods_are_sent_and_a_failure_refuses_them(helm):
     configuration = only(objects, "MutatingWebhookConfiguration")
     webhooks = {w["name"]: w for w in configuration["webhooks"]}
     assert set(webhooks) == {"model-cache.pods.strata.dev", "kv-cache-tier.pods.strata.dev"}
-    for label, hook in zip((MODEL_CACHE_LABEL, KV_TIER_LABEL), webhooks.values(), strict=True):
-        assert hook["objectSelector"] == {"matchExpressions": [{"key": label, "operator": "Exists"}]}
+    assert webhooks["model-cache.pods.strata.dev"]["objectSelector"] == {
+        "matchExpressions": [{"key": MODEL_CACHE_LABEL, "operator": "Exists"}]
+    }
+    assert webhooks["kv-cache-tier.pods.strata.dev"]["objectSelector"] == {
+        "matchExpressions": [
+            {"key": KV_TIER_LABEL, "operator": "Exists"},
+            {"key": MODEL_CACHE_LABEL, "operator": "DoesNotExist"},  # the model-cache webhook wires both
+        ]
+    }
+    for hook in webhooks.values():
         assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
         assert hook["timeoutSeconds"] <= 10
         assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]

@@ -75,13 +75,14 @@ def write_webhook_tls(directory: Path) -> bytes:
 def webhook_configuration(name: str, url: str, ca_pem: bytes, timeout: int = WEBHOOK_TIMEOUT_SECONDS) -> dict[str, Any]:
     from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
 
-    def webhook(label: str, short: str) -> dict[str, Any]:
+    def webhook(label: str, short: str, *unless: str) -> dict[str, Any]:
+        selector = [{"key": label, "operator": "Exists"}] + [{"key": k, "operator": "DoesNotExist"} for k in unless]
         return {
             "name": f"{short}.pods.strata.dev",
             "admissionReviewVersions": ["v1"],
             "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
-            "objectSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]},
+            "objectSelector": {"matchExpressions": selector},
             "failurePolicy": "Fail",
             "sideEffects": "None",
             "timeoutSeconds": timeout,
@@ -92,7 +93,11 @@ def webhook_configuration(name: str, url: str, ca_pem: bytes, timeout: int = WEB
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [webhook(MODEL_CACHE_LABEL, "model-cache"), webhook(KV_TIER_LABEL, "kv-cache-tier")],
+        # A pod with both labels goes to the first alone, which wires both.
+        "webhooks": [
+            webhook(MODEL_CACHE_LABEL, "model-cache"),
+            webhook(KV_TIER_LABEL, "kv-cache-tier", MODEL_CACHE_LABEL),
+        ],
     }
 
 

@@ -101,6 +101,12 @@ def test_unlabelled_pods_are_never_sent_and_survive_a_stopped_webhook(
     assert pod_webhook.requests == before, "an unlabelled pod reached the webhook"
     create_pod(k8s, namespace, pod_body("wired", {"strata.dev/model-cache": cache}))
     assert pod_webhook.requests == before + 1
+    both = {"strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": kv_tier(k8s, namespace)}
+    wired = create_pod(k8s, namespace, pod_body("both", both))
+    assert pod_webhook.requests == before + 2, "a pod with both labels is sent once"
+    assert wired["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": f"{both['strata.dev/kv-cache-tier']}-connection"}}
+    ]
 
     pod_webhook.stop()
     try:
