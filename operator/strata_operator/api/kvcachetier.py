@@ -256,6 +256,13 @@ class KVCacheTierSpec(CRDModel):
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = LogLevel.INFO
+    client_shm_size: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "
+        "wires to this tier (vLLM's CPU KV tier needs more than the runtime's 64Mi default); a pod's "
+        "strata.dev/shm-size annotation overrides it.",
+    )
 
 
 class NodeEndpoint(CRDModel):

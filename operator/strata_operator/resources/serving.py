@@ -30,7 +30,8 @@ CONTAINERS_ANNOTATION = f"{GROUP}/containers"
 KV_ARGS_ANNOTATION = f"{GROUP}/kv-transfer-config-args"
 """`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` to the wired containers' args (vLLM)."""
 SHM_SIZE_ANNOTATION = f"{GROUP}/shm-size"
-"""A size (e.g. `8Gi`): mount a memory-backed /dev/shm of that size limit, which vLLM's CPU KV tier needs."""
+"""A size (e.g. `8Gi`): mount a memory-backed /dev/shm of that size limit, which vLLM's CPU KV tier needs;
+overrides the tier's `spec.clientShmSize`."""
 MODEL_READY_GATE = f"{GROUP}/model-ready"
 MODEL_DIR_ENV = "STRATA_MODEL_DIR"
 KV_TRANSFER_FLAG = "--kv-transfer-config"
@@ -166,7 +167,7 @@ def _wire_kv_tier(
     config_map = (tier.get("status") or {}).get("connectionConfigMap") or TierRef(
         meta["name"], meta["namespace"], ""
     ).connection_config_map
-    shm_size = annotations.get(SHM_SIZE_ANNOTATION)
+    shm_size = annotations.get(SHM_SIZE_ANNOTATION) or (tier.get("spec") or {}).get("clientShmSize")
     if shm_size:
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}
         _add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")

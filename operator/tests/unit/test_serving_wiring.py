@@ -200,3 +200,14 @@ def test_readiness_and_failure_of_a_cache() -> None:
     degraded = {"type": "Degraded", "status": "True", "reason": "PreloadFailed", "message": "job failed 3 times"}
     assert cache_failure(cache(conditions=[NOT_READY, degraded])) == "job failed 3 times"
     assert cache_failure(cache(conditions=[NOT_READY])) is None
+
+
+def test_the_tier_asks_for_a_shm_and_a_pod_annotation_overrides_its_size() -> None:
+    kv = tier()
+    kv["spec"] = {"clientShmSize": "4Gi"}
+    p = pod(containers=[{"name": "vllm"}])
+    assert wired(p, kv_tier=kv)["spec"]["volumes"] == [
+        {"name": "strata-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}
+    ]
+    p["metadata"]["annotations"] = {SHM_SIZE_ANNOTATION: "16Gi"}
+    assert wired(p, kv_tier=kv)["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] == "16Gi"
