@@ -5,4 +5,5 @@ pytest_plugins = [
     "strata_testsupport.s3",
     "strata_testsupport.kvserver",
     "strata_testsupport.realnode",
+    "strata_testsupport.webhook",
 ]

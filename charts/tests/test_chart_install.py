@@ -22,6 +22,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.processes import stop_process
+from strata_testsupport.webhook import write_webhook_tls
 
 pytestmark = pytest.mark.integration
 FIELD_MANAGER = "strata-chart-tests"
@@ -296,6 +297,10 @@ def operator_from_chart(
     args = [a.replace("http://0.0.0.0:8080", f"http://127.0.0.1:{port}") for a in container["args"]]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env.update(POD_ID=pod_id, POD_NAMESPACE=release.namespace)
+    if "STRATA_WEBHOOK_CERT_DIR" in env:  # the chart's Secret is a file here, the port a free one
+        env["STRATA_WEBHOOK_CERT_DIR"] = str(tmp / f"{pod_id}-webhook")
+        write_webhook_tls(tmp / f"{pod_id}-webhook")
+        env["STRATA_WEBHOOK_PORT"] = str(free_port())
     env["KUBECONFIG"] = str(service_account_kubeconfig(k8s, control_plane, release, tmp / f"{pod_id}.kubeconfig"))
     log = tmp / f"{pod_id}.log"
     # The image's entrypoint, `strata-operator`, is this module's main().

@@ -47,9 +47,19 @@ def test_default_install_renders_operator_rbac_and_crds(helm, chart_helpers):
             "Deployment",
         ]
         + ["CustomResourceDefinition"] * 2
+        # The admission webhooks (templates/webhook.yaml): TLS Secret, Service, pod wiring and deletion
+        # configurations, and the pod-gate role and binding.
+        + ["Secret", "Service", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+        + ["ClusterRole", "ClusterRoleBinding"]
     )
     for obj in objects:
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if obj["kind"] not in (
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ):
             assert obj["metadata"]["namespace"] == "strata-system", obj["kind"]
 
 
@@ -153,7 +163,8 @@ def test_edge_values_watch_only_listed_namespaces(helm, chart_helpers, monkeypat
     assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
     assert pod["serviceAccountName"] == "strata-op"
     # Namespaced permissions only where the operator watches; one peering object in each.
-    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    # (The pod-gate bindings of templates/webhook.yaml follow the same namespaces: test_chart_webhook.py.)
+    bindings = [o for o in objects if o["kind"] == "RoleBinding" and not o["metadata"]["name"].endswith("-pod-gates")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"]["name"] == "edge-strata-namespaced" for b in bindings)
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"] == ["edge-strata-cluster"]

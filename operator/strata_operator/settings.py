@@ -7,6 +7,9 @@
 - `STRATA_IMAGE_PULL_SECRETS`: comma-separated Secret names for those pods' `imagePullSecrets` (each pod looks
   them up in its own namespace; default none).
 - `STRATA_MODELCACHE_RESYNC_SECONDS`: how often every ModelCache is re-checked without a watch event (60).
+- `STRATA_WEBHOOK_CERT_DIR`: directory with the pod admission webhook's `tls.crt` and `tls.key` (the chart
+  mounts its Secret there); the webhook is served only when set.
+- `STRATA_WEBHOOK_PORT`: the port it listens on (default 9443).
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
 - `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made.
 
@@ -30,6 +33,9 @@ RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
 RUNTIME_IMAGE_PULL_POLICY_ENV = "STRATA_RUNTIME_IMAGE_PULL_POLICY"
 IMAGE_PULL_SECRETS_ENV = "STRATA_IMAGE_PULL_SECRETS"
 MODELCACHE_RESYNC_ENV = "STRATA_MODELCACHE_RESYNC_SECONDS"
+WEBHOOK_CERT_DIR_ENV = "STRATA_WEBHOOK_CERT_DIR"
+WEBHOOK_PORT_ENV = "STRATA_WEBHOOK_PORT"
+DEFAULT_WEBHOOK_PORT = 9443
 POD_ID_ENV = "POD_ID"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -50,6 +56,8 @@ class Settings:
     runtime: RuntimeImage = field(default_factory=lambda: RuntimeImage(release_image()))
     modelcache_resync_seconds: float = 60.0
     identity: str = field(default_factory=unique_identity)
+    webhook_cert_dir: str | None = None
+    webhook_port: int = DEFAULT_WEBHOOK_PORT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -64,10 +72,15 @@ class Settings:
             resync_seconds = float(resync)
         except ValueError:
             raise ValueError(f"{MODELCACHE_RESYNC_ENV}={resync!r}: give a number of seconds") from None
+        port = env.get(WEBHOOK_PORT_ENV) or str(DEFAULT_WEBHOOK_PORT)
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{WEBHOOK_PORT_ENV}={port!r}: give a TCP port number (0: any free port)")
         return cls(
             runtime=RuntimeImage(env.get(RUNTIME_IMAGE_ENV) or release_image(), policy, pull_secrets),
             modelcache_resync_seconds=resync_seconds,
             identity=env.get(POD_ID_ENV) or unique_identity(),
+            webhook_cert_dir=env.get(WEBHOOK_CERT_DIR_ENV) or None,
+            webhook_port=int(port),
         )
 
     @property

@@ -328,6 +328,12 @@ class KVCacheTierSpec(CRDModel):
     log_level: LogLevel = Field(
         default=LogLevel.INFO, description="Server log level: DEBUG, INFO (default), WARNING or ERROR."
     )
+    client_shm_size: Annotated[str, WholeBytes("clientShmSize")] | None = Field(
+        default=None,
+        description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "
+        "wires to this tier (vLLM's CPU KV tier needs more than the runtime's 64Mi default); a pod's "
+        "strata.dev/shm-size annotation overrides it.",
+    )
 
 
 class NodeEndpoint(CRDModel):
@@ -380,6 +386,10 @@ class KVCacheTierStatus(CRDModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="ConfigValid, Available, AllInstancesReady, L2Reachable, Ready, Reconciling and Stalled.",
+    )
+    consumers: int | None = Field(
+        default=None,
+        description="Running or pending pods labelled strata.dev/kv-cache-tier with this tier's name.",
     )
 
 

@@ -426,6 +426,11 @@ class ModelCacheStatus(CRDModel):
         default=None,
         description="What a serving pod pastes in: volume, volumeMount and, for NodeLocal, nodeAffinity.",
     )
+    consumers: int | None = Field(
+        default=None,
+        description="Running or pending pods labelled strata.dev/model-cache with this cache's name: what "
+        "deleting it would break.",
+    )
 
 
 Credentials.model_rebuild()

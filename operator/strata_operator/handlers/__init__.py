@@ -1,3 +1,3 @@
 """kopf entry points; importing this package registers every handler Strata runs."""
 
-from strata_operator.handlers import kvcachetier, modelcache, process  # noqa: F401
+from strata_operator.handlers import consumers, kvcachetier, modelcache, process, webhook  # noqa: F401

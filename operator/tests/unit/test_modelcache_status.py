@@ -104,6 +104,11 @@ def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> Non
     assert st.status_patch(previous, {"phase": "Ready", "job": "new"}) == {"job": "new", "size": None}
 
 
+def test_status_patch_keeps_what_another_handler_writes() -> None:
+    """status.consumers is counted by its own handler: a daemon starting from the stored status keeps it."""
+    assert st.status_patch({"phase": "Ready", "consumers": 3}, {"phase": "Ready"}) is None
+
+
 def test_events_only_on_transitions() -> None:
     ready = st.render_status({}, st.ready_outcome({}, "done"), 1, now="t0")
     preloading = st.render_status({}, st.preloading_outcome({}, "copying"), 1, now="t0")

@@ -155,10 +155,14 @@ def stalled(outcome: Outcome) -> tuple[bool, str, str]:
     return False, outcome.reconciling[1] if outcome.reconciling[0] else outcome.ready[1], ""
 
 
+WRITTEN_ELSEWHERE = ("consumers",)
+"""Status keys another handler owns (`handlers/consumers.py`): the reconcile never drops them."""
+
+
 def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """A JSON merge patch from previous to desired (None for keys to drop), or None when nothing changed."""
     patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
-    patch.update({k: None for k in previous if k not in desired})
+    patch.update({k: None for k in previous if k not in desired and k not in WRITTEN_ELSEWHERE})
     return patch or None
 
 

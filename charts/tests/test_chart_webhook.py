@@ -1,0 +1,263 @@
+"""The chart's pod admission webhook: the rendered configuration, its TLS (Helm-generated or cert-manager), the
+Deployment serving it, and the RBAC for lifting scheduling gates, checked by the API server's own authorizer."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
+from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_testsupport.kube import resource, wait_for
+
+
+def rendered(helm: Any, values: dict[str, Any] | None = None, namespace: str = "strata-system") -> list[dict]:
+    return [o for o in helm.template(values or {}, release="strata", namespace=namespace) if o]
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def test_only_opted_in_pods_are_sent_and_a_failure_refuses_them(helm):
+    objects = rendered(helm)
+    configuration = only(objects, "MutatingWebhookConfiguration")
+    webhooks = {w["name"]: w for w in configuration["webhooks"]}
+    assert set(webhooks) == {"model-cache.pods.strata.dev", "kv-cache-tier.pods.strata.dev"}
+    assert webhooks["model-cache.pods.strata.dev"]["objectSelector"] == {
+        "matchExpressions": [{"key": MODEL_CACHE_LABEL, "operator": "Exists"}]
+    }
+    assert webhooks["kv-cache-tier.pods.strata.dev"]["objectSelector"] == {
+        "matchExpressions": [
+            {"key": KV_TIER_LABEL, "operator": "Exists"},
+            {"key": MODEL_CACHE_LABEL, "operator": "DoesNotExist"},  # the model-cache webhook wires both
+        ]
+    }
+    for hook in webhooks.values():
+        assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+        assert hook["timeoutSeconds"] <= 10
+        assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+        assert hook["clientConfig"]["service"] == {
+            "name": "strata-webhook",
+            "namespace": "strata-system",
+            "path": MUTATE_PODS_PATH,
+            "port": 443,
+        }
+        assert "namespaceSelector" not in hook
+
+
+def test_deleting_a_cache_in_use_is_checked_but_never_blocked_by_an_outage(helm):
+    objects = rendered(helm)
+    (hook,) = only(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["rules"][0]["operations"] == ["DELETE"]
+    assert hook["rules"][0]["resources"] == ["modelcaches", "kvcachetiers"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["clientConfig"]["service"]["path"] == VALIDATE_DELETION_PATH
+    mutating = only(objects, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == mutating["clientConfig"]["caBundle"]
+    off = rendered(helm, {"webhook": {"protectInUse": False}})
+    assert not [o for o in off if o["kind"] == "ValidatingWebhookConfiguration"]
+
+
+def test_helm_generated_ca_signs_the_served_certificate(helm):
+    objects = rendered(helm)
+    configuration = only(objects, "MutatingWebhookConfiguration")
+    secret = only(objects, "Secret")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"]))
+    served = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert base64.b64decode(secret["data"]["ca.crt"]) == base64.b64decode(
+        configuration["webhooks"][1]["clientConfig"]["caBundle"]
+    )
+    assert served.issuer == ca.subject
+    served.verify_directly_issued_by(ca)
+    names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
+    assert "strata-webhook.strata-system.svc" in names
+
+
+def test_the_operator_serves_the_secret_on_the_services_port(helm):
+    objects = rendered(helm)
+    deployment = only(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert env["STRATA_WEBHOOK_CERT_DIR"] == mount["mountPath"] and mount["readOnly"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == only(objects, "Secret")["metadata"]["name"]
+    port = next(p for p in container["ports"] if p["name"] == "webhook")
+    assert env["STRATA_WEBHOOK_PORT"] == str(port["containerPort"])
+    service = only(objects, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_cert_manager_issues_the_certificate_and_injects_the_ca(helm):
+    objects = rendered(helm, {"webhook": {"certManager": {"enabled": True}}})
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    certificate = only(objects, "Certificate")
+    assert certificate["spec"]["secretName"] == "strata-webhook-tls"
+    assert certificate["spec"]["issuerRef"] == {"name": "strata-webhook-selfsigned", "kind": "Issuer"}
+    configuration = only(objects, "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "strata-system/strata-webhook"
+    }
+    assert all("caBundle" not in w["clientConfig"] for w in configuration["webhooks"])
+    issued = rendered(
+        helm, {"webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp", "kind": "ClusterIssuer"}}}}
+    )
+    assert not [o for o in issued if o["kind"] == "Issuer"]
+    assert only(issued, "Certificate")["spec"]["issuerRef"] == {"name": "corp", "kind": "ClusterIssuer"}
+
+
+def test_watched_namespaces_limit_the_webhook_too(helm):
+    objects = rendered(helm, {"watchNamespaces": ["serving"]})
+    for hook in only(objects, "MutatingWebhookConfiguration")["webhooks"]:
+        assert hook["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["serving"]}
+        ]
+
+
+def test_disabled_webhook_renders_none_of_it(helm):
+    objects = rendered(helm, {"webhook": {"enabled": False}})
+    kinds = {o["kind"] for o in objects}
+    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Service", "Secret"}
+    (container,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "STRATA_WEBHOOK_CERT_DIR" not in {e["name"] for e in container["env"]}
+
+
+# -- RBAC, decided by the API server ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def applied(k8s: DynamicClient, helm: Any, values: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """The chart's RBAC applied in a fresh namespace; yields (namespace, service account, another namespace)."""
+    namespaces = resource(k8s, "v1", "Namespace")
+    ns, other = (f"chart-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for name in (ns, other):
+        namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    values = {**values, "watchNamespaces": [ns] if values.get("watchNamespaces") else []}
+    release = f"r{uuid.uuid4().hex[:6]}"
+    objects = [
+        o
+        for o in helm.template(values, release=release, namespace=ns)
+        if o and o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    ]
+    for obj in objects:
+        resource(k8s, obj["apiVersion"], obj["kind"]).create(body=obj, namespace=obj["metadata"].get("namespace"))
+    account = next(o for o in objects if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    try:
+        # The authorizer learns new bindings from a watch: wait for them before asking.
+        wait_for(lambda: allowed(k8s, ns, account, "patch", "pods", ns), timeout=15, what="the bindings in effect")
+        yield ns, account, other
+    finally:
+        for obj in objects:
+            if not obj["metadata"].get("namespace"):
+                with contextlib.suppress(NotFoundError):
+                    resource(k8s, obj["apiVersion"], obj["kind"]).delete(name=obj["metadata"]["name"])
+        for name in (ns, other):
+            namespaces.delete(name=name)
+
+
+def allowed(k8s: DynamicClient, namespace: str, account: str, verb: str, what: str, where: str) -> bool:
+    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{namespace}:{account}",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+                "resourceAttributes": {"verb": verb, "resource": what, "group": "", "namespace": where},
+            },
+        }
+    )
+    return bool(review.status.allowed)
+
+
+# What lifting gates and explaining them uses, and what it must never be able to do.
+GATES_NEED = [("patch", "pods"), ("list", "pods"), ("watch", "pods"), ("create", "events")]
+GATES_NEVER = [("get", "pods"), ("create", "pods"), ("delete", "pods"), ("update", "pods")]
+
+
+@pytest.mark.integration
+def test_cluster_wide_install_may_lift_gates_anywhere_and_nothing_more(k8s, helm):
+    with applied(k8s, helm, {}) as (ns, account, other):
+        for verb, what in GATES_NEED:
+            assert allowed(k8s, ns, account, verb, what, other), f"{verb} {what}"
+        for verb, what in GATES_NEVER:
+            assert not allowed(k8s, ns, account, verb, what, other), f"{verb} {what} should be denied"
+
+
+@pytest.mark.integration
+def test_namespaced_install_lifts_gates_only_where_it_watches(k8s, helm):
+    with applied(k8s, helm, {"watchNamespaces": ["placeholder"]}) as (ns, account, other):
+        assert allowed(k8s, ns, account, "patch", "pods", ns)
+        assert not allowed(k8s, ns, account, "patch", "pods", other)
+
+
+# -- Helm itself: the CA survives upgrades, uninstall removes the webhook ---------------------------------------
+
+
+def installable_chart(control_plane: Any, chart: Path, tmp: Path) -> str:
+    """As test_helm_lifecycle.py's chart_for: drop kubeVersion when the API server reports no version stamp."""
+    status, body = control_plane.api_get("/version")
+    assert status == 200, body
+    if re.match(r"v1\.\d+\.\d+", json.loads(body)["gitVersion"]):
+        return str(chart)
+    copy = tmp / "strata"
+    shutil.copytree(chart, copy)
+    chart_yaml = copy / "Chart.yaml"
+    chart_yaml.write_text(re.sub(r"^kubeVersion:.*\n", "", chart_yaml.read_text(), flags=re.M))
+    return str(copy)
+
+
+@pytest.mark.integration
+def test_upgrade_keeps_the_ca_and_uninstall_removes_the_webhook(k8s, control_plane, helm, chart_helpers, tmp_path):
+    namespace, release = f"helm-{uuid.uuid4().hex[:8]}", f"w{uuid.uuid4().hex[:6]}"
+    resource(k8s, "v1", "Namespace").create(
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    chart = installable_chart(control_plane, chart_helpers.chart, tmp_path)
+    base = ["--namespace", namespace, "--kubeconfig", str(control_plane.kubeconfig), "--set", "crds.install=false"]
+    configurations = resource(k8s, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
+    secrets = resource(k8s, "v1", "Secret")
+    name = f"{release}-strata"
+
+    def ca_bundles() -> tuple[str, set[str]]:
+        secret = secrets.get(name=f"{name}-webhook-tls", namespace=namespace).to_dict()
+        hooks = configurations.get(name=f"{name}-pod-wiring").to_dict()["webhooks"]
+        return secret["data"]["ca.crt"], {h["clientConfig"]["caBundle"] for h in hooks}
+
+    try:
+        helm.run("install", release, chart, *base)
+        ca, bundles = ca_bundles()
+        assert bundles == {ca}
+        helm.run("upgrade", release, chart, *base, "--set", "webhook.timeoutSeconds=3")
+        assert ca_bundles() == (ca, {ca}), "an upgrade must not replace the CA the API server trusts"
+        helm.run("uninstall", release, *base[:4])
+        for api_version, kind, ns, obj in (
+            ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", None, f"{name}-pod-wiring"),
+            ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", None, f"{name}-cache-deletion"),
+            ("v1", "Service", namespace, f"{name}-webhook"),
+            ("v1", "Secret", namespace, f"{name}-webhook-tls"),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole", None, f"{name}-pod-gates"),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, f"{name}-pod-gates"),
+        ):
+            with pytest.raises(NotFoundError):
+                resource(k8s, api_version, kind).get(name=obj, namespace=ns)
+    finally:
+        helm.run("uninstall", release, *base[:4], check=False)
+        resource(k8s, "v1", "Namespace").delete(name=namespace)

@@ -1,0 +1,271 @@
+"""Wiring a serving pod to the ModelCache and KVCacheTier its labels name: a pure function from the pod and those
+objects to a JSON Patch, or a denial that names the field in the way.
+
+The admission webhook (`handlers/webhook.py`) calls `build_pod_patch`; nothing here talks to the API server, so
+every rule is unit-tested on plain dicts. A pod already wired gets an empty patch (mutating twice changes nothing),
+and nothing the user set under the names Strata uses is overwritten: a difference is a `WiringConflict`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from strata_operator.api import GROUP
+from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.volume import build_volume_snippet
+
+MODEL_CACHE_LABEL = f"{GROUP}/model-cache"
+KV_TIER_LABEL = f"{GROUP}/kv-cache-tier"
+MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
+CONTAINERS_ANNOTATION = f"{GROUP}/containers"
+"""Comma-separated container names to wire; all of `spec.containers` when absent."""
+KV_ARGS_ANNOTATION = f"{GROUP}/kv-transfer-config-args"
+"""`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` to the wired containers' args (vLLM)."""
+SHM_SIZE_ANNOTATION = f"{GROUP}/shm-size"
+"""A size (e.g. `8Gi`): mount a memory-backed /dev/shm of that size limit, which vLLM's CPU KV tier needs;
+overrides the tier's `spec.clientShmSize`."""
+MODEL_READY_GATE = f"{GROUP}/model-ready"
+MODEL_DIR_ENV = "STRATA_MODEL_DIR"
+KV_TRANSFER_FLAG = "--kv-transfer-config"
+KV_TRANSFER_VALUE = "$(KV_TRANSFER_CONFIG)"
+SHM_VOLUME = "strata-shm"
+SHM_PATH = "/dev/shm"
+
+
+class WiringConflict(ValueError):
+    """The pod already sets something Strata would set, differently; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class WiringRequest:
+    """What a pod's labels ask for: at least one of a ModelCache and a KVCacheTier, by name."""
+
+    model_cache: str | None
+    kv_tier: str | None
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> WiringRequest | None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        request = cls(labels.get(MODEL_CACHE_LABEL) or None, labels.get(KV_TIER_LABEL) or None)
+        return request if request.model_cache or request.kv_tier else None
+
+
+def cache_is_ready(cache: Mapping[str, Any]) -> bool:
+    """Ready, or for NodeLocal a copy verified on at least one node (a pod can schedule there)."""
+    status = cache.get("status") or {}
+    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return True
+    mode = ((cache.get("spec") or {}).get("storage") or {}).get("mode")
+    return mode == StorageMode.NODE_LOCAL and (status.get("readyNodes") or 0) >= 1
+
+
+def cache_failure(cache: Mapping[str, Any]) -> str | None:
+    """Why a cache that is not Ready will not become so by itself (its Degraded or Stalled message), if it won't."""
+    if cache_is_ready(cache):
+        return None
+    for condition in (cache.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Degraded", "Stalled") and condition.get("status") == "True":
+            return str(condition.get("message") or condition.get("reason") or condition["type"])
+    return None
+
+
+def model_volume_snippet(cache: Mapping[str, Any]) -> dict[str, Any]:
+    """The cache's `status.volume` (the consumption contract) or, before the operator wrote it, the same built
+    from the spec."""
+    snippet = (cache.get("status") or {}).get("volume")
+    if snippet:
+        return copy.deepcopy(dict(snippet))
+    meta = cache["metadata"]
+    try:
+        spec = ModelCacheSpec.model_validate(cache.get("spec") or {})
+    except ValidationError as error:
+        raise WiringConflict(f"ModelCache {meta['name']} has an invalid spec: {error}") from None
+    owner = CacheRef(meta["name"], meta["namespace"], meta.get("uid", ""))
+    return build_volume_snippet(owner, spec)
+
+
+def build_pod_patch(
+    pod: Mapping[str, Any],
+    *,
+    model_cache: Mapping[str, Any] | None = None,
+    kv_tier: Mapping[str, Any] | None = None,
+    creating: bool = True,
+) -> list[dict[str, Any]]:
+    """JSON Patch operations that wire `pod` to the objects its labels name (pass each one the labels name).
+
+    Raises `WiringConflict` when the pod's own settings stand in the way. `creating` allows a scheduling gate
+    (the API server accepts new gates only at creation).
+    """
+    wired = copy.deepcopy(dict(pod))
+    spec = wired.setdefault("spec", {})
+    annotations = (wired.get("metadata") or {}).get("annotations") or {}
+    containers = _chosen_containers(spec, annotations.get(CONTAINERS_ANNOTATION))
+    if model_cache is not None:
+        _wire_model(spec, containers, model_cache, annotations.get(MOUNT_PATH_ANNOTATION), creating)
+    if kv_tier is not None:
+        _wire_kv_tier(spec, containers, kv_tier, annotations)
+    return _diff(pod.get("spec") or {}, spec)
+
+
+def _chosen_containers(spec: dict[str, Any], names: str | None) -> list[dict[str, Any]]:
+    containers = spec.get("containers") or []
+    if not names:
+        return list(containers)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    by_name = {c.get("name"): c for c in containers}
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise WiringConflict(
+            f"annotation {CONTAINERS_ANNOTATION} names {', '.join(unknown)}, which the pod does not have "
+            f"(its containers: {', '.join(str(n) for n in by_name)})"
+        )
+    return [by_name[n] for n in wanted]
+
+
+def _wire_model(
+    spec: dict[str, Any],
+    containers: list[dict[str, Any]],
+    cache: Mapping[str, Any],
+    mount_path: str | None,
+    creating: bool,
+) -> None:
+    name = cache["metadata"]["name"]
+    snippet = model_volume_snippet(cache)
+    mount = dict(snippet["volumeMount"])
+    if mount_path:
+        if not mount_path.startswith("/"):
+            raise WiringConflict(f"annotation {MOUNT_PATH_ANNOTATION} must be an absolute path, not {mount_path!r}")
+        mount["mountPath"] = mount_path
+    whose = f"ModelCache {name}"
+    _add_named(spec, "volumes", snippet["volume"], "spec.volumes", whose)
+    for container in containers:
+        field = f"spec.containers[{container.get('name')}]"
+        _add_mount(container, mount, field, whose)
+        _add_named(container, "env", {"name": MODEL_DIR_ENV, "value": mount["mountPath"]}, f"{field}.env", whose)
+    if _mode(cache) == StorageMode.NODE_LOCAL:
+        meta = cache["metadata"]
+        _require_node_label(spec, node_label_key(meta["namespace"], name), NODE_LABEL_READY)
+    if creating and not cache_is_ready(cache):
+        gates = spec.setdefault("schedulingGates", [])
+        if not any(g.get("name") == MODEL_READY_GATE for g in gates):
+            gates.append({"name": MODEL_READY_GATE})
+
+
+def _wire_kv_tier(
+    spec: dict[str, Any], containers: list[dict[str, Any]], tier: Mapping[str, Any], annotations: Mapping[str, str]
+) -> None:
+    meta = tier["metadata"]
+    whose = f"KVCacheTier {meta['name']}"
+    config_map = (tier.get("status") or {}).get("connectionConfigMap") or TierRef(
+        meta["name"], meta["namespace"], ""
+    ).connection_config_map
+    shm_size = annotations.get(SHM_SIZE_ANNOTATION) or (tier.get("spec") or {}).get("clientShmSize")
+    if shm_size:
+        shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}
+        _add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")
+    for container in containers:
+        field = f"spec.containers[{container.get('name')}]"
+        sources = container.setdefault("envFrom", [])
+        if not any((s.get("configMapRef") or {}).get("name") == config_map for s in sources):
+            sources.append({"configMapRef": {"name": config_map}})
+        if shm_size:
+            _add_mount(container, {"name": SHM_VOLUME, "mountPath": SHM_PATH}, field, "the /dev/shm for the KV tier")
+        if annotations.get(KV_ARGS_ANNOTATION, "").lower() == "true":
+            _append_kv_args(container, field, whose)
+
+
+def _append_kv_args(container: dict[str, Any], field: str, whose: str) -> None:
+    args = container.setdefault("args", [])
+    for i, arg in enumerate(args):
+        if arg == KV_TRANSFER_FLAG:
+            given = args[i + 1] if i + 1 < len(args) else None
+            if given != KV_TRANSFER_VALUE:
+                raise WiringConflict(
+                    f"{field}.args already passes {KV_TRANSFER_FLAG} {given!r}; {whose} would pass "
+                    f"{KV_TRANSFER_VALUE!r}: remove one, or the annotation {KV_ARGS_ANNOTATION}"
+                )
+            return
+        if arg.startswith(f"{KV_TRANSFER_FLAG}="):
+            if arg != f"{KV_TRANSFER_FLAG}={KV_TRANSFER_VALUE}":
+                raise WiringConflict(
+                    f"{field}.args already passes {arg!r}; remove it or the annotation {KV_ARGS_ANNOTATION}"
+                )
+            return
+    args.extend([KV_TRANSFER_FLAG, KV_TRANSFER_VALUE])
+
+
+def _mode(cache: Mapping[str, Any]) -> str | None:
+    return ((cache.get("spec") or {}).get("storage") or {}).get("mode")
+
+
+def _add_named(parent: dict[str, Any], key: str, item: dict[str, Any], field: str, whose: str) -> None:
+    """Append `item` to the named list `parent[key]`, unless an equal one is there; a different one of that name
+    is a conflict."""
+    items = parent.setdefault(key, [])
+    for existing in items:
+        if existing.get("name") == item["name"]:
+            if existing != item:
+                raise WiringConflict(
+                    f"{field}[{item['name']}] is already set to {existing!r}; {whose} needs {item!r}: "
+                    "remove it from the pod, or drop the Strata label"
+                )
+            return
+    items.append(item)
+
+
+def _add_mount(container: dict[str, Any], mount: dict[str, Any], field: str, whose: str) -> None:
+    mounts = container.setdefault("volumeMounts", [])
+    for existing in mounts:
+        if existing.get("mountPath") == mount["mountPath"] or existing.get("name") == mount["name"]:
+            if existing != mount:
+                raise WiringConflict(
+                    f"{field}.volumeMounts already has {existing!r}; {whose} needs {mount!r} "
+                    f"(set another path with the annotation {MOUNT_PATH_ANNOTATION}, or remove the mount)"
+                )
+            return
+    mounts.append(mount)
+
+
+def _require_node_label(spec: dict[str, Any], key: str, value: str) -> None:
+    """Add `key In [value]` to every required node selector term (terms are ORed, so each must carry it)."""
+    requirement = {"key": key, "operator": "In", "values": [value]}
+    node_affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        expressions = term.setdefault("matchExpressions", [])
+        if requirement not in expressions:
+            expressions.append(requirement)
+
+
+def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One `add` per top-level spec field (and per container) that changed: `add` on an existing member replaces
+    it, so the patch is exact whether or not the field was there."""
+    ops: list[dict[str, Any]] = []
+    for key in ("volumes", "affinity", "schedulingGates"):
+        if _changed(before, after, key):
+            ops.append({"op": "add", "path": f"/spec/{key}", "value": after[key]})
+    old_containers = before.get("containers") or []
+    for i, container in enumerate(after.get("containers") or []):
+        old = old_containers[i] if i < len(old_containers) else {}
+        for key in ("volumeMounts", "env", "envFrom", "args"):
+            if _changed(old, container, key):
+                ops.append({"op": "add", "path": f"/spec/containers/{i}/{key}", "value": container[key]})
+    return ops
+
+
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> bool:
+    """An empty list or object left where there was none is no change."""
+    if key not in after:
+        return False
+    return after[key] != before.get(key) and not (key not in before and not after[key])

@@ -1,0 +1,152 @@
+"""The pod admission webhook called by the real kube-apiserver over TLS on loopback: Deployments' pods come out
+wired, unlabelled pods never reach it, a stopped webhook fails only labelled pods, wiring twice changes nothing,
+and conflicts are refused with the field named."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ApiException
+from strata_operator.api import API_VERSION
+from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.webhook import RunningWebhook
+
+from .test_modelcache_support import create_cache, fetch_result, finish_job, unique, wait_for_status
+
+pytestmark = pytest.mark.integration
+SOURCE = "s3://models/llama-3-8b"
+
+
+def ready_shared_cache(k8s: DynamicClient, namespace: str) -> str:
+    name = unique("llama")
+    create_cache(
+        k8s,
+        namespace,
+        name,
+        {"source": {"uri": SOURCE}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}},
+    )
+    status = wait_for_status(k8s, namespace, name, lambda s: s.get("job"), "a preloader Job")
+    finish_job(k8s, namespace, status["job"], fetch_result(SOURCE))
+    wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Ready", "phase Ready")
+    return name
+
+
+def kv_tier(k8s: DynamicClient, namespace: str) -> str:
+    name = unique("kv")
+    body = {"apiVersion": API_VERSION, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": {}}
+    resource(k8s, API_VERSION, "KVCacheTier").create(body=body, namespace=namespace)
+    return name
+
+
+def pod_body(name: str, labels: dict[str, str], **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest", **container}]},
+    }
+
+
+def refusal(error: ApiException) -> str:
+    return str(json.loads(error.body)["message"])
+
+
+def create_pod(k8s: DynamicClient, namespace: str, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    return dict(resource(k8s, "v1", "Pod").create(body=body, namespace=namespace, **kwargs).to_dict())
+
+
+def test_deployment_pods_come_out_wired(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    cache, tier = ready_shared_cache(k8s, namespace), kv_tier(k8s, namespace)
+    labels = {"app": "vllm", "strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": tier}
+    template = pod_body("unused", labels)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
+        },
+    }
+    resource(k8s, "apps/v1", "Deployment").create(body=deployment, namespace=namespace)
+
+    def pods() -> list[dict[str, Any]] | None:
+        found = resource(k8s, "v1", "Pod").get(namespace=namespace, label_selector="app=vllm").to_dict()["items"]
+        return found if len(found) == 2 else None
+
+    for pod in wait_for(pods, timeout=60, what="the Deployment's two pods"):
+        spec = pod["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == f"model-{cache}")
+        assert volume["persistentVolumeClaim"] == {"claimName": f"{cache}-model", "readOnly": True}
+        (vllm,) = spec["containers"]
+        assert {"name": f"model-{cache}", "mountPath": "/models", "readOnly": True} in vllm["volumeMounts"]
+        assert {"name": "STRATA_MODEL_DIR", "value": "/models"} in vllm["env"]
+        assert vllm["envFrom"] == [{"configMapRef": {"name": f"{tier}-connection"}}]
+        assert not spec.get("schedulingGates"), "the cache is Ready: no gate"
+
+
+def test_unlabelled_pods_are_never_sent_and_survive_a_stopped_webhook(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    cache = ready_shared_cache(k8s, namespace)
+    before = pod_webhook.requests
+    create_pod(k8s, namespace, pod_body("plain", {"app": "other"}))
+    assert pod_webhook.requests == before, "an unlabelled pod reached the webhook"
+    create_pod(k8s, namespace, pod_body("wired", {"strata.dev/model-cache": cache}))
+    assert pod_webhook.requests == before + 1
+    both = {"strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": kv_tier(k8s, namespace)}
+    wired = create_pod(k8s, namespace, pod_body("both", both))
+    assert pod_webhook.requests == before + 2, "a pod with both labels is sent once"
+    assert wired["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": f"{both['strata.dev/kv-cache-tier']}-connection"}}
+    ]
+
+    pod_webhook.stop()
+    try:
+        create_pod(k8s, namespace, pod_body("plain-2", {"app": "other"}))
+        with pytest.raises(ApiException) as refused:
+            create_pod(k8s, namespace, pod_body("wired-2", {"strata.dev/model-cache": cache}))
+        assert refused.value.status == 500
+        message = refusal(refused.value)
+        assert 'failed calling webhook "model-cache.pods.strata.dev"' in message and "connection refused" in message
+    finally:
+        pod_webhook.start()
+    create_pod(k8s, namespace, pod_body("wired-3", {"strata.dev/model-cache": cache}))
+
+
+def test_a_pod_wired_twice_is_unchanged(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    cache, tier = ready_shared_cache(k8s, namespace), kv_tier(k8s, namespace)
+    labels = {"strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": tier}
+    first = create_pod(k8s, namespace, pod_body("first", labels, args=["serve"]))
+    again = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "again", "labels": first["metadata"]["labels"]},
+        "spec": copy.deepcopy(first["spec"]),
+    }
+    second = create_pod(k8s, namespace, again, dry_run="All")
+    assert second["spec"]["volumes"] == first["spec"]["volumes"]
+    assert second["spec"]["containers"] == first["spec"]["containers"]
+
+
+def test_conflicts_and_missing_caches_are_refused_by_name(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    cache = ready_shared_cache(k8s, namespace)
+    env = [{"name": "STRATA_MODEL_DIR", "value": "/elsewhere"}]
+    with pytest.raises(ApiException) as conflict:
+        create_pod(k8s, namespace, pod_body("mine", {"strata.dev/model-cache": cache}, env=env))
+    assert conflict.value.status == 403
+    assert "spec.containers[vllm].env[STRATA_MODEL_DIR] is already set" in refusal(conflict.value)
+    with pytest.raises(ApiException) as missing:
+        create_pod(k8s, namespace, pod_body("typo", {"strata.dev/model-cache": "no-such-cache"}))
+    assert "ModelCache 'no-such-cache' (label strata.dev/model-cache) does not exist" in refusal(missing.value)
