@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import signal
 import subprocess
 import time
@@ -12,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from strata_testsupport.processes import stop_process
 
 _PR_SET_PDEATHSIG = 1
 
@@ -49,15 +50,7 @@ class ManagedProcess:
             return ""
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process(self.process, grace, group=True)
         self._log.close()
 
 

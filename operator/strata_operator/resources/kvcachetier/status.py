@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.conditions import get_condition, now_rfc3339, set_condition
+from strata_operator.conditions import READY, RECONCILING, STALLED, get_condition, now_rfc3339, set_condition
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
@@ -20,11 +20,6 @@ AVAILABLE = "Available"
 ALL_INSTANCES_READY = "AllInstancesReady"
 CONFIG_VALID = "ConfigValid"
 L2_REACHABLE = "L2Reachable"
-READY = "Ready"
-"""`kubectl wait --for=condition=Ready` reads it."""
-RECONCILING = "Reconciling"
-STALLED = "Stalled"
-"""kstatus' abnormal-true pair (Flux, Argo CD, kpt): progressing, or stuck until the spec changes."""
 SUMMARY = (READY, RECONCILING, STALLED)
 """Conditions that only restate others: no Events for them."""
 STARTUP_GRACE_SECONDS = 300
