@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from strata_operator.resources.modelcache import status as st
 
 README = Path(__file__).resolve().parents[1] / "strata" / "README.md"
 
@@ -66,21 +67,19 @@ def test_new_and_stale_objects_are_progressing(kind):
 
 
 def test_modelcache_verdicts():
-    ready = {"observedGeneration": 3, "phase": "Ready", "conditions": [condition("Ready", "True", "12 files")]}
-    assert health("ModelCache", resource(3, ready)) == ("Healthy", "12 files")
-    preloading = {
-        "observedGeneration": 3,
-        "phase": "Preloading",
-        "conditions": [condition("Ready", "False", "preloading"), condition("Progressing", "True")],
-    }
+    """Statuses rendered by the operator's own status code, not written by hand."""
+
+    def rendered(outcome: st.Outcome) -> dict[str, Any]:
+        return st.render_status({}, outcome, 3)
+
+    assert health("ModelCache", resource(3, rendered(st.ready_outcome({}, "12 files")))) == ("Healthy", "12 files")
+    preloading = rendered(st.preloading_outcome({}, "preloading"))
     assert health("ModelCache", resource(3, preloading)) == ("Progressing", "preloading")
-    degraded = {
-        "observedGeneration": 3,
-        "phase": "Degraded",
-        "conditions": [condition("Ready", "False"), condition("Degraded", "True", "node-2 failed")],
-    }
-    assert health("ModelCache", resource(3, degraded)) == ("Degraded", "node-2 failed")
-    failed = {"observedGeneration": 3, "phase": "Failed", "conditions": [condition("Ready", "False", "no bucket")]}
+    nodes = [{"name": "node-1", "phase": "Ready"}, {"name": "node-2", "phase": "Failed", "message": "node-2 failed"}]
+    degraded = rendered(st.nodes_outcome(nodes, ready_reason="AllNodesReady", ready_message="", fields={}))
+    status, message = health("ModelCache", resource(3, degraded))
+    assert status == "Degraded" and "node-2 failed" in message
+    failed = rendered(st.failed_outcome({}, "PreloadFailed", "no bucket"))
     assert health("ModelCache", resource(3, failed)) == ("Degraded", "no bucket")
 
 
@@ -94,6 +93,16 @@ def test_kvcachetier_verdicts():
     assert health("KVCacheTier", resource(1, rolling)) == ("Progressing", "1/3 servers ready")
     invalid = {
         "observedGeneration": 1,
-        "conditions": [condition("ConfigValid", "False", "l1.size exceeds node memory"), condition("Ready", "False")],
+        "conditions": [
+            condition("ConfigValid", "False", "l1.size exceeds node memory"),
+            condition("Stalled", "True", "l1.size exceeds node memory"),
+            condition("Ready", "False"),
+        ],
     }
     assert health("KVCacheTier", resource(1, invalid)) == ("Degraded", "l1.size exceeds node memory")
+
+
+def test_one_script_serves_both_kinds():
+    """One condition vocabulary, so one health check: a kind-specific script would drift."""
+    scripts = health_scripts()
+    assert set(scripts) == {"ModelCache", "KVCacheTier"} and len(set(scripts.values())) == 1
