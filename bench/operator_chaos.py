@@ -451,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
                 since = time.monotonic()
                 cluster._start_apiserver()  # same port, certificates and etcd
                 kill["jobs_when_api_back"] = len(job_names(client) - before)
+                back = check(client, runtime)  # what was left to do when the API server came back
+                kill["left_when_api_back"] = {k: back[k] for k in ("missing", "dangling", "stale_generation")}
                 notes = (
                     f"kube-apiserver SIGKILLed, restarted after {args.outage:.0f} s; the peered survivor kept running"
                 )
@@ -507,6 +509,9 @@ def print_header() -> None:
 
 def print_row(row: dict[str, Any]) -> None:
     flight = f"{row.get('jobs_created_before_kill')}/{row.get('jobs_to_create')} Jobs"
+    if "jobs_when_api_back" in row:
+        left = ", ".join(f"{k} {v}" for k, v in row["left_when_api_back"].items())
+        flight += f" ({row['jobs_when_api_back']} Jobs and {left} when the API was back)"
     cells = [row.get(c, "") for c in COLUMNS[:-1]] + [flight]
     cells[7] = "timeout" if row.get("converged_s") is None else f"{row['converged_s']} s"
     print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
