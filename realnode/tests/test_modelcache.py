@@ -1,6 +1,7 @@
 """ModelCache on the real node, run by the operator the chart installed as a pod: a preloader Job's container
 really copies a model from S3 into a claim that really bound, the operator reads its termination message,
-and a consumer pod that pastes `status.volume` reads every tensor bit for bit. Bad credentials end Degraded
+and a consumer pod that pastes `status.volume` reads every tensor bit for bit, as does a pod that only carries
+the `strata.dev/model-cache` label (the admission webhook wires it). Bad credentials end Degraded
 with the loader's own one-line reason, and nothing half-written is marked Ready."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from strata_testsupport.pods import (
     upload_model,
     wait_phase,
 )
-from strata_testsupport.scenarios import consumer_reads_every_tensor, preload_from_s3
+from strata_testsupport.scenarios import consumer_reads_every_tensor, labelled_pod_reads_every_tensor, preload_from_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -42,6 +43,10 @@ def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(nod
     )
     assert claim.spec.volumeName == f"{node_site.namespace}-{name}-model", "the static volume on the node"
     consumer_reads_every_tensor(node_site, status, digests)
+    wired = labelled_pod_reads_every_tensor(node_site, name, digests)
+    (container,) = wired["spec"]["containers"]
+    assert {"name": "STRATA_MODEL_DIR", "value": status["volume"]["volumeMount"]["mountPath"]} in container["env"]
+    assert status["volume"]["volume"] in wired["spec"]["volumes"], "the webhook added the cache's own volume"
 
 
 def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(

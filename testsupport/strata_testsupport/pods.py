@@ -65,9 +65,11 @@ def run_pod(
     *,
     timeout: float = 180,
     image: str = RUNTIME_IMAGE,
+    labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> str:
-    """Run one restricted container from the runtime image to completion; return its log, fail with its state."""
+    """Run one restricted container from the runtime image to completion; return its log, fail with its state.
+    `labels` go on the pod (the admission webhook's opt-in labels, for instance)."""
     containers = [
         {
             "name": "main",
@@ -84,7 +86,7 @@ def run_pod(
         body={
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": labels or {}},
             "spec": {"restartPolicy": "Never", "containers": containers, **spec},
         },
     )

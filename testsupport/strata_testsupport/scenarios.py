@@ -5,6 +5,7 @@ reach S3, what storage a claim gets, which node to use — and each scenario is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +16,12 @@ from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.pods import (
     API,
     RUNTIME_IMAGE,
+    TENSOR_DIGESTS,
     condition,
     kv_client_pod,
     model_cache,
     read_model_in_pod,
+    run_pod,
     wait_phase,
 )
 
@@ -80,6 +83,23 @@ def consumer_reads_every_tensor(site: Site, status: dict[str, Any], expected: di
     """The consumption contract: a pod that pastes `status.volume` reads each tensor's exact bytes."""
     digests = read_model_in_pod(site.client, site.namespace, "consumer", status["volume"], **pod_placement(site))
     assert digests == expected, "the bytes a consumer reads differ from the source model"
+
+
+def labelled_pod_reads_every_tensor(site: Site, cache: str, expected: dict[str, str]) -> dict[str, Any]:
+    """A pod that only names the cache in its label: the admission webhook (served by the operator's pod, called
+    by the API server through its Service) adds the volume, the mount and STRATA_MODEL_DIR; the pod reads each
+    tensor's exact bytes from there. Returns the pod as stored, to show what was added."""
+    out = run_pod(
+        site.client,
+        site.namespace,
+        "wired",
+        ["python", "-c", TENSOR_DIGESTS, "$(STRATA_MODEL_DIR)"],
+        labels={"strata.dev/model-cache": cache},
+        timeout=300,
+        **pod_placement(site),
+    )
+    assert dict(json.loads(out.strip().splitlines()[-1])) == expected, "a webhook-wired pod read other bytes"
+    return dict(resource(site.client, "v1", "Pod").get(name="wired", namespace=site.namespace).to_dict())
 
 
 def tier_serves_a_pod_on_its_node(site: Site, tier: str, spec: dict[str, Any], count: int = 40) -> dict[str, Any]:
