@@ -1,7 +1,8 @@
 """ModelCache on the real node, run by the operator the chart installed as a pod: a preloader Job's container
 really copies a model from S3 into a claim that really bound, the operator reads its termination message,
 and a consumer pod that pastes `status.volume` reads every tensor bit for bit, as does a pod that only carries
-the `strata.dev/model-cache` label (the admission webhook wires it). Bad credentials end Degraded
+the `strata.dev/model-cache` label (the admission webhook wires it; created before the cache is Ready, it waits at
+the scheduling gate until it is). Bad credentials end Degraded
 with the loader's own one-line reason, and nothing half-written is marked Ready."""
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from strata_testsupport.pods import (
     upload_model,
     wait_phase,
 )
-from strata_testsupport.scenarios import consumer_reads_every_tensor, labelled_pod_reads_every_tensor, preload_from_s3
+from strata_testsupport.scenarios import (
+    consumer_reads_every_tensor,
+    gated_pod_waits_for_the_cache_then_reads,
+    labelled_pod_reads_every_tensor,
+    preload_from_s3,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -47,6 +53,12 @@ def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(nod
     (container,) = wired["spec"]["containers"]
     assert {"name": "STRATA_MODEL_DIR", "value": status["volume"]["volumeMount"]["mountPath"]} in container["env"]
     assert status["volume"]["volume"] in wired["spec"]["volumes"], "the webhook added the cache's own volume"
+
+
+def test_a_pod_created_before_its_cache_is_ready_waits_at_the_gate_then_starts_and_reads(node_site, node_s3):
+    name, bucket = unique("gated"), node_s3.create_bucket()
+    digests = upload_model(node_s3, bucket, "tiny")
+    gated_pod_waits_for_the_cache_then_reads(node_site, name, f"s3://{bucket}/tiny", digests)
 
 
 def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(
