@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,7 +209,9 @@ def test_namespaced_install_lifts_gates_only_where_it_watches(k8s, helm):
         assert not allowed(k8s, ns, account, "patch", "pods", other)
 
 
-# -- Helm itself: the CA survives upgrades, uninstall removes the webhook ---------------------------------------
+# -- Helm itself: the CA survives upgrades (until close to expiry), uninstall removes the webhook ----------------
+
+NOT_AFTER_ANNOTATION = "strata.dev/certificate-not-after"
 
 
 def installable_chart(control_plane: Any, chart: Path, tmp: Path) -> str:
@@ -225,7 +228,9 @@ def installable_chart(control_plane: Any, chart: Path, tmp: Path) -> str:
 
 
 @pytest.mark.integration
-def test_upgrade_keeps_the_ca_and_uninstall_removes_the_webhook(k8s, control_plane, helm, chart_helpers, tmp_path):
+def test_upgrade_keeps_the_ca_until_near_expiry_and_uninstall_removes_the_webhook(
+    k8s, control_plane, helm, chart_helpers, tmp_path
+):
     namespace, release = f"helm-{uuid.uuid4().hex[:8]}", f"w{uuid.uuid4().hex[:6]}"
     resource(k8s, "v1", "Namespace").create(
         body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
@@ -247,6 +252,28 @@ def test_upgrade_keeps_the_ca_and_uninstall_removes_the_webhook(k8s, control_pla
         assert bundles == {ca}
         helm.run("upgrade", release, chart, *base, "--set", "webhook.timeoutSeconds=3")
         assert ca_bundles() == (ca, {ca}), "an upgrade must not replace the CA the API server trusts"
+
+        # Ten days before expiry (inside renewBeforeDays, 90), the next upgrade rotates: a new CA and certificate,
+        # and the API server trusts both CAs until the operator has reloaded; the upgrade after keeps them.
+        soon = int(time.time()) + 10 * 86400
+        secrets.patch(
+            name=f"{name}-webhook-tls",
+            namespace=namespace,
+            body={"metadata": {"annotations": {NOT_AFTER_ANNOTATION: str(soon)}}},
+            content_type="application/merge-patch+json",
+        )
+        helm.run("upgrade", release, chart, *base)
+        rotated, bundles = ca_bundles()
+        assert bundles == {rotated} and rotated != ca, "an upgrade close to expiry rotates the CA"
+        new_ca, old_ca = x509.load_pem_x509_certificates(base64.b64decode(rotated))
+        assert old_ca == x509.load_pem_x509_certificate(base64.b64decode(ca)), "the previous CA stays trusted"
+        secret = secrets.get(name=f"{name}-webhook-tls", namespace=namespace).to_dict()
+        served = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        served.verify_directly_issued_by(new_ca)
+        assert int(secret["metadata"]["annotations"][NOT_AFTER_ANNOTATION]) > soon + 3000 * 86400
+        assert served.not_valid_after_utc.timestamp() > soon + 3000 * 86400
+        helm.run("upgrade", release, chart, *base)
+        assert ca_bundles() == (rotated, {rotated}), "a fresh pair is kept by the next upgrade"
         helm.run("uninstall", release, *base[:4])
         for api_version, kind, ns, obj in (
             ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", None, f"{name}-pod-wiring"),
