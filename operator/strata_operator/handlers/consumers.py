@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -24,20 +25,6 @@ ENDED = ("Succeeded", "Failed")
 
 def _live(status: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
     return status.get("phase") not in ENDED and not meta.get("deletionTimestamp")
-
-
-@kopf.index("", "v1", "pods", labels={MODEL_CACHE_LABEL: kopf.PRESENT})
-def model_cache_consumers(
-    namespace: str | None, name: str, labels: Mapping[str, str], status: kopf.Status, meta: kopf.Meta, **_: Any
-) -> dict[tuple[str, str], str] | None:
-    return {(namespace or "", labels[MODEL_CACHE_LABEL]): name} if _live(status, meta) else None
-
-
-@kopf.index("", "v1", "pods", labels={KV_TIER_LABEL: kopf.PRESENT})
-def kv_tier_consumers(
-    namespace: str | None, name: str, labels: Mapping[str, str], status: kopf.Status, meta: kopf.Meta, **_: Any
-) -> dict[tuple[str, str], str] | None:
-    return {(namespace or "", labels[KV_TIER_LABEL]): name} if _live(status, meta) else None
 
 
 def count(index: kopf.Index[tuple[str, str], str], namespace: str | None, name: str) -> int:
@@ -62,41 +49,47 @@ def write_consumers(kind: str, namespace: str | None, name: str, consumers: int)
         return
 
 
-@kopf.on.event("", "v1", "pods", labels={MODEL_CACHE_LABEL: kopf.PRESENT})
-async def recount_model_cache(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
-    cache = labels[MODEL_CACHE_LABEL]
-    consumers = count(kwargs["model_cache_consumers"], namespace, cache)
-    await asyncio.to_thread(write_consumers, "ModelCache", namespace, cache, consumers)
+@dataclass(frozen=True)
+class Consumed:
+    """A kind pods opt into by a label, and the kopf index of its live consumers (passed to handlers by `index`)."""
+
+    kind: str
+    plural: str
+    label: str
+    index: str
 
 
-@kopf.on.event("", "v1", "pods", labels={KV_TIER_LABEL: kopf.PRESENT})
-async def recount_kv_tier(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
-    tier = labels[KV_TIER_LABEL]
-    consumers = count(kwargs["kv_tier_consumers"], namespace, tier)
-    await asyncio.to_thread(write_consumers, "KVCacheTier", namespace, tier, consumers)
+CONSUMED = (
+    Consumed("ModelCache", "modelcaches", MODEL_CACHE_LABEL, "model_cache_consumers"),
+    Consumed("KVCacheTier", "kvcachetiers", KV_TIER_LABEL, "kv_tier_consumers"),
+)
 
 
-@kopf.on.event(GROUP, VERSION, "modelcaches")
-async def model_cache_count_repaired(
-    event: Mapping[str, Any],
-    namespace: str | None,
-    name: str,
-    status: kopf.Status,
-    **kwargs: Any,
-) -> None:
-    consumers = count(kwargs["model_cache_consumers"], namespace, name)
-    if event.get("type") != "DELETED" and status.get("consumers") != consumers:
-        await asyncio.to_thread(write_consumers, "ModelCache", namespace, name, consumers)
+def register(consumed: Consumed) -> None:
+    """The index and the two handlers of one consumed kind (the same for both; only the names differ)."""
+    labelled = {consumed.label: kopf.PRESENT}
+
+    def consumers(
+        namespace: str | None, name: str, labels: Mapping[str, str], status: kopf.Status, meta: kopf.Meta, **_: Any
+    ) -> dict[tuple[str, str], str] | None:
+        return {(namespace or "", labels[consumed.label]): name} if _live(status, meta) else None
+
+    async def recount(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
+        target = labels[consumed.label]
+        live = count(kwargs[consumed.index], namespace, target)
+        await asyncio.to_thread(write_consumers, consumed.kind, namespace, target, live)
+
+    async def repair(
+        event: Mapping[str, Any], namespace: str | None, name: str, status: kopf.Status, **kwargs: Any
+    ) -> None:
+        live = count(kwargs[consumed.index], namespace, name)
+        if event.get("type") != "DELETED" and status.get("consumers") != live:
+            await asyncio.to_thread(write_consumers, consumed.kind, namespace, name, live)
+
+    kopf.index("", "v1", "pods", id=consumed.index, labels=labelled)(consumers)
+    kopf.on.event("", "v1", "pods", id=f"recount-{consumed.plural}", labels=labelled)(recount)
+    kopf.on.event(GROUP, VERSION, consumed.plural, id=f"{consumed.plural}-consumers-repaired")(repair)
 
 
-@kopf.on.event(GROUP, VERSION, "kvcachetiers")
-async def kv_tier_count_repaired(
-    event: Mapping[str, Any],
-    namespace: str | None,
-    name: str,
-    status: kopf.Status,
-    **kwargs: Any,
-) -> None:
-    consumers = count(kwargs["kv_tier_consumers"], namespace, name)
-    if event.get("type") != "DELETED" and status.get("consumers") != consumers:
-        await asyncio.to_thread(write_consumers, "KVCacheTier", namespace, name, consumers)
+for _consumed in CONSUMED:
+    register(_consumed)
