@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import shared_memory
 from .resp import command
 
 Reply = Any
@@ -105,6 +106,11 @@ class KVClient:
     def get(self, key: bytes | str) -> bytes | None:
         result: bytes | None = self.call("GET", key)
         return result
+
+    def get_shared(self, key: bytes) -> memoryview | bytes | None:
+        """GET over the Unix socket of a server with `listen.shared_memory`: a read-only view of the value's own
+        pages for a large value (copy out of it, then `release()` it), its bytes for a small one, None on a miss."""
+        return shared_memory.get_shared(self._sock, key)
 
     def exists(self, *keys: bytes | str) -> int:
         return int(self.call("EXISTS", *keys))

@@ -21,7 +21,8 @@ from .connection_commands import (
     wrong_args,
 )
 from .info import render_info
-from .state import OutputLimitExceeded, Parts, ServerState, Session
+from .shared_memory import SharedReply, export, exportable
+from .state import UNIX_ADDR, OutputLimitExceeded, Parts, ServerState, Session
 from .store import StoreFull
 
 CHAIN_WINDOW_SECONDS = 2.0
@@ -112,6 +113,19 @@ async def cmd_set(state: ServerState, s: Session, args: list[bytes]) -> Parts:
 
 async def cmd_get(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     return resp.bulk(await state.store.get(args[1]), s.proto)
+
+
+async def cmd_strata_getfd(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    """GET, answered with the value's memory (a sealed memfd) where it has one: see `shared_memory`."""
+    if not state.store.cfg.listen.shared_memory:
+        return resp.error("STRATA.GETFD is off: the server runs without listen.shared_memory")
+    if s.addr != UNIX_ADDR:
+        return resp.error("STRATA.GETFD answers only on the Unix socket: memory cannot cross a TCP connection")
+    value = await state.store.get(args[1])
+    mapping = exportable(value)
+    if value is None or mapping is None:
+        return resp.bulk(value, s.proto)
+    return SharedReply(b":%d\r\n" % len(value), export(mapping), resp.bulk(value, s.proto))
 
 
 async def cmd_exists(state: ServerState, s: Session, args: list[bytes]) -> Parts:
@@ -233,6 +247,7 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
         stats["value_pool_bytes"] = state.value_pool.held
         stats["value_pool_reused"] = state.value_pool.reused
         stats["value_pool_created"] = state.value_pool.created
+    stats["shared_replies"] = state.shared_replies
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
 
 
@@ -296,6 +311,7 @@ COMMANDS: dict[bytes, Command] = {
     b"STRATA.MSETCHAIN": Command(cmd_strata_msetchain, -3, first_key=1, last_key=-2, key_step=2, pairs=True),
     b"STRATA.LINK": Command(cmd_strata_link, 3),
     b"STRATA.STATS": Command(cmd_strata_stats, 1),
+    b"STRATA.GETFD": Command(cmd_strata_getfd, 2, first_key=1, last_key=1),
 }
 
 

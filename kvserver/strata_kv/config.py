@@ -60,6 +60,12 @@ class ListenConfig(_Model):
     unix_socket_mode: int = Field(
         default=0o660, description="Permission bits of the Unix socket: 0660 or tighter (never world-accessible)"
     )
+    shared_memory: bool = Field(
+        default=False,
+        description="Clients on the Unix socket may GET large values as memory (STRATA.GETFD: a sealed memfd, "
+        "mapped read-only) instead of bytes; needs unix_socket. Memory a client keeps mapped after L1 drops the "
+        "value stays charged to the server until the client unmaps it",
+    )
     tcp_enabled: bool = True
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto",
@@ -74,6 +80,8 @@ class ListenConfig(_Model):
                 f"listen.unix_socket_mode {self.unix_socket_mode:#o} grants more than owner and group "
                 "read/write (0660): anyone on the node could read and write every tenant's KV cache"
             )
+        if self.shared_memory and not self.unix_socket:
+            raise ValueError("listen.shared_memory hands memory over a Unix socket: set listen.unix_socket too")
         return self
 
 

@@ -11,7 +11,9 @@ import asyncio
 import itertools
 import logging
 import os
+import resource
 import signal
+import socket
 import stat
 import time
 from collections import deque
@@ -24,11 +26,13 @@ from .commands import dispatch, dispatch_nowait
 from .config import KVServerConfig
 from .inflight import InflightBudget
 from .metrics import Metrics
+from .shared_memory import SharedReply, send_with_fd
 from .state import (
     AUTH_TIMEOUT,
     IDLE_TIMEOUT,
     OUTPUT_BUFFER_LIMIT,
     UNAUTHENTICATED_EVICTED,
+    UNIX_ADDR,
     OutputLimitExceeded,
     Parts,
     ServerState,
@@ -51,6 +55,9 @@ MIN_TOKEN_BYTES = 16  # shorter auth tokens get a warning at start
 
 
 def _reply_size(reply: Parts) -> int:
+    """Bytes the reply may put in the output buffer (a shared reply's fallback, in case it is sent)."""
+    if isinstance(reply, SharedReply):
+        reply = reply.fallback
     return len(reply) if isinstance(reply, bytes) else sum(len(part) for part in reply)
 
 
@@ -82,6 +89,7 @@ class RespConnection(asyncio.BufferedProtocol):
         self.reserved = 0  # bytes of large values this connection holds against the in-flight budget
         self.reserved_values = 0  # how many of the parser's large values are covered
         self.waiting_budget = False
+        self.fd_socket: socket.socket | None = None  # Unix connections with listen.shared_memory: sends memfds
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,7 +103,10 @@ class RespConnection(asyncio.BufferedProtocol):
             transport.close()
             return
         peer = transport.get_extra_info("peername")
-        addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
+        addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else UNIX_ADDR
+        if addr == UNIX_ADDR and self.server.cfg.listen.shared_memory:
+            # The transports send no ancillary data; a second socket object on the same connection does.
+            self.fd_socket = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
         self.session = Session(next(_ids), addr, authenticated=state.token is None)
         state.sessions[self.session.id] = self.session
         if self.pre_auth:
@@ -228,7 +239,7 @@ class RespConnection(asyncio.BufferedProtocol):
         except Exception:  # the slow path runs it again and turns the failure into an error reply
             log.debug("fast path failed for %r", cmd[0][:32], exc_info=True)
             return None
-        if reply is None:
+        if reply is None or isinstance(reply, SharedReply):  # memory goes out from the command task only
             return None
         size = _reply_size(reply)
         if not self._within_output_limit(size):
@@ -289,6 +300,9 @@ class RespConnection(asyncio.BufferedProtocol):
             self.reserved = 0
         self.parser.release()
         self.can_write.set()
+        if self.fd_socket is not None:
+            self.fd_socket.close()
+            self.fd_socket = None
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -370,6 +384,14 @@ class RespConnection(asyncio.BufferedProtocol):
         connection closed meanwhile.
         """
         assert self.transport is not None
+        if isinstance(reply, SharedReply):
+            # Only into an empty output buffer, so the header cannot overtake replies queued before it.
+            fd_socket = self.fd_socket
+            empty = not self.transport.get_write_buffer_size()
+            if fd_socket is not None and empty and send_with_fd(fd_socket, reply.header, reply.fd):
+                self.server.state.shared_replies += 1
+                return True
+            reply = reply.fallback
         parts = (reply,) if isinstance(reply, bytes) else reply
         for part in parts:
             self.transport.write(part)
@@ -378,6 +400,14 @@ class RespConnection(asyncio.BufferedProtocol):
                 if self.transport.is_closing():
                     return False
         return True
+
+
+def _raise_open_file_limit() -> None:
+    """Each memfd-backed value holds two descriptors; take the hard limit (out of them, values stay inline)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    log.info("open file limit %d (listen.shared_memory: two per large value)", hard)
 
 
 class KVServer:
@@ -389,7 +419,8 @@ class KVServer:
         self.state = ServerState(store=self.store, token=_read_token(cfg.auth.token_file))
         self.metrics = Metrics(self.state)
         self.inflight = InflightBudget(cfg.inflight_budget)
-        self.value_pool = ValuePool(cfg.inflight_budget)  # recycled buffers: at most another in-flight budget
+        # Recycled buffers: at most another in-flight budget; memfd-backed when values may be handed over as memory.
+        self.value_pool = ValuePool(cfg.inflight_budget, shared=cfg.listen.shared_memory)
         self.store.l1.on_drop = self.value_pool.give
         self.state.value_pool = self.value_pool
         self.state.inflight = self.inflight
@@ -412,6 +443,8 @@ class KVServer:
         if timeouts:
             self._reaper = loop.create_task(self._reap(max(0.05, min(1.0, min(timeouts) / 4))))
         listen = self.cfg.listen
+        if listen.shared_memory:
+            _raise_open_file_limit()
         if listen.tcp_enabled:
             srv = await loop.create_server(
                 lambda: RespConnection(self), listen.bind, listen.port, reuse_address=True, backlog=1024

@@ -7,10 +7,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .shared_memory import SharedReply
 from .store import TieredStore
 
-Parts = bytes | list[bytes]
-"""An encoded reply: one buffer, or parts written one after another (large values stay uncopied)."""
+Parts = bytes | list[bytes] | SharedReply
+"""An encoded reply: one buffer, parts written one after another (large values stay uncopied), or a value's
+memory handed over with its header (`shared_memory`)."""
+
+UNIX_ADDR = "unix"
+"""`Session.addr` of a connection on the Unix socket (the only one that may be handed memory)."""
 
 # Why the server closed a connection (the `reason` label of strata_kv_client_disconnections_total).
 OUTPUT_BUFFER_LIMIT = "output_buffer_limit"
@@ -63,6 +68,8 @@ class ServerState:
     disconnections: Counter[str] = field(default_factory=Counter)
     """Connections the server closed, by reason (`strata_kv_client_disconnections_total{reason}`)."""
     commands_processed: int = 0
+    shared_replies: int = 0
+    """STRATA.GETFD replies that handed over a memfd (the rest were sent as bytes)."""
     tcp_port: int = 0
     unix_socket: str = ""
     inflight: Any = None

@@ -10,8 +10,13 @@ mmap refuses to resize while any view of it lives, which is the test (`_unused`)
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 from collections import deque
+
+from .shared_memory import SHARED_FROM, shared_mapping
+
+log = logging.getLogger(__name__)
 
 _HUGE_FROM = 2 * 1024 * 1024
 
@@ -38,11 +43,27 @@ def _unused(m: mmap.mmap) -> bool:
     return True
 
 
-class ValuePool:
-    """At most `limit` bytes of mappings, waiting to be unreferenced (`pending`) or ready (`ready`)."""
+def value_mapping(size: int, shared: bool) -> mmap.mmap:
+    """A mapping to receive a value of `size` bytes into: memfd-backed when values may be handed to clients as
+    memory (`listen.shared_memory`) and large enough, else anonymous (also when no fd is left to make a memfd)."""
+    if shared and size >= SHARED_FROM:
+        try:
+            return shared_mapping(size)
+        except OSError as error:  # EMFILE/ENFILE: out of descriptors; the value is still stored, only inline
+            log.warning("value of %d bytes kept in anonymous memory: %s", size, error)
+    return new_mapping(size)
 
-    def __init__(self, limit: int) -> None:
+
+class ValuePool:
+    """At most `limit` bytes of mappings, waiting to be unreferenced (`pending`) or ready (`ready`).
+
+    With `shared`, new mappings are memfd-backed (see `shared_memory`); one that was handed to a client is
+    never reused, since the client may still read it.
+    """
+
+    def __init__(self, limit: int, shared: bool = False) -> None:
         self.limit = limit
+        self.shared = shared
         self.held = 0
         self.pending: deque[mmap.mmap] = deque()
         self.ready: dict[int, list[mmap.mmap]] = {}
@@ -61,13 +82,15 @@ class ValuePool:
             self.reused += 1
             return memoryview(m)
         self.created += 1
-        return memoryview(new_mapping(size))
+        return memoryview(value_mapping(size, self.shared))
 
     def give(self, value: object) -> None:
         """L1 no longer holds `value`: keep its mapping for reuse once nothing else refers to it."""
         if not isinstance(value, memoryview) or not isinstance(value.obj, mmap.mmap):
             return
         m = value.obj
+        if getattr(m, "exported", False):
+            return  # a client was given its pages: they must never change, so they go when the last user lets go
         if any(p is m for p in self.pending):
             return  # already waiting (dropped twice): handing it out twice would share one buffer
         if self.held + len(m) > self.limit:

@@ -1,0 +1,174 @@
+"""GET by handing over memory: a large value's pages go to a client on the same node as a sealed memfd.
+
+Over a Unix socket a GET of a large value costs two copies (into the kernel and out of it), which here
+moves about 0.4x of one thread's memcpy bandwidth at best. With `listen.shared_memory`, large values
+are received into memfd-backed mappings instead of anonymous ones, and `STRATA.GETFD key` answers a
+client on the Unix socket with `:<size>` and the value's memfd attached (SCM_RIGHTS): the client maps
+it read-only and copies once, or reads it where it lies.
+
+Safety of what is handed over:
+- Before its first export a value's memfd is sealed (`F_SEAL_FUTURE_WRITE`, `F_SEAL_SHRINK`,
+  `F_SEAL_GROW`, `F_SEAL_SEAL`): no holder of the fd can write it, map it writable, resize it or
+  reopen it writable through /proc; the server's own mapping keeps working.
+- An exported value's mapping is never recycled for another value (`ValuePool.give` skips it), so
+  bytes a client was given never change under it. Its pages are freed once L1 has dropped it and
+  every client has closed its fd and unmapped it.
+- Memory a client keeps mapped after L1 dropped the value stays charged to the server's cgroup until
+  the client lets go: Strata's client (`KVClient.get_shared`) maps, and its caller copies and
+  releases; a client that hoards fds can hold memory past the L1 bound, which is why only clients
+  that may open the Unix socket (mode 0660 or tighter) can ask, and why the option is off by default.
+
+Values below `SHARED_FROM`, values that came some other way (from L2, or while the process was out of file
+descriptors) have no memfd: `STRATA.GETFD` then answers with an ordinary bulk reply, so a client handles both.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import mmap
+import os
+import socket
+import weakref
+from dataclasses import dataclass
+
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; Python names it from 3.12
+EXPORT_SEALS = F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+GETFD = b"STRATA.GETFD"
+MAX_HEADER = 64
+SHARED_FROM = 1024 * 1024
+"""Values of at least this size are memfd-backed (two fds each: the memfd and the mapping's own); smaller ones
+are answered inline, where a copy costs less than the round of map and unmap."""
+
+
+class ValueMapping(mmap.mmap):
+    """A memfd's pages mapped read-write by the server; `fd` is what `export` hands out."""
+
+    fd: int
+    exported: bool
+
+
+def shared_mapping(size: int) -> ValueMapping:
+    """A memfd of exactly `size` bytes, mapped; the fd closes when the mapping is collected."""
+    fd = os.memfd_create("strata-kv-value", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        m = ValueMapping(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    m.fd, m.exported = fd, False
+    weakref.finalize(m, os.close, fd)
+    return m
+
+
+def exportable(value: object) -> ValueMapping | None:
+    """The mapping behind `value` when it is a whole memfd-backed value, else None."""
+    if isinstance(value, memoryview) and isinstance(value.obj, ValueMapping) and value.nbytes == len(value.obj):
+        return value.obj
+    return None
+
+
+def export(m: ValueMapping) -> int:
+    """Seal `m`'s memfd against every writer but the server's own mapping (once), and mark it never to be reused."""
+    if not m.exported:
+        fcntl.fcntl(m.fd, fcntl.F_ADD_SEALS, EXPORT_SEALS)
+        m.exported = True
+    return m.fd
+
+
+@dataclass(frozen=True)
+class SharedReply:
+    """A reply that hands over a memfd: `header` is sent with `fd` attached; `fallback` is the same value as an
+    ordinary bulk reply, sent instead when the header cannot go out alone right now (pipelined output queued)."""
+
+    header: bytes
+    fd: int
+    fallback: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.header)
+
+
+def send_with_fd(sock: socket.socket, data: bytes, fd: int) -> bool:
+    """Send `data` with `fd` attached in one non-blocking `sendmsg`; False when the socket cannot take all of it
+    now (nothing was sent then: the caller falls back)."""
+    try:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        sent = sock.sendmsg([data], rights, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    if sent != len(data):  # a header of a few bytes into an empty socket buffer: not seen, but never leave half
+        raise ConnectionError(f"sent {sent} of {len(data)} header bytes with a memfd")
+    return True
+
+
+# -- the client side ----------------------------------------------------------------------------------
+class SharedValueError(Exception):
+    """The server answered `STRATA.GETFD` with an error, or out of step."""
+
+
+def get_shared(sock: socket.socket, key: bytes) -> memoryview | bytes | None:
+    """`STRATA.GETFD key` on a connected Unix socket with nothing else in flight: a read-only view of the value's
+    pages (handed over as a memfd), its bytes (the server had no memfd for it), or None on a miss.
+
+    The view keeps the mapping alive; release it (`view.release()`, then drop it) when done, so the server's
+    memory is given back once L1 drops the value.
+    """
+    sock.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
+    data, fds = _read_header(sock)
+    try:
+        end = data.index(b"\r\n")
+        kind, line, rest = data[:1], data[1:end], data[end + 2 :]
+        if kind == b":":
+            if len(fds) != 1 or rest:
+                raise SharedValueError(f"a shared reply came with {len(fds)} fds and {len(rest)} extra bytes")
+            size = int(line)
+            fd = fds.pop()
+            try:
+                return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ))
+            finally:
+                os.close(fd)
+        if kind == b"$":
+            n = int(line)
+            if n < 0:
+                return None
+            return _read_rest(sock, bytearray(rest), n + 2)[:-2]
+        if kind == b"-":
+            raise SharedValueError(line.decode(errors="replace"))
+        raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _read_header(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """Read until a reply line is complete, keeping any fd that comes with it."""
+    data, fds = b"", []
+    while b"\r\n" not in data:
+        chunk, got, _flags, _addr = socket.recv_fds(sock, 256 * 1024, 1)
+        fds.extend(got)
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("server closed the connection")
+        data += chunk
+        if len(data) > MAX_HEADER and b"\r\n" not in data:
+            raise SharedValueError("reply header too long: the connection is out of step; reconnect")
+    return data, fds
+
+
+def _read_rest(sock: socket.socket, have: bytearray, want: int) -> bytes:
+    if len(have) < want:
+        view = memoryview(bytearray(want))
+        view[: len(have)] = have
+        got = len(have)
+        while got < want:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("server closed the connection mid-reply")
+            got += n
+        return bytes(view)
+    return bytes(have[:want])

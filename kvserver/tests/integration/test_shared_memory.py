@@ -1,0 +1,132 @@
+"""`listen.shared_memory`: large values handed to Unix-socket clients as sealed memfds (`STRATA.GETFD`),
+against real server processes on both event loops: the same bytes as a TCP GET, memory no holder can
+write, bytes that never change under a client while L1 evicts and recycles, and a plain bulk reply
+wherever memory cannot go (small values, misses, output queued ahead of it)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+
+import pytest
+from strata_kv.client import KVClient, KVError
+from strata_kv.shared_memory import GETFD
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+def _value(tag: int, size: int) -> bytes:
+    return bytes([tag]) * 7 + os.urandom(4096) * (size // 4096 - 1) + bytes([tag]) * 4089
+
+
+def _shared_server(kv_server_factory, event_loop: str = "asyncio", l1: str = "256MiB", name: str = ""):
+    config = {"l1": {"size": l1}, "listen": {"event_loop": event_loop, "shared_memory": True}}
+    return kv_server_factory(config, l2_fs=False, name=name)
+
+
+def _raw_getfd(path: str, key: bytes) -> tuple[bytes, list[int]]:
+    """The reply line of STRATA.GETFD and the descriptors that came with it, read by hand."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
+        data, fds, _flags, _addr = socket.recv_fds(s, 64, 1)
+        return data, fds
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_a_large_value_comes_as_memory_with_the_bytes_a_tcp_get_returns(kv_server_factory, event_loop) -> None:
+    server = _shared_server(kv_server_factory, event_loop, name=f"shared-{event_loop}")
+    tcp = server.redis()
+    big, small = _value(1, 16 * MiB), os.urandom(100 * 1024)
+    tcp.set("big", big)
+    with KVClient(unix_socket=server.unix_socket) as local:
+        local.set("small", small)
+        view = local.get_shared(b"big")
+        assert isinstance(view, memoryview) and view.readonly, "a large value is handed over as mapped memory"
+        assert view == big == tcp.get("big")
+        view.release()
+        assert local.get_shared(b"small") == small, "a small value comes inline"
+        assert local.get_shared(b"missing") is None
+        assert local.get(b"big") == big, "the connection stays in step after a shared reply"
+        assert local.stats()["shared_replies"] == 1
+
+
+def test_handed_over_memory_cannot_be_written_resized_or_reopened_writable(kv_server_factory) -> None:
+    server = _shared_server(kv_server_factory)
+    value = _value(2, 4 * MiB)
+    server.redis().set("k", value)
+    header, fds = _raw_getfd(server.unix_socket, b"k")
+    assert header == b":%d\r\n" % len(value) and len(fds) == 1, header
+    (fd,) = fds
+    try:
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, len(value))  # a shared writable mapping
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"poison", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1)
+        reopened = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                mmap.mmap(reopened, len(value))
+        finally:
+            os.close(reopened)
+        readonly = mmap.mmap(fd, len(value), prot=mmap.PROT_READ)
+        assert readonly[:] == value
+        readonly.close()
+    finally:
+        os.close(fd)
+    assert server.redis().get("k") == value
+
+
+def test_bytes_a_client_holds_never_change_while_l1_overwrites_evicts_and_recycles(kv_server_factory) -> None:
+    """A 32 MiB L1 taking 4 MiB values: the held key is overwritten, then evicted, and its size class recycled
+    for dozens of newer values; the memory handed out keeps the first bytes throughout."""
+    server = _shared_server(kv_server_factory, l1="32MiB", name="recycling")
+    tcp = server.redis()
+    first = _value(3, 4 * MiB)
+    tcp.set("held", first)
+    with KVClient(unix_socket=server.unix_socket) as local:
+        view = local.get_shared(b"held")
+        assert isinstance(view, memoryview)
+        assert local.ping()  # the server's last reply on this connection no longer refers to the value
+        tcp.set("held", _value(4, 4 * MiB))
+        for i in range(40):
+            tcp.set(f"churn-{i}", _value(5 + i, 4 * MiB))
+        stats = local.stats()
+        assert stats["value_pool_reused"] > 0, f"the pool recycled mappings meanwhile: {stats}"
+        assert view == first, "memory a client was given changed under it"
+        assert tcp.get("held") != first
+
+
+def test_output_queued_ahead_makes_the_value_come_inline_in_order(kv_server_factory) -> None:
+    """GET and GETFD pipelined without reading: the GET's reply fills the socket, so the memfd cannot go out
+    ahead of it; the GETFD's answer comes as bytes, after the GET's."""
+    server = _shared_server(kv_server_factory)
+    value = _value(9, 8 * MiB)
+    server.redis().set("k", value)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(server.unix_socket)
+        s.sendall(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" + b"*2\r\n$%d\r\n%b\r\n$1\r\nk\r\n" % (len(GETFD), GETFD))
+        expected = (b"$%d\r\n" % len(value) + value + b"\r\n") * 2
+        received, fds = bytearray(), []
+        while len(received) < len(expected):
+            chunk, got, _flags, _addr = socket.recv_fds(s, 4 * MiB, 1)
+            assert chunk, "server closed the connection"
+            received += chunk
+            fds += got
+        assert not fds and bytes(received) == expected
+
+
+def test_memory_goes_only_to_the_unix_socket_of_a_server_that_allows_it(kv_server_factory) -> None:
+    shared = _shared_server(kv_server_factory, name="on")
+    shared.redis().set("k", _value(1, 2 * MiB))
+    with pytest.raises(Exception, match="only on the Unix socket"):
+        shared.redis().execute_command("STRATA.GETFD", "k")
+    plain = kv_server_factory({"l1": {"size": "64MiB"}}, l2_fs=False, name="off")
+    plain.redis().set("k", b"v")
+    with KVClient(unix_socket=plain.unix_socket) as local, pytest.raises(KVError, match="listen.shared_memory"):
+        local.call("STRATA.GETFD", "k")
