@@ -7,8 +7,10 @@ sent from one preallocated buffer (`sendall` of a memoryview) and every reply re
 against a null server that answers every GET from one preallocated reply.
 
 Cells: value size x (SET, GET) x client count, over TCP (and, with `--unix`, over a Unix socket next
-to this machine's memcpy bandwidth). The key space is filled before the GETs, so every GET is a hit;
-SETs overwrite keys of the same key space, so both servers hold the same bytes throughout. Peak RSS
+to this machine's memcpy bandwidth, and Strata's GETs once more as `unix-shm`: `STRATA.GETFD` with
+`listen.shared_memory`, the value's memory handed over and copied once into the client's buffer).
+The key space is filled before the GETs, so every GET is a hit; SETs overwrite keys of the same key
+space, so both servers hold the same bytes throughout. Peak RSS
 per cell comes from /proc (VmHWM, reset before each cell through clear_refs). Servers run one at a
 time, alternating per value size.
 
@@ -35,17 +37,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
+from strata_kv.shared_memory import get_shared
 from strata_testsupport.kvserver import running_kv_server, running_redis_server
 
 MiB = 1024**2
-Address = tuple[str, int] | str  # (host, port) or a Unix socket path
+Address = tuple[str, int] | str  # (host, port), a Unix socket path, or SHM + path: GETs take the value's memory
+SHM = "shm:"
 
 
 # -- the load generator ----------------------------------------------------------------------------
 def _connect(addr: Address) -> socket.socket:
     if isinstance(addr, str):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(addr)
+        s.connect(addr.removeprefix(SHM))
     else:
         s = socket.create_connection(addr)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,8 +96,18 @@ def _get(s: socket.socket, key: bytes, into: memoryview, line: bytearray) -> Non
     _recv_exact(s, into)
 
 
+def _get_shared(s: socket.socket, key: bytes, into: memoryview) -> None:
+    """STRATA.GETFD with the project's client function, then one copy out of the mapped value into `into`."""
+    view = get_shared(s, key)
+    if not isinstance(view, memoryview) or view.nbytes != len(into) - 2:
+        raise RuntimeError(f"GETFD is not a shared hit of the expected size: {type(view).__name__}")
+    into[:-2] = view
+    view.release()
+
+
 def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float, seed: int, out: list[Any]) -> None:
     rng = random.Random(seed)
+    shared = isinstance(addr, str) and addr.startswith(SHM)
     value = memoryview(bytearray(os.urandom(64)) * (size // 64))
     into = memoryview(bytearray(size + 2))
     line = bytearray()
@@ -105,6 +119,8 @@ def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float
                 t = time.perf_counter()
                 if op == "SET":
                     _set(s, key, value, line)
+                elif shared:
+                    _get_shared(s, key, into)
                 else:
                     _get(s, key, into, line)
                 lat.append(time.perf_counter() - t)
@@ -298,9 +314,11 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
         fill(tcp, size, keys)
         with _connect(tcp) as s:
             _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
-        transports = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
+        transports: list[tuple[str, Address]] = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
+        if unix and name == "strata":
+            transports.append(("unix-shm", SHM + str(uds)))  # GETs only: SETs are the plain socket's
         for transport, addr in transports:
-            for op in ops:
+            for op in ops if transport != "unix-shm" else [o for o in ops if o == "GET"]:
                 if op == "GET":
                     fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
                 for c in clients:
@@ -336,6 +354,23 @@ def table(rows: list[dict[str, Any]], transport: str) -> str:
         rss = f"{s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f}"
         out.append(f"| {size} MiB | {op} | {c} | {s['gbps']:.2f} | {r['gbps']:.2f} | {ratio:.2f}x | "
                    f"{s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {rss} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def shared_table(rows: list[dict[str, Any]], memcpy: float) -> str:
+    """Strata's GETs over the Unix socket, bytes vs memory handed over, next to memcpy measured in the same run."""
+    mine = [r for r in rows if r["server"] == "strata" and r["op"] == "GET"]
+    by = {(r["transport"], r["size_mib"], r["clients"]): r for r in mine}
+    out = ["| value | clients | Unix socket GB/s | shared memory GB/s | memcpy GB/s | socket / memcpy | "
+           "shared / memcpy | p99 socket ms | p99 shared ms |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (tr, size, c), shm in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        plain = by.get(("unix", size, c))
+        if tr != "unix-shm" or plain is None:
+            continue
+        out.append(f"| {size} MiB | {c} | {plain['gbps']:.2f} | {shm['gbps']:.2f} | {memcpy:.2f} | "
+                   f"{plain['gbps'] / memcpy:.2f}x | {shm['gbps'] / memcpy:.2f}x | {plain['p99_ms']:.1f} | "
+                   f"{shm['p99_ms']:.1f} |")  # fmt: skip
     return "\n".join(out)
 
 
@@ -420,6 +455,8 @@ def main() -> None:
     clients = [int(c) for c in args.clients.split(",")]
     l1 = int(args.l1)
     extra = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.strata_set)}
+    if args.unix:
+        extra.setdefault("listen.shared_memory", True)  # GETs over unix-shm take the value's memory
     load1 = os.getloadavg()
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_before": load1}, "l1_bytes": l1}
     result["memcpy_gbps"] = memcpy_gbps()
@@ -455,6 +492,7 @@ def main() -> None:
         print("\nTCP\n" + table(rows, "tcp"))
         if args.unix:
             print("\nUnix socket\n" + table(rows, "unix"))
+            print("\nUnix socket, Strata GET: bytes vs shared memory\n" + shared_table(rows, result["memcpy_gbps"]))
 
 
 if __name__ == "__main__":
