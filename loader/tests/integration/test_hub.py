@@ -2,8 +2,9 @@
 branches, tags and commits resolved to the commit copied, include/exclude, the Hub's SHA-256 checked, a moving
 branch, a missing repository, an unreachable endpoint, resume after kill -9, and the offline rule.
 
-Not covered here because olah cannot serve it (see `strata_testsupport.hub`): gated repositories and tokens,
-ranged GETs (olah answers the whole file; the loader's fallback is what runs), and "revision not found".
+olah cannot serve gated repositories or check tokens (see `strata_testsupport.hub`; those answers are in
+`loader/tests/unit/test_hub_errors.py`), and it answers ranged GETs with the whole file, so the fetches here
+run the reader's fallback; the 206 path is read against a server that serves ranges (the last test).
 """
 
 import hashlib
@@ -183,3 +184,36 @@ def test_killed_fetch_resumes_where_it_stopped_and_verifies(hub_env, tmp_path):
         [sys.executable, "-m", "strata_loader", "verify", str(tmp_path / "d")], capture_output=True, text=True
     )
     assert verify.returncode == 0, verify.stderr  # the manifest, the Hub's checksum and the safetensors header
+
+
+def test_ranged_reads_on_an_endpoint_that_serves_ranges(s3_env, monkeypatch, capfd):
+    """olah ignores Range on the repositories it serves, but the Hub's resolve URLs (its CDN, the Xet bridge)
+    answer 206, and that is the path every block takes in production. The S3 server stands in for it here: a
+    real HTTP server whose GET of `/<bucket>/<key>` honours Range, and a resolve URL
+    `<endpoint>/<org>/<name>/resolve/<commit>/<path>` is such a path with the org as the bucket."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from strata_loader.hub import HubReader
+
+    org = s3_env.create_bucket()
+    commit = "c" * 40
+    data = os.urandom(3 * 2**20 + 17)
+    key = f"tiny/resolve/{commit}/model.safetensors"
+    s3_env.client().put_object(Bucket=org, Key=key, Body=data, ACL="public-read")  # anonymous, as the CDN
+    monkeypatch.setenv("HF_ENDPOINT", s3_env.endpoint_url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    reader = HubReader(f"{org}/tiny", commit, "model.safetensors", len(data))
+    block = 256 * 1024 + 3
+    spans = [(o, min(block, len(data) - o)) for o in range(0, len(data), block)]
+
+    def read(span: tuple[int, int]) -> bytes:
+        buf = bytearray(span[1])
+        reader.read_into(span[0], memoryview(buf))
+        return bytes(buf)
+
+    with ThreadPoolExecutor(8) as ex:
+        got = b"".join(ex.map(read, spans))
+    assert got == data
+    assert "ignores Range" not in capfd.readouterr().err  # every answer was a 206
+    with pytest.raises(ValueError, match="past the end"):
+        reader.read_into(len(data) - 1, memoryview(bytearray(2)))
