@@ -16,6 +16,9 @@ if [[ -n "${OLAH_PYTHON:-}" && -x "${OLAH_PYTHON}" ]]; then
   exit 0
 fi
 
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9  # two test processes starting at once build it once
 if [[ ! -f "$venv/.installed" ]]; then
   echo "olah: installing into $venv (first time only; about a minute)" >&2
   rm -rf "$venv.partial"
