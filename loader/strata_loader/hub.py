@@ -11,8 +11,9 @@ The revision is resolved once, to a commit, and every file is read at that commi
 the copy (or between two nodes' copies) cannot mix two versions, and the commit is what the result reports.
 
 Xet-stored repositories need no `hf_xet` here: the Hub's resolve URL of a Xet file redirects to an HTTP bridge
-that answers ranged GETs (it is how `huggingface_hub` itself downloads when `hf_xet` is absent), and the tree
-lists the same LFS SHA-256 for it, so it is read and checked like any LFS file.
+that answers ranged GETs (it is how `huggingface_hub` itself downloads when `hf_xet` is absent). Xet files stay
+LFS files in git, so the tree gives their LFS SHA-256 and they are checked like any LFS file; a file listed
+without one is checked by size (and its SHA-256 recorded), like the plain git files.
 
 Settings (environment, which is what the operator injects from the ModelCache's credentials Secret):
 HF_TOKEN (sent to the endpoint only; never to the host a redirect leads to), HF_ENDPOINT (a mirror; default
@@ -96,8 +97,8 @@ def list_commit(repo_id: str, revision: str | None) -> tuple[str, list[HubFile]]
             safe_relative_path(e.path)
         except UnsafePathError as err:
             raise HubError(
-                f"refusing hf://{repo_id} at {commit}: file {e.path!r} {err}, so it could land outside DEST;"
-                " exclude it or use another revision"
+                f"refusing hf://{repo_id} at {commit}: file {e.path!r} {err}, so it could land outside DEST"
+                " (a source holding such a name is refused whatever the globs say); use another revision"
             ) from None
         sha = e.lfs.sha256 if e.lfs is not None else None
         files.append(HubFile(e.path, int(e.size), sha, e.blob_id))
