@@ -38,7 +38,7 @@ def tree(d: Path) -> dict[str, bytes]:
 
 
 def copy(repo_id: str, dest: Path, **kw: object) -> FetchResult:
-    req = FetchRequest(source=f"hf://{repo_id}", dest=str(dest), verify=VerifyMode.CHECKSUMS, **kw)  # type: ignore[arg-type]
+    req = FetchRequest(source=f"hf://{repo_id}", dest=str(dest), verify=VerifyMode.CHECKSUMS, **kw)
     return fetch(req, progress_mode="none")
 
 
