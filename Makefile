@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv system controlplane node demo test test-unit test-integration lint crds crds-check bench images e2e clean
+.PHONY: help setup venv system controlplane node hub demo test test-unit test-integration lint crds crds-check bench images e2e clean
 
 help:
 	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
@@ -38,7 +38,11 @@ node: system controlplane
 	@bash hack/build-node.sh
 	@bash hack/node/build-images.sh >/dev/null
 
-setup: venv system controlplane node
+# The Hugging Face Hub server the hf:// tests run against (olah), in its own venv in the cache (first time ~1 min).
+hub:
+	@bash hack/build-olah.sh >/dev/null
+
+setup: venv system controlplane node hub
 
 crds: venv
 	$(PY) -m strata_operator.cli crds --output-dir crds

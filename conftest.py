@@ -1,8 +1,9 @@
-"""Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, kvserver)."""
+"""Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, Hub, kvserver)."""
 
 pytest_plugins = [
     "strata_testsupport.cluster",
     "strata_testsupport.s3",
+    "strata_testsupport.hub",
     "strata_testsupport.kvserver",
     "strata_testsupport.realnode",
     "strata_testsupport.webhook",

@@ -1,6 +1,6 @@
 """What a fetch source holds: the list of files with sizes, checksums the source already has, and a reader for
-each. Sources: local/shared filesystem paths, `pvc://` mounts, S3 prefixes, and the Hugging Face cache
-layout.
+each. Sources: local/shared filesystem paths, `pvc://` mounts, S3 prefixes, and `hf://` repositories: on the
+Hugging Face Hub (or the mirror HF_ENDPOINT names), or, with HF_HUB_OFFLINE set, in a local Hugging Face cache.
 
 Every relative path listed here obeys `paths.safe_relative_path`, and directory sources never leave their own
 tree through a symlink: a source that breaks either rule is refused as a whole, whatever the globs say, because
@@ -57,7 +57,7 @@ def list_source(req: FetchRequest) -> tuple[list[SourceFile], str | None]:
     if kind == "s3":
         files, revision = _list_s3(req.source, req.concurrency), req.revision
     elif kind == "hf":
-        files, revision = _list_hf(req.source, req.revision)
+        files, revision = _list_hf(req.source, req.revision, req.concurrency)
     elif kind == "pvc":
         claim, _, sub = req.source[len("pvc://") :].partition("/")
         mount = Path(os.environ.get(ENV_PVC_MOUNT_ROOT, DEFAULT_PVC_MOUNT_ROOT)) / claim
@@ -174,8 +174,9 @@ def hf_snapshot(repo_id: str, revision: str | None = None, cache: Path | None = 
                 raise SourceError(f"{ref} holds {commit[:80]!r}, not a commit hash; repair the Hugging Face cache")
     if commit is None or not (repo / "snapshots" / commit).is_dir():
         raise SourceError(
-            f"hf://{repo_id} at revision {rev!r} is not in the Hugging Face cache {repo.parent};"
-            " download it there first (huggingface-cli download) or mount a populated cache"
+            f"hf://{repo_id} at revision {rev!r} is not in the Hugging Face cache {repo.parent} (HF_HUB_OFFLINE is"
+            " set, so the Hub is not asked); download it there first (hf download), mount a populated cache, or unset"
+            " HF_HUB_OFFLINE"
         )
     return repo / "snapshots" / commit, commit
 
@@ -186,8 +187,24 @@ def _blob_checksum(p: Path) -> dict[str, str]:
     return {"sha256": name} if _HEX64.match(name) else {}
 
 
-def _list_hf(uri: str, revision: str | None) -> tuple[list[SourceFile], str]:
-    snapshot, commit = hf_snapshot(uri[len("hf://") :].strip("/"), revision)
+def _list_hf(uri: str, revision: str | None, concurrency: int) -> tuple[list[SourceFile], str]:
+    """The Hub unless HF_HUB_OFFLINE is set (then the local cache only): one rule, and either way the revision
+    comes back as the commit it named, the files' SHA-256 as the source's checksums."""
+    from . import hub
+
+    repo_id = uri[len("hf://") :].strip("/")
+    if not hub.offline():
+        try:
+            commit, listed = hub.list_commit(repo_id, revision)
+        except hub.HubError as e:
+            raise SourceError(str(e)) from None
+        out = []
+        for f in listed:
+            sums = {"sha256": f.sha256} if f.sha256 and _HEX64.match(f.sha256) else {}
+            version = f"sha256:{f.sha256}" if sums else f"git:{f.blob_id}"
+            out.append(SourceFile(f.path, f.size, hub.opener(repo_id, commit, f, concurrency), sums, version))
+        return out, commit
+    snapshot, commit = hf_snapshot(repo_id, revision)
     repo = snapshot.parent.parent  # snapshots link into ../../blobs: the whole repository is the source tree
     return _list_dir(snapshot, _blob_checksum, fence=repo), commit
 

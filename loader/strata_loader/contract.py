@@ -37,6 +37,11 @@ ENV_AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 ENV_AWS_REGION = "AWS_REGION"
 ENV_AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
 ENV_HF_TOKEN = "HF_TOKEN"
+"""The Hugging Face token (a key of the ModelCache's credentials Secret); the only token `hf://` ever sends."""
+ENV_HF_ENDPOINT = "HF_ENDPOINT"
+"""The Hub (or a Hub-compatible mirror) `hf://` reads, e.g. http://hub-mirror.internal:8090; default: the Hub."""
+ENV_HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
+"""Set to 1/true/yes/on, `hf://` reads the local Hugging Face cache (HF_HUB_CACHE / HF_HOME) and never the network."""
 ENV_HF_HOME = "HF_HOME"
 ENV_HF_HUB_CACHE = "HF_HUB_CACHE"
 ENV_TERMINATION_MESSAGE_PATH = "STRATA_TERMINATION_MESSAGE_PATH"
@@ -52,6 +57,7 @@ CREDENTIAL_ENV_VARS = (
     ENV_AWS_REGION,
     ENV_AWS_DEFAULT_REGION,
     ENV_HF_TOKEN,
+    ENV_HF_ENDPOINT,
 )
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -108,7 +114,9 @@ class FetchRequest(BaseModel):
 
     source: str = Field(description="s3://bucket/prefix, hf://org/name, pvc://claim/path, or /abs/path")
     dest: str = Field(description="absolute directory the model lands in")
-    revision: str | None = Field(default=None, description="HF revision/commit; for S3 a label only")
+    revision: str | None = Field(
+        default=None, description="HF branch, tag or commit (default main), resolved to a commit; for S3 a label only"
+    )
     include: list[str] = Field(default_factory=list, description="globs on relative paths; empty = all")
     exclude: list[str] = Field(default_factory=list)
     concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=1024)

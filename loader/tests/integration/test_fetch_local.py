@@ -240,6 +240,7 @@ def test_hf_cache_source_is_verified_against_blob_hashes(tmp_path, monkeypatch):
     files = make_model(tmp_path / "src")
     commit = make_hf_cache(tmp_path / "hub", "acme/tiny", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     req = FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "dst"), verify=VerifyMode.CHECKSUMS)
     res = fetch(req, progress_mode="none")
     assert res.revision == commit
@@ -254,6 +255,7 @@ def test_hf_blob_that_does_not_match_its_hash_is_refused(tmp_path, monkeypatch):
     blob = tmp_path / "hub" / "models--acme--tiny" / "blobs" / hashlib.sha256(files["config.json"]).hexdigest()
     blob.write_bytes(b'{"model_type": "evil"}')
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     req = FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "dst"), verify=VerifyMode.CHECKSUMS)
     with pytest.raises(FetchError, match="does not match"):
         fetch(req, progress_mode="none")
@@ -265,6 +267,7 @@ def test_failed_refetch_of_a_changed_source_leaves_no_manifest(tmp_path, monkeyp
     files = make_model(tmp_path / "src")
     make_hf_cache(tmp_path / "hub", "acme/tiny", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     req = FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "dst"), verify=VerifyMode.CHECKSUMS)
     fetch(req, progress_mode="none")
     assert (tmp_path / "dst" / MANIFEST_NAME).exists()
@@ -277,6 +280,7 @@ def test_failed_refetch_of_a_changed_source_leaves_no_manifest(tmp_path, monkeyp
 
 def test_hf_revision_missing_from_cache_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     from strata_loader.catalog import SourceError
 
     with pytest.raises(SourceError, match="not in the Hugging Face cache"):

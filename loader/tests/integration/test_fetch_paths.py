@@ -191,6 +191,7 @@ def test_hf_revision_cannot_climb_out_of_the_repository(tmp_path, monkeypatch, o
 
     make_hf_cache(tmp_path / "hub", "acme/tiny", {"config.json": b"{}"})
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     (outside / "ref").write_text("../../../outside")  # what a ref read from outside the repository could say
     with pytest.raises(SourceError, match=r"revision '.*' has a '\.\.' segment"):
         list_source(FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "d"), revision="../../../outside/ref"))
@@ -203,6 +204,7 @@ def test_hf_ref_that_is_not_a_commit_is_refused(tmp_path, monkeypatch, outside):
     ref = tmp_path / "hub" / "models--acme--tiny" / "refs" / "main"
     ref.write_text(os.path.relpath(outside, ref.parent.parent / "snapshots"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
     with pytest.raises(SourceError, match="not a commit hash"):
         list_source(FetchRequest(source="hf://acme/tiny", dest=str(tmp_path / "d")))
 

@@ -89,7 +89,7 @@ class Credentials(CRDModel):
     secret_ref: SecretRef | None = Field(
         default=None,
         description="Secret whose keys become the preloader's environment (AWS_ACCESS_KEY_ID, "
-        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, HF_TOKEN, ...).",
+        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ...; for hf:// HF_TOKEN, and HF_ENDPOINT to read a Hub mirror).",
     )
     service_account_name: str | None = Field(
         default=None,
@@ -149,8 +149,9 @@ class ModelSource(CRDModel):
     revision: Annotated[str, AfterValidator(_not_option_like)] | None = Field(
         default=None,
         max_length=256,
-        description="Hugging Face revision (branch, tag or commit); for S3 a label recorded in status. Must not "
-        "start with '-'.",
+        description="Hugging Face revision (branch, tag or commit; default main), resolved once to the commit that "
+        "is copied and recorded in status.resolvedRevision; for S3 a label recorded in status. Must not start with "
+        "'-'.",
         json_schema_extra=_validations(cel("!self.startsWith('-')", f"source.revision {OPTION_LIKE}")),
     )
     include: list[Glob] = Field(

@@ -53,6 +53,17 @@ def test_a_result_is_verified_against_the_spec() -> None:
     assert st.verify_result(failed, "s3://models/llama", None) == "AccessDenied on s3://models/llama"
 
 
+def test_an_hf_branch_or_tag_comes_back_as_the_commit_it_named() -> None:
+    commit = "a" * 40
+    hub = RESULT.model_copy(update={"source": "hf://acme/tiny", "revision": commit})
+    assert st.verify_result(hub, "hf://acme/tiny", "main") is None
+    assert st.verify_result(hub, "hf://acme/tiny", commit) is None
+    assert "revision" in (st.verify_result(hub, "hf://acme/tiny", "b" * 40) or "")  # a pinned commit must match
+    not_a_commit = hub.model_copy(update={"revision": "v2"})
+    assert "revision" in (st.verify_result(not_a_commit, "hf://acme/tiny", "main") or "")
+    assert "revision" in (st.verify_result(hub.model_copy(update={"source": ""}), "s3://models/llama", "main") or "")
+
+
 def test_an_unreadable_termination_message_is_a_failed_result() -> None:
     result = FetchResult.from_termination_message("Traceback: boom")
     assert st.verify_result(result, "s3://models/llama", None) is not None

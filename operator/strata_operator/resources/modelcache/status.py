@@ -6,6 +6,7 @@ Phase and conditions follow what kstatus reads (`observedGeneration` plus a `Rea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,11 +101,25 @@ def verify_result(result: FetchResult, source: str, revision: str | None) -> str
         return result.error or "the preloader reported a failure without an error message"
     if result.source and result.source != source:
         return f"the preloader copied {result.source!r}, not {source!r}"
-    if revision and result.revision and result.revision != revision:
+    if (
+        revision
+        and result.revision
+        and result.revision != revision
+        and not _resolved(source, revision, result.revision)
+    ):
         return f"the preloader copied revision {result.revision!r}, not {revision!r}"
     if result.files <= 0:
         return f"the preloader copied no files from {source}: check source.uri and source.include"
     return None
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _resolved(source: str, revision: str, copied: str) -> bool:
+    """An hf:// branch or tag comes back as the commit it named (what status.resolvedRevision records); a
+    revision that is already a commit must come back as itself."""
+    return source.startswith("hf://") and not _COMMIT.match(revision) and bool(_COMMIT.match(copied))
 
 
 def human_bytes(count: int | None) -> str | None:
