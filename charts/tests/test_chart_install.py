@@ -3,6 +3,7 @@ RBAC is checked by the API server's own authorizer, and the operator runs with t
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -302,7 +303,8 @@ def operator_from_chart(
     env.update(POD_ID=pod_id, POD_NAMESPACE=release.namespace)
     if "STRATA_WEBHOOK_CERT_DIR" in env:  # the chart's Secret is a file here, the port a free one
         env["STRATA_WEBHOOK_CERT_DIR"] = str(tmp / f"{pod_id}-webhook")
-        write_webhook_tls(tmp / f"{pod_id}-webhook")
+        if "STRATA_WEBHOOK_TLS_SECRET" not in env:  # else the operator writes the files itself
+            write_webhook_tls(tmp / f"{pod_id}-webhook")
         env["STRATA_WEBHOOK_PORT"] = str(free_port())
     env["KUBECONFIG"] = str(service_account_kubeconfig(k8s, control_plane, release, tmp / f"{pod_id}.kubeconfig"))
     log = tmp / f"{pod_id}.log"
@@ -375,6 +377,42 @@ def test_operator_reconciles_samples_with_only_the_charts_permissions(k8s, names
     except AssertionError as error:
         raise AssertionError(f"{error}\noperator log:\n{chart_operator.output()[-6000:]}") from None
     chart_operator.assert_never_forbidden()
+
+
+def test_an_operator_keeping_its_own_webhook_certificate_needs_only_the_charts_permissions(
+    k8s, control_plane, helm, tmp_path
+):
+    """webhook.tls.managedBy=operator: from the chart's env and RBAC alone, the operator fills the chart's empty
+    Secret, writes the files it serves, and sets both configurations' caBundle to the Secret's CA, with no 403."""
+    namespace = new_namespace(k8s)
+    values = {"watchNamespaces": [namespace], "webhook": {"tls": {"managedBy": "operator", "validityDays": 365}}}
+    release = Release(k8s, helm, values, namespace)
+    secret_name = f"{release.name}-strata-webhook-tls"
+    secrets = resource(k8s, "v1", "Secret")
+    try:
+        with operator_from_chart(k8s, control_plane, release, tmp_path, "tls-keeper") as operator:
+            data = wait_for(
+                lambda: secrets.get(name=secret_name, namespace=namespace).to_dict().get("data"),
+                timeout=60,
+                what="the operator to fill the webhook Secret",
+            )
+            for kind, suffix in (
+                ("MutatingWebhookConfiguration", "pod-wiring"),
+                ("ValidatingWebhookConfiguration", "cache-deletion"),
+            ):
+                configurations = resource(k8s, "admissionregistration.k8s.io/v1", kind)
+
+                def bundles(configurations: Any = configurations, suffix: str = suffix) -> set[str]:
+                    hooks = configurations.get(name=f"{release.name}-strata-{suffix}").webhooks
+                    return {h.clientConfig.caBundle for h in hooks}
+
+                wait_for(lambda: bundles() == {data["ca.crt"]}, timeout=30, what=f"{kind}'s caBundle")
+            served = tmp_path / "tls-keeper-webhook" / "tls.crt"
+            assert served.read_bytes() == base64.b64decode(data["tls.crt"])
+            operator.assert_never_forbidden()
+    finally:
+        delete_cluster_scoped(k8s, release.objects)
+        resource(k8s, "v1", "Namespace").delete(name=namespace)
 
 
 def test_two_replicas_leave_exactly_one_active(k8s, control_plane, helm, tmp_path):

@@ -20,6 +20,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_operator.settings import Settings
 from strata_testsupport.kube import resource, wait_for
 
 
@@ -124,6 +125,33 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(helm):
     assert only(issued, "Certificate")["spec"]["issuerRef"] == {"name": "corp", "kind": "ClusterIssuer"}
 
 
+def test_operator_managed_tls_renders_an_empty_secret_no_ca_bundle_and_env_the_operator_accepts(helm):
+    objects = rendered(helm, {"webhook": {"tls": {"managedBy": "operator", "validityDays": 365}}})
+    secret = only(objects, "Secret")
+    assert secret["type"] == "Opaque" and "data" not in secret, "the operator fills it; Helm never renders a key"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert all("caBundle" not in w["clientConfig"] for w in only(objects, kind)["webhooks"]), kind
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    kept = Settings.from_env(env).webhook_tls
+    assert kept is not None and kept.validity_days == 365
+    assert kept.secret == ("strata-system", secret["metadata"]["name"])
+    assert kept.service == ("strata-system", only(objects, "Service")["metadata"]["name"])
+    assert set(kept.configurations) == {
+        (kind, only(objects, kind)["metadata"]["name"])
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    }
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["emptyDir"]["medium"] == "Memory", "the operator writes the files; they never touch a disk"
+    role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("webhook-tls"))
+    (rule,) = role["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret["metadata"]["name"]],
+                    "verbs": ["get", "patch"]}  # fmt: skip
+    helm_made = rendered(helm)
+    assert "STRATA_WEBHOOK_TLS_SECRET" not in str(only(helm_made, "Deployment")), "Helm-made TLS is the default"
+
+
 def test_watched_namespaces_limit_the_webhook_too(helm):
     objects = rendered(helm, {"watchNamespaces": ["serving"]})
     for hook in only(objects, "MutatingWebhookConfiguration")["webhooks"]:
@@ -186,6 +214,50 @@ def allowed(k8s: DynamicClient, namespace: str, account: str, verb: str, what: s
         }
     )
     return bool(review.status.allowed)
+
+
+def allowed_named(k8s: DynamicClient, ns: str, account: str, verb: str, group: str, what: str, name: str,
+                  where: str | None = None) -> bool:  # fmt: skip
+    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{ns}:{account}",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+                "resourceAttributes": {"verb": verb, "group": group, "resource": what, "name": name}
+                | ({"namespace": where} if where else {}),
+            },
+        }
+    )
+    return bool(review.status.allowed)
+
+
+@pytest.mark.integration
+def test_operator_managed_tls_may_touch_its_secret_and_configurations_only(k8s, helm):
+    with applied(k8s, helm, {"webhook": {"tls": {"managedBy": "operator"}}}) as (ns, account, other):
+        release = account.removesuffix("-strata")
+        secret, admission = f"{release}-strata-webhook-tls", "admissionregistration.k8s.io"
+        for verb in ("get", "patch"):
+            assert allowed_named(k8s, ns, account, verb, "", "secrets", secret, ns), verb
+            for what, name in (
+                ("mutatingwebhookconfigurations", f"{release}-strata-pod-wiring"),
+                ("validatingwebhookconfigurations", f"{release}-strata-cache-deletion"),
+            ):
+                assert allowed_named(k8s, ns, account, verb, admission, what, name), (verb, what)
+                assert not allowed_named(k8s, ns, account, verb, admission, what, "someone-elses"), (verb, what)
+        # (get and create on Secrets come with the KV tiers' token Secrets; patch is this Secret's alone.)
+        assert not allowed_named(k8s, ns, account, "patch", "", "secrets", "another-secret", ns)
+        assert not allowed_named(k8s, ns, account, "patch", "", "secrets", secret, other)
+        for verb in ("delete", "update", "list"):
+            assert not allowed_named(k8s, ns, account, verb, "", "secrets", secret, ns), verb
+    with applied(k8s, helm, {}) as (ns, account, _):
+        release = account.removesuffix("-strata")
+        assert not allowed_named(k8s, ns, account, "patch", "", "secrets", f"{release}-strata-webhook-tls", ns)
+        assert not allowed_named(
+            k8s, ns, account, "patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations",
+            f"{release}-strata-pod-wiring",
+        ), "Helm-made TLS needs no rights on the configurations"  # fmt: skip
 
 
 # What lifting gates and explaining them uses, and what it must never be able to do.

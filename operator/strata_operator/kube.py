@@ -133,6 +133,17 @@ def merge_patch(api_version: str, kind: str, name: str, namespace: str | None, b
     )
 
 
+def json_patch(api_version: str, kind: str, name: str, namespace: str | None, ops: list[dict[str, Any]]) -> Any:
+    """A JSON patch: list members by index, and `test` ops that make a concurrent change fail (422/409), not vanish."""
+    handle = resource(api_version, kind)
+    return handle.patch(
+        name=name,
+        namespace=namespace if handle.namespaced else None,
+        body=ops,
+        content_type="application/json-patch+json",
+    )
+
+
 def patch_status(api_version: str, kind: str, name: str, namespace: str, status: Mapping[str, Any]) -> bool:
     """A merge patch of the status subresource (lists inside are replaced whole, as intended); False when the
     object is gone meanwhile (nothing left to report on)."""

@@ -10,6 +10,11 @@
 - `STRATA_WEBHOOK_CERT_DIR`: directory with the pod admission webhook's `tls.crt` and `tls.key` (the chart
   mounts its Secret there); the webhook is served only when set.
 - `STRATA_WEBHOOK_PORT`: the port it listens on (default 9443).
+- `STRATA_WEBHOOK_TLS_SECRET`: `namespace/name` of a Secret the operator keeps filled with the webhook's CA and
+  certificate (chart `webhook.tls.managedBy=operator`); it then writes the files into the cert dir itself
+  and keeps the `caBundle` of `STRATA_WEBHOOK_CONFIGURATIONS` (`Kind/name,...`) trusting them, for the
+  names of `STRATA_WEBHOOK_SERVICE` (`namespace/name`). `STRATA_WEBHOOK_CERT_VALIDITY_DAYS`: the
+  certificate's lifetime (365); it is renewed in the last third.
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
 - `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made.
 
@@ -36,6 +41,11 @@ MODELCACHE_RESYNC_ENV = "STRATA_MODELCACHE_RESYNC_SECONDS"
 WEBHOOK_CERT_DIR_ENV = "STRATA_WEBHOOK_CERT_DIR"
 WEBHOOK_PORT_ENV = "STRATA_WEBHOOK_PORT"
 DEFAULT_WEBHOOK_PORT = 9443
+WEBHOOK_TLS_SECRET_ENV = "STRATA_WEBHOOK_TLS_SECRET"
+WEBHOOK_SERVICE_ENV = "STRATA_WEBHOOK_SERVICE"
+WEBHOOK_CONFIGURATIONS_ENV = "STRATA_WEBHOOK_CONFIGURATIONS"
+WEBHOOK_CERT_VALIDITY_ENV = "STRATA_WEBHOOK_CERT_VALIDITY_DAYS"
+WEBHOOK_CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 POD_ID_ENV = "POD_ID"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -52,12 +62,54 @@ def peer_priority(identity: str) -> int:
 
 
 @dataclass(frozen=True)
+class WebhookTLS:
+    """What the operator needs to keep the webhook's certificate itself (see `webhook_tls`)."""
+
+    secret: tuple[str, str]  # namespace, name
+    service: tuple[str, str]
+    configurations: tuple[tuple[str, str], ...]  # kind, name
+    validity_days: int = 365
+
+
+def _namespaced(env: Mapping[str, str], variable: str) -> tuple[str, str]:
+    value = env.get(variable) or ""
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"{variable}={value!r}: give namespace/name")
+    return namespace, name
+
+
+def _webhook_tls(env: Mapping[str, str]) -> WebhookTLS | None:
+    if not env.get(WEBHOOK_TLS_SECRET_ENV):
+        return None
+    configurations = []
+    for item in (env.get(WEBHOOK_CONFIGURATIONS_ENV) or "").split(","):
+        kind, _, name = item.strip().partition("/")
+        if kind not in WEBHOOK_CONFIGURATION_KINDS or not name:
+            raise ValueError(
+                f"{WEBHOOK_CONFIGURATIONS_ENV}: {item!r} is not Kind/name with Kind one of "
+                f"{', '.join(WEBHOOK_CONFIGURATION_KINDS)}"
+            )
+        configurations.append((kind, name))
+    days = env.get(WEBHOOK_CERT_VALIDITY_ENV) or "365"
+    if not days.isdigit() or not 1 <= int(days) <= 3650:
+        raise ValueError(f"{WEBHOOK_CERT_VALIDITY_ENV}={days!r}: give whole days from 1 to 3650")
+    return WebhookTLS(
+        _namespaced(env, WEBHOOK_TLS_SECRET_ENV),
+        _namespaced(env, WEBHOOK_SERVICE_ENV),
+        tuple(configurations),
+        int(days),
+    )
+
+
+@dataclass(frozen=True)
 class Settings:
     runtime: RuntimeImage = field(default_factory=lambda: RuntimeImage(release_image()))
     modelcache_resync_seconds: float = 60.0
     identity: str = field(default_factory=unique_identity)
     webhook_cert_dir: str | None = None
     webhook_port: int = DEFAULT_WEBHOOK_PORT
+    webhook_tls: WebhookTLS | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -81,6 +133,7 @@ class Settings:
             identity=env.get(POD_ID_ENV) or unique_identity(),
             webhook_cert_dir=env.get(WEBHOOK_CERT_DIR_ENV) or None,
             webhook_port=int(port),
+            webhook_tls=_webhook_tls(env),
         )
 
     @property

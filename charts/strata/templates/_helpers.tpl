@@ -60,3 +60,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- join "," $names -}}
 {{- end -}}
+
+{{/*
+The webhook configurations whose caBundle the operator keeps (webhook.tls.managedBy=operator), as Kind/name.
+*/}}
+{{- define "strata.webhookConfigurations" -}}
+{{- $fullname := include "strata.fullname" . -}}
+MutatingWebhookConfiguration/{{ $fullname }}-pod-wiring
+{{- if .Values.webhook.protectInUse -}}
+,ValidatingWebhookConfiguration/{{ $fullname }}-cache-deletion
+{{- end -}}
+{{- end }}

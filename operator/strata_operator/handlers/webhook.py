@@ -20,6 +20,7 @@ from kubernetes.dynamic.exceptions import ApiException
 from strata_operator import kube
 from strata_operator.admission import AdmissionServer, api_lookup
 from strata_operator.api import GROUP, VERSION
+from strata_operator.handlers import webhook_tls
 from strata_operator.handlers.process import settings_of
 from strata_operator.resources.serving import (
     MODEL_CACHE_LABEL,
@@ -27,7 +28,8 @@ from strata_operator.resources.serving import (
     cache_failure,
     cache_is_ready,
 )
-from strata_operator.settings import WEBHOOK_CERT_DIR_ENV
+from strata_operator.settings import WEBHOOK_CERT_DIR_ENV, WebhookTLS
+from strata_operator.webhook_tls import CHECK_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class ServingMemory:
 
     server: AdmissionServer | None = None
     explained: set[tuple[str, str]] = field(default_factory=set)
+    keeping_tls: asyncio.Task[None] | None = None
 
 
 def memory(memo: kopf.Memo) -> ServingMemory:
@@ -51,16 +54,38 @@ async def start_webhook(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if not process.webhook_cert_dir:
         logger.info(f"{WEBHOOK_CERT_DIR_ENV} is not set: the pod admission webhook is not served by this operator")
         return
-    server = AdmissionServer(Path(process.webhook_cert_dir), port=process.webhook_port)
+    cert_dir = Path(process.webhook_cert_dir)
+    if process.webhook_tls is not None:  # the operator keeps the certificate: have one before serving
+        try:
+            await asyncio.to_thread(webhook_tls.keep, process.webhook_tls, cert_dir)
+        except (ApiException, webhook_tls.SecretMissing) as error:
+            raise kopf.TemporaryError(f"webhook certificate not ready: {error}", delay=10) from error
+        memory(memo).keeping_tls = asyncio.create_task(keep_tls(process.webhook_tls, cert_dir))
+    server = AdmissionServer(cert_dir, port=process.webhook_port)
     await server.start()
     memory(memo).server = server
 
 
+async def keep_tls(config: WebhookTLS, cert_dir: Path) -> None:
+    """Re-check the certificate every `CHECK_SECONDS`; after a failure, again in a minute."""
+    delay = CHECK_SECONDS
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            await asyncio.to_thread(webhook_tls.keep, config, cert_dir)
+            delay = CHECK_SECONDS
+        except Exception:  # an API outage or a conflict: the current certificate stays; retry soon
+            log.exception("keeping the webhook certificate failed; retrying in 60 s")
+            delay = 60.0
+
+
 @kopf.on.cleanup()
 async def stop_webhook(memo: kopf.Memo, **_: Any) -> None:
-    server = memory(memo).server if hasattr(memo, "serving") else None
-    if server is not None:
-        await server.stop()
+    mine = memory(memo) if hasattr(memo, "serving") else None
+    if mine is not None and mine.keeping_tls is not None:
+        mine.keeping_tls.cancel()
+    if mine is not None and mine.server is not None:
+        await mine.server.stop()
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -76,14 +101,8 @@ def release_gate(pod: Mapping[str, Any]) -> bool:
         {"op": "test", "path": "/spec/schedulingGates", "value": gates},
         {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
     ]
-    pods = kube.dynamic_client().resources.get(api_version="v1", kind="Pod")
     try:
-        pods.patch(
-            body=ops,
-            name=pod["metadata"]["name"],
-            namespace=pod["metadata"]["namespace"],
-            content_type="application/json-patch+json",
-        )
+        kube.json_patch("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], ops)
     except ApiException as error:
         if error.status in (404, 409, 422):
             return False
