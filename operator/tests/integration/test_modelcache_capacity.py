@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException
 from strata_loader.capacity import EXIT_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest
@@ -219,3 +221,15 @@ def test_the_api_server_refuses_watermarks_out_of_order_or_range(
         )
     assert refused.value.status == 422
     assert message in json.loads(refused.value.body)["message"]
+
+
+def test_the_sample_policy_is_accepted_with_its_defaults(k8s: DynamicClient, strata_crds: Any) -> None:
+    sample = Path(__file__).resolve().parents[3] / "samples" / "nodecachepolicy-gpu-nvme.yaml"
+    body = yaml.safe_load(sample.read_text())
+    stored = resource(k8s, API_VERSION, "NodeCachePolicy").create(body=body, dry_run="All").to_dict()
+    assert stored["spec"]["highWatermark"] == 90 and stored["spec"]["lowWatermark"] == 80
+    defaulted = resource(k8s, API_VERSION, "NodeCachePolicy").create(
+        body={"apiVersion": API_VERSION, "kind": "NodeCachePolicy", "metadata": {"name": unique("d")}, "spec": {}},
+        dry_run="All",
+    )
+    assert defaulted.to_dict()["spec"] == {"highWatermark": 90, "lowWatermark": 80, "path": "/var/lib/strata/models"}

@@ -1,13 +1,13 @@
 """The node budget's operator side: which policy covers a node path, which copies a node's Job may evict, and what
 its result means for the other caches (pure: plain data in, plain data out).
 
-The split (docs/node-capacity.md): the operator cannot see a node's filesystem, so it decides *which* copies may
-go and in what order, and the Job on the node decides *whether* any must go (`strata_loader.eviction`). A copy is
-offered for eviction only when it is another cache's complete (Ready) copy on that node and the same node path,
-its cache is not pinned (`storage.nodeLocal.pinned`), and no live pod on that node consumes it; least recently
-used first, by the `lastUsed` its cache keeps in status (the last time a consumer was seen on the node, or when
-the copy became Ready). The budget is computed when the Job is created and travels in its environment, outside
-the request hash: another cache being used more recently never causes a new preload.
+The split (the README's "Node capacity for NodeLocal copies"): the operator cannot see a node's filesystem, so it
+decides *which* copies may go and in what order, and the Job on the node decides *whether* any must go
+(`strata_loader.eviction`). A copy is offered for eviction only when it is another cache's complete (Ready) copy on
+that node and the same node path, its cache is not pinned (`storage.nodeLocal.pinned`), and no live pod on that node
+consumes it; least recently used first, by the `lastUsed` its cache keeps in status (the last time a consumer was
+seen on the node, or when the copy became Ready). The budget is computed when the Job is created and travels in its
+environment, outside the request hash: another cache being used more recently never causes a new preload.
 """
 
 from __future__ import annotations
