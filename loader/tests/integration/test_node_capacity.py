@@ -14,7 +14,7 @@ import pytest
 from strata_loader.capacity import EXIT_INSUFFICIENT_STORAGE, CapacityRequest
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, FetchResult
 
-from .test_fetch_local import run_cli, tmpfs
+from .test_fetch_local import make_model, run_cli, tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -135,12 +135,27 @@ with hold_copy(sys.argv[1]):
 """
 
 
-def test_a_copy_a_reader_holds_is_kept_even_when_offered(node, sources, tmp_path):
-    """A pod that started using the copy after the operator planned: its reader's lock keeps the copy."""
-    for name in ("consumed", "unused"):
-        assert fetch_cli(node, sources(name, 24 * MiB), name, tmp_path)[0] == 0
+READER = """
+import sys
+from pathlib import Path
+from strata_loader import iter_tensors
+files = sorted(Path(sys.argv[1]).glob("*.safetensors"))
+tensors = iter_tensors(files)
+next(tensors)  # reading: the first tensor is in, the rest not yet
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("reader", [HOLDER, READER], ids=["hold_copy", "iter_tensors"])
+def test_a_copy_a_reader_holds_is_kept_even_when_offered(node, sources, tmp_path, reader):
+    """A pod that started using the copy after the operator planned: its reader's lock keeps the copy, whether it
+    takes the lock itself or reads through strata_loader's streaming API (which takes it)."""
+    make_model(tmp_path / "src" / "consumed", big=24 * MiB)
+    assert fetch_cli(node, tmp_path / "src" / "consumed", "consumed", tmp_path)[0] == 0
+    assert fetch_cli(node, sources("unused", 24 * MiB), "unused", tmp_path)[0] == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(node / NS / "consumed")],
+        [sys.executable, "-c", reader, str(node / NS / "consumed")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
