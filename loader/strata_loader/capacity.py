@@ -50,6 +50,7 @@ class CapacityRequest(BaseModel):
     policy: str = Field(description="the NodeCachePolicy this budget comes from, for messages")
     high_watermark: int = Field(ge=1, le=100, description="percent of the filesystem a new copy may fill up to")
     low_watermark: int = Field(ge=0, le=99, description="percent eviction brings usage down to")
+    min_free_bytes: int = Field(default=0, ge=0, description="bytes that must stay free whatever the percentages")
     candidates: list[str] = Field(
         default_factory=list, max_length=MAX_CANDIDATES, description="<namespace>/<name>, least recently used first"
     )

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .capacity import REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
+from .capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
 from .contract import MANIFEST_NAME
 
 LOCK_NAME = ".strata-capacity.lock"
@@ -100,11 +100,11 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
             reserved = _reserved_by_others(root_fd, own)
             usage = _fill(report, Usage.measure(root_fd), req)
             kept: list[str] = []
-            if not _fits(usage, reserved, needed, usage.limit(req.high_watermark)):
+            if not _fits(usage, reserved, needed, report.high_bytes):
                 for key in req.candidates:
                     if key == own:
                         continue
-                    if _fits(usage, reserved, needed, usage.limit(req.low_watermark)):
+                    if _fits(usage, reserved, needed, report.low_bytes):
                         break
                     freed, why = evict(root_fd, key)
                     if why is not None:
@@ -112,7 +112,7 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
                         continue
                     report.evicted.append(EvictedCopy(copy=key, bytes=freed))
                     usage = _fill(report, Usage.measure(root_fd), req)
-            if not _fits(usage, reserved, needed, usage.limit(req.high_watermark)):
+            if not _fits(usage, reserved, needed, report.high_bytes):
                 raise InsufficientStorage(_no_room(req, report, usage, reserved, kept), report)
             reservation = _reserve(root_fd, own, needed)
         yield report
@@ -140,7 +140,9 @@ def _fits(usage: Usage, reserved: int, needed: int, limit: int) -> bool:
 
 def _fill(report: CapacityReport, usage: Usage, req: CapacityRequest) -> Usage:
     report.size_bytes, report.used_bytes, report.free_bytes = usage.size, usage.used, usage.free
-    report.high_bytes, report.low_bytes = usage.limit(req.high_watermark), usage.limit(req.low_watermark)
+    # minFree caps both: eviction aims as far below the tighter high limit as the low watermark is below it
+    high = min(usage.limit(req.high_watermark), usage.capacity - req.min_free_bytes)
+    report.high_bytes, report.low_bytes = high, min(usage.limit(req.low_watermark), high)
     return usage
 
 
@@ -148,7 +150,8 @@ def _no_room(req: CapacityRequest, report: CapacityReport, usage: Usage, reserve
     parts = [
         f"the copy needs {report.needed_bytes} more bytes but {req.root} (NodeCachePolicy {req.policy}) has "
         f"{usage.free} free of {usage.capacity} ({usage.used} used); the high watermark {req.high_watermark}% "
-        f"allows {report.high_bytes} used"
+        + (f"and minFree {req.min_free_bytes} " if req.min_free_bytes else "")
+        + f"allow {report.high_bytes} used"
     ]
     if reserved:
         parts.append(f"{reserved} bytes are reserved by other copies being written")
@@ -165,10 +168,13 @@ def _no_room(req: CapacityRequest, report: CapacityReport, usage: Usage, reserve
 
 
 def _own_key(root: Path, dest: Path) -> str:
-    rel = dest.relative_to(root)  # ValueError: the operator always writes copies under the root
-    if len(rel.parts) != 2:
-        raise ValueError(f"{dest} is not <root>/<namespace>/<name> under {root}")
-    return "/".join(rel.parts)
+    parts = dest.parts[len(root.parts) :] if dest.parts[: len(root.parts)] == root.parts else ()
+    if len(parts) != 2:
+        raise ValueError(
+            f"DEST {dest} is not <root>/<namespace>/<name> under the node budget's root {root}: a node budget "
+            f"({ENV_NODE_CAPACITY}) only applies to NodeLocal copies; unset it or fetch into the root"
+        )
+    return "/".join(parts)
 
 
 @contextlib.contextmanager

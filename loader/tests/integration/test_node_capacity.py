@@ -116,6 +116,25 @@ def test_eviction_stops_at_the_low_watermark(node, sources, tmp_path):
     assert res.capacity is not None and [e.copy_key for e in res.capacity.evicted] == [f"{NS}/old"]
 
 
+def test_min_free_is_the_tighter_limit_and_forces_eviction(node, sources, tmp_path):
+    assert fetch_cli(node, sources("a", 16 * MiB), "a", tmp_path)[0] == 0
+    # 16 + 16 MiB is well under 90% of 64 MiB, but 40 MiB must stay free: only 24 MiB may be used
+    rc, res, err = fetch_cli(
+        node,
+        sources("b", 16 * MiB),
+        "b",
+        tmp_path,
+        high_watermark=90,
+        low_watermark=50,
+        min_free_bytes=40 * MiB,
+        candidates=[f"{NS}/a"],
+    )
+    assert rc == 0, err
+    assert copies(node) == {"b"}
+    assert res.capacity is not None and res.capacity.high_bytes == 24 * MiB
+    assert res.capacity.free_bytes >= 40 * MiB
+
+
 def test_a_copy_that_fits_evicts_nothing(node, sources, tmp_path):
     assert fetch_cli(node, sources("a", 8 * MiB), "a", tmp_path)[0] == 0
     rc, res, _ = fetch_cli(

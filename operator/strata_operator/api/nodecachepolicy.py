@@ -10,11 +10,11 @@ not fit fails, as before). The CRD in `crds/nodecachepolicies.strata.dev.yaml` i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from strata_operator.api.base import HOST_PATH_RULES, CRDModel, HostDirectory, cel
+from strata_operator.api.base import BYTE_SIZE_UNITS, HOST_PATH_RULES, CRDModel, HostDirectory, WholeBytes, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 DEFAULT_HIGH_WATERMARK = 90
@@ -43,6 +43,13 @@ class NodeCachePolicySpec(CRDModel):
         default_factory=dict,
         description='Labels of the nodes this policy covers, e.g. {node.kubernetes.io/instance-type: "p5.48xlarge"}; '
         "every node when empty. When several policies cover a node and path, the first by name applies.",
+    )
+
+    min_free: Annotated[int | str, WholeBytes("minFree", minimum=0)] | None = Field(
+        default=None,
+        description="Bytes that must stay free on the filesystem whatever the watermarks allow (room for logs, "
+        "images, scratch), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 200Gi). The tighter of the two limits applies; "
+        "none when omitted.",
     )
 
     @model_validator(mode="after")

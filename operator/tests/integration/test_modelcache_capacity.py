@@ -164,7 +164,7 @@ def test_a_copy_that_cannot_fit_ends_insufficient_storage_without_retries(
     job_name = status["nodes"][0]["job"]
     message = (
         "the copy needs 80000000000 more bytes but /strata/node (NodeCachePolicy x) has 30000000000 free of "
-        "100000000000 (70000000000 used); the high watermark 85% allows 85000000000 used"
+        "100000000000 (70000000000 used); the high watermark 85% allow 85000000000 used"
     )
     failed = FetchResult(
         status="Failed",
@@ -205,6 +205,7 @@ def test_a_copy_that_cannot_fit_ends_insufficient_storage_without_retries(
         ({"highWatermark": 101}, "spec.highWatermark"),
         ({"lowWatermark": -1}, "spec.lowWatermark"),
         ({"path": "/var/lib"}, "spec.path"),
+        ({"minFree": "1.5Gi"}, "minFree must be a whole number of bytes"),
     ],
 )
 def test_the_api_server_refuses_watermarks_out_of_order_or_range(
@@ -228,6 +229,7 @@ def test_the_sample_policy_is_accepted_with_its_defaults(k8s: DynamicClient, str
     body = yaml.safe_load(sample.read_text())
     stored = resource(k8s, API_VERSION, "NodeCachePolicy").create(body=body, dry_run="All").to_dict()
     assert stored["spec"]["highWatermark"] == 90 and stored["spec"]["lowWatermark"] == 80
+    assert stored["spec"]["minFree"] == "100Gi"
     defaulted = resource(k8s, API_VERSION, "NodeCachePolicy").create(
         body={"apiVersion": API_VERSION, "kind": "NodeCachePolicy", "metadata": {"name": unique("d")}, "spec": {}},
         dry_run="All",

@@ -109,6 +109,14 @@ def test_the_first_policy_by_name_covering_node_and_path_applies() -> None:
     assert capacity.policy_for([POLICY, scratch], NODES["gpu-b"], "/var/lib/strata/models") is None
 
 
+def test_min_free_travels_as_bytes_and_must_be_whole() -> None:
+    spec = NodeCachePolicySpec(minFree="200Gi")
+    given = capacity.budget(capacity.CapacityView([capacity.NodePolicy("p", spec)]), OWNER, SPEC, NODES["gpu-a"])
+    assert given is not None and given.min_free_bytes == 200 * GiB
+    with pytest.raises(ValidationError, match="fraction"):
+        NodeCachePolicySpec(minFree="1.5Gi")
+
+
 def test_more_candidates_than_a_job_takes_are_cut_to_the_least_recently_used() -> None:
     many = [copy_on(f"m{i:02}", last_used=f"2025-12-{i + 1:02}T00:00:00Z") for i in range(30)]
     many += [copy_on(f"n{i:02}", last_used="2025-12-31T00:00:00Z") for i in range(10)]
