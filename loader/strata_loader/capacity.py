@@ -98,10 +98,10 @@ class CapacityRequest(BaseModel):
 
 
 class EvictedCopy(BaseModel):
-    copy_key: str = Field(alias="copy", description="<namespace>/<name> of the evicted copy")
-    bytes: int = Field(description="bytes its files occupied on disk (allocated blocks)")
+    model_config = ConfigDict(extra="ignore")
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    copy_key: str = Field(description="<namespace>/<name> of the evicted copy")
+    bytes: int = Field(description="bytes its files occupied on disk (allocated blocks)")
 
 
 class CapacityReport(BaseModel):

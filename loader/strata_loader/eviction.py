@@ -110,7 +110,7 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
                     if why is not None:
                         kept.append(f"{key} ({why})")
                         continue
-                    report.evicted.append(EvictedCopy(copy=key, bytes=freed))
+                    report.evicted.append(EvictedCopy(copy_key=key, bytes=freed))
                     usage = _fill(report, Usage.measure(root_fd), req)
             if not _fits(usage, reserved, needed, report.high_bytes):
                 raise InsufficientStorage(_no_room(req, report, usage, reserved, kept), report)
@@ -150,8 +150,8 @@ def _no_room(req: CapacityRequest, report: CapacityReport, usage: Usage, reserve
     parts = [
         f"the copy needs {report.needed_bytes} more bytes but {req.root} (NodeCachePolicy {req.policy}) has "
         f"{usage.free} free of {usage.capacity} ({usage.used} used); the high watermark {req.high_watermark}% "
-        + (f"and minFree {req.min_free_bytes} " if req.min_free_bytes else "")
-        + f"allow {report.high_bytes} used"
+        + (f"and minFree {req.min_free_bytes} allow " if req.min_free_bytes else "allows ")
+        + f"{report.high_bytes} used"
     ]
     if reserved:
         parts.append(f"{reserved} bytes are reserved by other copies being written")

@@ -124,7 +124,7 @@ def test_candidates_reach_the_job_and_a_reported_eviction_lands_in_status_and_la
         size_bytes=100 * GiB,
         used_bytes=61 * GiB,
         free_bytes=39 * GiB,
-        evicted=[{"copy": f"{namespace}/{idle}", "bytes": 5 * GiB}],
+        evicted=[{"copy_key": f"{namespace}/{idle}", "bytes": 5 * GiB}],
     )
     finish_job(k8s, namespace, job_name, fetch_result(SOURCE, capacity=report))
     status = wait_for_status(k8s, namespace, new, lambda s: s.get("phase") == "Ready", "the new copy Ready")
@@ -164,7 +164,7 @@ def test_a_copy_that_cannot_fit_ends_insufficient_storage_without_retries(
     job_name = status["nodes"][0]["job"]
     message = (
         "the copy needs 80000000000 more bytes but /strata/node (NodeCachePolicy x) has 30000000000 free of "
-        "100000000000 (70000000000 used); the high watermark 85% allow 85000000000 used"
+        "100000000000 (70000000000 used); the high watermark 85% allows 85000000000 used"
     )
     failed = FetchResult(
         status="Failed",

@@ -133,7 +133,7 @@ def reported(node: str, *, evicted: list[str], succeeded: bool = True) -> tuple[
         size_bytes=100 * GiB,
         used_bytes=70 * GiB,
         free_bytes=30 * GiB,
-        evicted=[{"copy": c, "bytes": GiB} for c in evicted],
+        evicted=[{"copy_key": c, "bytes": GiB} for c in evicted],
     )
     if succeeded:
         result = FetchResult(source=SOURCE, bytes=40 * GiB, files=3, capacity=report)
