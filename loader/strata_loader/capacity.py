@@ -27,6 +27,14 @@ MAX_CANDIDATES = 32
 """Copies the operator may name per Job: enough for any realistic node, small enough for the env and the
 4096-byte termination message that reports the evictions back."""
 
+EVICTED_REPORT_BYTES = 2400
+"""What the candidates' names may add up to (plus a fixed share per entry): if the Job evicts every one, the
+report of it still fits the 4096-byte termination message next to the rest of the result (the error message is
+shortened first). The operator must learn of every eviction, so the list is bounded where it is made."""
+
+EVICTED_ENTRY_OVERHEAD = 40
+"""Bytes one evicted copy adds to the report besides its name: `{"copy_key":"","bytes":<up to 15 digits>},`."""
+
 MAX_PROTECTED = 16
 """Copies named as kept (pinned, in use) for the InsufficientStorage message; the rest are counted."""
 

@@ -109,6 +109,30 @@ def test_the_first_policy_by_name_covering_node_and_path_applies() -> None:
     assert capacity.policy_for([POLICY, scratch], NODES["gpu-b"], "/var/lib/strata/models") is None
 
 
+def test_a_job_evicting_every_candidate_can_still_report_it() -> None:
+    """Names of 63 + 63 characters: fewer than 32 fit, and the full report of evicting them all fits the
+    4096-byte termination message with a long error next to it, so no eviction goes unreported."""
+    long = [
+        copy_on(f"{i:02}" + "m" * 61, namespace="n" * 63, last_used=f"2025-12-{i + 1:02}T00:00:00Z") for i in range(30)
+    ]
+    given = capacity.budget(capacity.CapacityView([POLICY], long), OWNER, SPEC, NODES["gpu-a"])
+    assert given is not None and 10 <= len(given.candidates) < 30
+    report = CapacityReport(
+        policy="p" * 253,
+        size_bytes=2**50,
+        used_bytes=2**50,
+        free_bytes=2**50,
+        needed_bytes=2**50,
+        high_bytes=2**50,
+        low_bytes=2**50,
+        evicted=[{"copy_key": c, "bytes": 2**50} for c in given.candidates],
+    )
+    failed = FetchResult(status="Failed", error="x" * 4000, source=SOURCE, reason="Insufficient", capacity=report)
+    message = failed.to_termination_message()
+    back = FetchResult.from_termination_message(message)
+    assert back.capacity is not None and [e.copy_key for e in back.capacity.evicted] == given.candidates
+
+
 def test_min_free_travels_as_bytes_and_must_be_whole() -> None:
     spec = NodeCachePolicySpec(minFree="200Gi")
     given = capacity.budget(capacity.CapacityView([capacity.NodePolicy("p", spec)]), OWNER, SPEC, NODES["gpu-a"])

@@ -22,6 +22,8 @@ from typing import Any
 from pydantic import ValidationError
 from strata_loader.capacity import (
     ENV_NODE_CAPACITY,
+    EVICTED_ENTRY_OVERHEAD,
+    EVICTED_REPORT_BYTES,
     EXIT_INSUFFICIENT_STORAGE,
     MAX_CANDIDATES,
     MAX_PROTECTED,
@@ -166,10 +168,22 @@ def budget(view: CapacityView, owner: CacheRef, spec: ModelCacheSpec, node: Node
         high_watermark=policy.spec.high_watermark,
         low_watermark=policy.spec.low_watermark,
         min_free_bytes=parse_bytes(policy.spec.min_free, minimum=0) if policy.spec.min_free is not None else 0,
-        candidates=[c.key for c in evictable[:MAX_CANDIDATES]],
+        candidates=_fitting([c.key for c in evictable]),
         protected=reasons[:MAX_PROTECTED],
         protected_more=max(0, len(reasons) - MAX_PROTECTED),
     )
+
+
+def _fitting(keys: list[str]) -> list[str]:
+    """The least recently used first, as many as a Job's report of evicting them all can carry."""
+    taken: list[str] = []
+    size = 0
+    for key in keys[:MAX_CANDIDATES]:
+        size += len(key) + EVICTED_ENTRY_OVERHEAD
+        if size > EVICTED_REPORT_BYTES:
+            break
+        taken.append(key)
+    return taken
 
 
 def _why_kept(c: CopyOnNode) -> str:
