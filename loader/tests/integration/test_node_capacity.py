@@ -137,10 +137,14 @@ def test_min_free_is_the_tighter_limit_and_forces_eviction(node, sources, tmp_pa
 
 def test_a_copy_that_fits_evicts_nothing(node, sources, tmp_path):
     assert fetch_cli(node, sources("a", 8 * MiB), "a", tmp_path)[0] == 0
-    rc, res, _ = fetch_cli(
-        node, sources("b", 8 * MiB), "b", tmp_path, high_watermark=90, low_watermark=50, candidates=[f"{NS}/a"]
-    )
+    source_b = sources("b", 8 * MiB)
+    rc, res, _ = fetch_cli(node, source_b, "b", tmp_path, high_watermark=90, low_watermark=50, candidates=[f"{NS}/a"])
     assert rc == 0 and copies(node) == {"a", "b"}
+    assert res.capacity is not None and res.capacity.evicted == []
+    assert (res.capacity.used_bytes, res.capacity.free_bytes) == statvfs_numbers(node)
+    # a re-run over the complete copy (a retried pod) copies nothing, evicts nothing, and still reports usage
+    rc, res, _ = fetch_cli(node, source_b, "b", tmp_path, high_watermark=10, low_watermark=5, candidates=[f"{NS}/a"])
+    assert rc == 0 and copies(node) == {"a", "b"} and res.bytes_resumed == res.bytes
     assert res.capacity is not None and res.capacity.evicted == []
     assert (res.capacity.used_bytes, res.capacity.free_bytes) == statvfs_numbers(node)
 
