@@ -174,6 +174,7 @@ NEEDED_CLUSTER_WIDE = [
     ("patch", "", "nodes", ""),
     ("list", "", "nodes", ""),
     ("get", "storage.k8s.io", "storageclasses", ""),
+    ("list", "strata.dev", "nodecachepolicies", ""),  # node budgets, read when a NodeLocal Job is created
 ]
 # Never: what a compromised operator must not be able to do.
 FORBIDDEN_IN_NAMESPACE = [
@@ -195,6 +196,9 @@ FORBIDDEN_IN_NAMESPACE = [
     ("patch", "", "events", ""),
 ]
 FORBIDDEN_CLUSTER_WIDE = [
+    ("create", "strata.dev", "nodecachepolicies", ""),  # a platform team's setting: the operator only reads it
+    ("patch", "strata.dev", "nodecachepolicies", ""),
+    ("delete", "strata.dev", "nodecachepolicies", ""),
     ("delete", "", "nodes", ""),
     ("update", "", "nodes", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
@@ -217,6 +221,9 @@ def test_cluster_wide_install_grants_exactly_what_the_handlers_use(k8s, cluster_
             )
         for verb, group, name, sub in FORBIDDEN_CLUSTER_WIDE:
             assert not can(k8s, cluster_wide, verb, name, group=group, subresource=sub), f"{verb} {name}"
+        # NodeLocal budgets read every cache's copies and their consumer pods, all namespaces in one list each
+        for verb, group, name in (("list", "strata.dev", "modelcaches"), ("list", "", "pods")):
+            assert can(k8s, cluster_wide, verb, name, group=group), f"{verb} {group}/{name} in all namespaces"
     finally:
         resource(k8s, "v1", "Namespace").delete(name=anywhere)
 

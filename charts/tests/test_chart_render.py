@@ -46,7 +46,7 @@ def test_default_install_renders_operator_rbac_and_crds(helm, chart_helpers):
             "ClusterRoleBinding",
             "Deployment",
         ]
-        + ["CustomResourceDefinition"] * 2
+        + ["CustomResourceDefinition"] * 3  # ModelCache, KVCacheTier, NodeCachePolicy
         # The admission webhooks (templates/webhook.yaml): TLS Secret, Service, pod wiring and deletion
         # configurations, and the pod-gate role and binding.
         + ["Secret", "Service", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]

@@ -19,6 +19,7 @@ import torch
 
 from .buffers import BufferPool, alloc_host
 from .concurrency import concurrency_for, finish, thread_pool
+from .eviction import hold_copies
 from .executor import read_ranges, stream_batches, writable_view
 from .format import Header, TensorInfo
 from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE, Span, coalesce, plan_files, slice_runs
@@ -46,6 +47,7 @@ def load_files(
     concurrency = concurrency_for(filenames, concurrency)
     if dev.type != "cpu":
         return dict(iter_tensors(filenames, device=dev, concurrency=concurrency, block_size=block_size))
+    held = hold_copies(filenames)  # a node copy being read is not evicted meanwhile
     readers = [open_reader(f) for f in filenames]
     try:
         headers = list(thread_pool(concurrency).map(read_header, readers))
@@ -70,6 +72,7 @@ def load_files(
     finally:
         for r in readers:
             r.close()
+        held.close()
 
 
 def iter_tensors(
@@ -87,6 +90,7 @@ def iter_tensors(
     dev = torch.device(device)
     on_gpu = dev.type == "cuda"
     concurrency = concurrency_for(filenames, concurrency)
+    held = hold_copies(filenames)  # a node copy being read is not evicted meanwhile
     readers = [open_reader(f) for f in filenames]
     try:
         headers = list(thread_pool(concurrency).map(read_header, readers))
@@ -113,6 +117,7 @@ def iter_tensors(
     finally:
         for r in readers:
             r.close()
+        held.close()
 
 
 class SafetensorsFile:

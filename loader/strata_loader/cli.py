@@ -94,15 +94,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from .capacity import EXIT_INSUFFICIENT_STORAGE, CapacityRequest
+    from .eviction import InsufficientStorage
     from .fetch import fetch
 
     req: FetchRequest | None = None
     try:
         req = FetchRequest.from_namespace(args)
-        result = fetch(req, progress_mode=args.progress)
+        result = fetch(req, progress_mode=args.progress, capacity=CapacityRequest.from_env(os.environ))
     except Exception as e:
-        failed = FetchResult(status="Failed", error=_one_line(e), source=getattr(req, "source", args.source))
+        failed = FetchResult(
+            status="Failed",
+            error=_one_line(e),
+            source=getattr(req, "source", args.source),
+            reason=getattr(e, "reason", None),
+            capacity=getattr(e, "capacity", None),
+        )
         write_termination_message(failed)
+        if isinstance(e, InsufficientStorage):
+            print(f"strata-loader fetch: error: {_one_line(e)}", file=sys.stderr)
+            return EXIT_INSUFFICIENT_STORAGE
         raise
     write_termination_message(result)
     print(json.dumps({"event": "done", **json.loads(result.to_termination_message())}), flush=True)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from strata_units import parse_bytes
 
+from .capacity import CapacityReport
 from .paths import UnsafePathError, safe_relative_path
 
 MANIFEST_NAME = ".strata-manifest.json"
@@ -286,6 +287,10 @@ class FetchResult(BaseModel):
     manifest_sha256: str | None = None
     checksums: dict[str, str] = Field(default_factory=dict, description="relative path -> 'sha256:<hex>'")
     checksums_omitted: int = Field(default=0, description="files whose checksum is only in the manifest")
+    reason: str | None = Field(default=None, description="a machine-readable failure reason: InsufficientStorage")
+    capacity: CapacityReport | None = Field(
+        default=None, description="the node path's usage and what was evicted (only under a node budget)"
+    )
 
     @property
     def succeeded(self) -> bool:

@@ -10,6 +10,7 @@ catalog already refused unsafe ones) and no symlink inside DEST is ever followed
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -20,9 +21,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from .capacity import CapacityReport, CapacityRequest
 from .catalog import SourceFile, list_source
 from .concurrency import finish
 from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
+from .eviction import measure, node_budget
 from .manifest import (
     Manifest,
     ManifestFile,
@@ -46,13 +49,45 @@ class FetchError(RuntimeError):
     """A fetch that cannot complete; the message says what failed and what to do."""
 
 
-def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
+def fetch(req: FetchRequest, progress_mode: str | None = None, capacity: CapacityRequest | None = None) -> FetchResult:
+    """`capacity`: the node path's budget (NodeLocal copies under a NodeCachePolicy); see `eviction`."""
     t0 = time.monotonic()
     files, revision = list_source(req)
     dest = Path(req.dest)
     dest.mkdir(parents=True, exist_ok=True)
-    with DestDir(dest) as tree:
-        return _fetch_into(tree, req, files, revision, t0, progress_mode)
+    room = _Room(capacity)
+    with room, DestDir(dest) as tree:
+        result = _fetch_into(tree, req, files, revision, t0, progress_mode, room)
+    return result.model_copy(update={"capacity": room.report(dest)}) if capacity else result
+
+
+class _Room:
+    """Where a fetch makes sure its bytes fit: a plain free-space check, or the node budget (which may evict
+    other copies and holds a reservation until the fetch ends)."""
+
+    def __init__(self, capacity: CapacityRequest | None) -> None:
+        self.capacity = capacity
+        self._stack = contextlib.ExitStack()
+        self._report: CapacityReport | None = None
+
+    def __enter__(self) -> _Room:
+        self._stack.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        return self._stack.__exit__(*exc)  # type: ignore[arg-type]
+
+    def make(self, dest: Path, needed: int) -> None:
+        if self.capacity is None:
+            _check_space(dest, needed)
+            return
+        self._report = self._stack.enter_context(node_budget(self.capacity, dest, needed))
+
+    def report(self, dest: Path) -> CapacityReport | None:
+        """After the fetch: its report, or (a copy that was complete already) the usage measured now."""
+        if self._report is None and self.capacity is not None:
+            return measure(self.capacity)
+        return self._report
 
 
 def _fetch_into(
@@ -62,6 +97,7 @@ def _fetch_into(
     revision: str | None,
     t0: float,
     progress_mode: str | None,
+    room: _Room | None = None,
 ) -> FetchResult:
     dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
@@ -82,7 +118,7 @@ def _fetch_into(
 
     states = [_FileState(f, tree, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
-    _check_space(dest, remaining)
+    (room or _Room(None)).make(dest, remaining)
     progress = Progress(sum(f.size for f in files), len(files), progress_mode)
     progress.add(sum(f.size for f in files) - remaining)
     try:

@@ -47,6 +47,8 @@ class CRDSpec:
     printer_columns: tuple[PrinterColumn, ...] = ()
     root_validations: tuple[dict[str, str], ...] = field(default=())
     description: str = ""
+    scope: str = "Namespaced"
+    """Namespaced, or Cluster for a kind a platform team sets once for the whole cluster (NodeCachePolicy)."""
 
 
 def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +130,7 @@ def build_crd(spec: CRDSpec) -> dict[str, Any]:
         "metadata": {"name": f"{spec.plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "strata"}},
         "spec": {
             "group": GROUP,
-            "scope": "Namespaced",
+            "scope": spec.scope,
             "names": {
                 "kind": spec.kind,
                 "listKind": f"{spec.kind}List",

@@ -216,6 +216,11 @@ class NodeLocalStorage(CRDModel):
         default_factory=list,
         description="core/v1 Tolerations for the per-node preload Jobs, so they run on tainted (GPU) nodes.",
     )
+    pinned: bool = Field(
+        default=False,
+        description="Never evict this cache's copies to make room for others (a NodeCachePolicy's budget on the "
+        "node path). Copies a running pod uses are never evicted either, pinned or not.",
+    )
 
 
 class ImageVolumeStorage(CRDModel):
@@ -383,7 +388,11 @@ class NodeState(CRDModel):
     """One node's copy (NodeLocal) or pre-pull (ImageVolume)."""
 
     name: str = Field(description="The node's name.")
-    phase: str = Field(description="Pending, Preloading, Ready or Failed.")
+    phase: str = Field(
+        description="Pending, Preloading, Ready, Failed, InsufficientStorage (the copy does not fit the node's "
+        "budget even after eviction; the message has the numbers) or Evicted (removed to make room for another "
+        "cache's copy; the node label reads Evicted)."
+    )
     job: str | None = Field(default=None, description="The Job that copies (or pre-pulls) on this node.")
     bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
     files: int | None = Field(default=None, description="Files in the verified copy on this node.")
@@ -391,6 +400,25 @@ class NodeState(CRDModel):
     message: str | None = Field(default=None, description="What happened on this node, for people.")
     recreations: int | None = Field(default=None, description="Times its Job vanished before its result was read.")
     retry_after: str | None = Field(default=None, description="When the vanished Job is created again.")
+    used_bytes: int | None = Field(
+        default=None,
+        description="Bytes used on the node path's filesystem (df's Used), measured by the preload Job when it "
+        "ended; only under a NodeCachePolicy.",
+    )
+    free_bytes: int | None = Field(
+        default=None,
+        description="Bytes free on the node path's filesystem (df's Avail), measured by the preload Job when it "
+        "ended; only under a NodeCachePolicy.",
+    )
+    policy: str | None = Field(default=None, description="The NodeCachePolicy whose budget the Job kept to.")
+    evicted: list[str] | None = Field(
+        default=None, description="Copies (<namespace>/<name>) the Job evicted on this node to make room."
+    )
+    last_used: str | None = Field(
+        default=None,
+        description="When the copy was last seen in use on this node (or became Ready): least recently used "
+        "copies are evicted first.",
+    )
 
 
 class ModelCacheStatus(CRDModel):

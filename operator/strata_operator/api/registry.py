@@ -6,10 +6,10 @@ from typing import Any
 
 import yaml
 
-from strata_operator.api import kvcachetier, modelcache
+from strata_operator.api import kvcachetier, modelcache, nodecachepolicy
 from strata_operator.api.crdgen import CRDSpec, build_crd
 
-KINDS: tuple[CRDSpec, ...] = (modelcache.CRD, kvcachetier.CRD)
+KINDS: tuple[CRDSpec, ...] = (modelcache.CRD, kvcachetier.CRD, nodecachepolicy.CRD)
 
 
 def all_crds() -> list[dict[str, Any]]:

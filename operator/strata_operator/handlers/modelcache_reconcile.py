@@ -74,6 +74,9 @@ def execute(
             events.append(action.event)
     for change in plan.labels:
         try:
+            if change.foreign:  # another cache's label: the node watch sees it and wakes that cache
+                kube.merge_patch("v1", "Node", change.node, None, {"metadata": {"labels": {change.key: change.value}}})
+                continue
             patch_node_label(nodes, change.node, change.key, change.value)
         except NotFoundError:
             continue

@@ -127,13 +127,20 @@ def settled_pod(k8s: DynamicClient, namespace: str, job_name: str, timeout: floa
 
 
 def finish_job(
-    k8s: DynamicClient, namespace: str, job_name: str, result: FetchResult | None, *, succeeded: bool = True
+    k8s: DynamicClient,
+    namespace: str,
+    job_name: str,
+    result: FetchResult | None,
+    *,
+    succeeded: bool = True,
+    exit_code: int | None = None,
 ) -> None:
-    """Report the Job's pod as ended, the way the kubelet does: phase plus the terminated container's message."""
+    """Report the Job's pod as ended, the way the kubelet does: phase plus the terminated container's message
+    (and exit status: the Job controller's podFailurePolicy reads it)."""
     pod = settled_pod(k8s, namespace, job_name)
     now = _now()
     terminated: dict[str, Any] = {
-        "exitCode": 0 if succeeded else 1,
+        "exitCode": exit_code if exit_code is not None else (0 if succeeded else 1),
         "reason": "Completed" if succeeded else "Error",
         "startedAt": now,
         "finishedAt": now,

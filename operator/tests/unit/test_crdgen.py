@@ -86,4 +86,6 @@ def test_crd_has_status_subresource_printer_columns_and_age() -> None:
 
 def test_every_strata_crd_renders() -> None:
     names = {crd["metadata"]["name"] for crd in all_crds()}
-    assert names == {"modelcaches.strata.dev", "kvcachetiers.strata.dev"}
+    assert names == {"modelcaches.strata.dev", "kvcachetiers.strata.dev", "nodecachepolicies.strata.dev"}
+    scopes = {crd["metadata"]["name"]: crd["spec"]["scope"] for crd in all_crds()}
+    assert scopes["nodecachepolicies.strata.dev"] == "Cluster" and scopes["modelcaches.strata.dev"] == "Namespaced"

@@ -25,7 +25,7 @@ from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import Problem
-from strata_operator.resources.modelcache import names, storage
+from strata_operator.resources.modelcache import capacity, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.nodes import NodeInfo
@@ -36,6 +36,9 @@ from strata_operator.resources.runtime_image import RuntimeImage, default_runtim
 
 RECREATE_BASE_SECONDS = 30
 RECREATE_MAX_SECONDS = 1800
+INSUFFICIENT_RETRY_SECONDS = 300
+"""A node whose copy did not fit its budget is tried again after this long (space may have been freed, a cache
+unpinned or deleted, a pod ended), with a fresh list of copies it may evict."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 CARRIED = ("totalBytes", "totalFiles", "size", "seconds", "resolvedRevision", "manifestSha256", "claimUid")
 """What a settled SharedPVC cache keeps from the result it recorded (its Job may be gone by now)."""
@@ -65,6 +68,9 @@ class LabelChange:
     node: str
     key: str
     value: str | None
+    foreign: bool = False
+    """Another cache's label (an eviction): written without recording the answer, so the node watch sees the
+    change and wakes that cache."""
 
 
 @dataclass
@@ -92,6 +98,10 @@ class Observed:
     """(kind, name) → the API server's message, for writes of an earlier plan it refused."""
     runtime: RuntimeImage = field(default_factory=default_runtime)
     """The operator's configured runtime image (from its settings): the Jobs' default image and pull Secrets."""
+    capacity: capacity.CapacityView | None = None
+    """NodeLocal, read with the Job references (`inputs_checked`): node budgets and the other caches' copies."""
+    consumers_on: Mapping[str, int] = field(default_factory=dict)
+    """NodeLocal: this cache's live consumer pods per node (for each copy's lastUsed)."""
 
 
 @dataclass
@@ -115,6 +125,10 @@ class _Planner:
         self.events: list[Event] = []
         self.needs_inputs = False
         self.again = False
+        self.node_label: str | None = None
+        """NodeLocal: this cache's node label key (its value Evicted marks an evicted copy)."""
+        self.build: Callable[[str], Mapping[str, Any]] = lambda node: {}
+        """NodeLocal: the preload Job for a node (to start one again after an eviction)."""
 
     def create(self, body: Mapping[str, Any], event: Event | None) -> str | None:
         """Plan an apply; returns the API server's refusal instead when an earlier plan's apply was refused."""
@@ -328,8 +342,11 @@ def node_states(planner: _Planner, role: str, wanted: Mapping[str, NodeInfo], bu
         job_name = job["metadata"]["name"]
         keep.add(job_name)
         prev, live = before.get(name) or {}, observed.jobs.get(job_name)
+        if evicted := _evicted(planner, name, job_name, prev, live):
+            result.states.append(evicted)
+            continue
         if prev.get("job") == job_name and prev.get("phase") == st.PHASE_READY:
-            result.states.append(dict(prev))  # settled: the Job may be gone (TTL), the verified result is recorded
+            result.states.append(_settled(planner, name, prev))  # the Job may be gone (TTL); the result is recorded
             continue
         if live is None:
             result.states.append(_missing_job(planner, name, job, role, prev))
@@ -337,6 +354,7 @@ def node_states(planner: _Planner, role: str, wanted: Mapping[str, NodeInfo], bu
         if prev.get("job") != job_name:  # created just before a crash: its start was never reported
             planner.events.append(_start_event(role, job_name, name))
         state, fetched = _state_from_job(planner, name, live, read_result=role == storage.ROLE_PRELOAD)
+        state = _capacity_outcome(planner, name, prev, state)
         if fetched is not None:
             result.revisions[name] = fetched.revision
         if prev.get("job") == job_name and prev.get("recreations") and state["phase"] != st.PHASE_READY:
@@ -345,6 +363,62 @@ def node_states(planner: _Planner, role: str, wanted: Mapping[str, NodeInfo], bu
     for job_name in sorted(observed.jobs.keys() - keep):
         planner.delete_job(job_name)
     return result
+
+
+def _evicted(
+    planner: _Planner, node: str, job_name: str, prev: Mapping[str, Any], live: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """An evicted copy's state: Evicted while the node label says so (another cache's Job removed the copy);
+    once the label is removed, the old Job goes so the copy is fetched again. None when not evicted."""
+    key = planner.node_label
+    if key is None or prev.get("job") != job_name:
+        return None
+    label = planner.observed.nodes[node].labels.get(key)
+    if prev.get("phase") == st.PHASE_READY and label == capacity.NODE_LABEL_EVICTED:
+        return capacity.evicted_state(prev)
+    if prev.get("phase") != st.PHASE_EVICTED:
+        return None
+    if label == capacity.NODE_LABEL_EVICTED:
+        return dict(prev)
+    if live is not None:  # its result describes a copy that is gone: a new Job fetches again
+        planner.delete_job(job_name, ("Normal", "PreloadAgain", f"Job {job_name}: fetching the evicted copy again"))
+        return {"name": node, "job": job_name, "phase": st.PHASE_PENDING, "message": "fetching the evicted copy again"}
+    return _start_node_job(planner, node, planner.build(node), storage.ROLE_PRELOAD)
+
+
+def _capacity_outcome(planner: _Planner, node: str, prev: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """What a node Job's capacity report means beyond its own copy.
+
+    The copies it evicted get their node label set to Evicted (once per result: a label someone removes to
+    fetch a copy again is not set back). A copy that did not fit is tried again, with a fresh budget, once
+    `INSUFFICIENT_RETRY_SECONDS` passed: the Job is deleted and the usual re-creation creates it anew."""
+    same = prev.get("job") == state["job"]
+    if state.get("evicted") and not (same and prev.get("evicted") == state["evicted"]):
+        for name in state["evicted"]:
+            namespace, _, cache = name.partition("/")
+            key = names.node_label_key(namespace, cache)
+            planner.labels.append(LabelChange(node, key, capacity.NODE_LABEL_EVICTED, foreign=True))
+            planner.events.append(("Normal", "CopyEvicted", f"evicted {name} on {node} to make room"))
+    if state["phase"] != st.PHASE_INSUFFICIENT_STORAGE:
+        return state
+    now = planner.observed.now
+    if same and prev.get("phase") == st.PHASE_INSUFFICIENT_STORAGE and prev.get("retryAfter"):
+        state["retryAfter"] = prev["retryAfter"]
+    else:
+        when = now + datetime.timedelta(seconds=INSUFFICIENT_RETRY_SECONDS)
+        state["retryAfter"] = when.strftime(TIME_FORMAT)
+    if now >= _parse_time(state["retryAfter"]):
+        planner.delete_job(state["job"])
+    return state
+
+
+def _settled(planner: _Planner, node: str, prev: Mapping[str, Any]) -> dict[str, Any]:
+    """A Ready copy as recorded; NodeLocal copies keep their lastUsed current while pods use them."""
+    state = dict(prev)
+    if planner.node_label is not None:
+        consumers = planner.observed.consumers_on.get(node, 0)
+        state["lastUsed"] = capacity.last_used(prev, state, consumers, planner.observed.now)
+    return state
 
 
 def _start_event(role: str, job_name: str, node: str) -> Event:
@@ -360,7 +434,11 @@ def _missing_job(
     shorter than our reading, someone deleting it): then back off exponentially, counting in status, instead of
     creating it again at once in a loop."""
     job_name = job["metadata"]["name"]
-    ours = prev.get("job") == job_name and prev.get("phase") in (st.PHASE_PRELOADING, st.PHASE_FAILED)
+    ours = prev.get("job") == job_name and prev.get("phase") in (
+        st.PHASE_PRELOADING,
+        st.PHASE_FAILED,
+        st.PHASE_INSUFFICIENT_STORAGE,
+    )
     if not ours:
         return _start_node_job(planner, node, job, role)
     now = planner.observed.now
@@ -393,9 +471,24 @@ def _start_node_job(planner: _Planner, node: str, job: Mapping[str, Any], role: 
     state: dict[str, Any] = {"name": node, "job": job_name}
     if problem := planner.input_problem():
         return {**state, "phase": st.PHASE_PENDING, "message": problem.message}
+    job, given = _with_budget(planner, node, job)
+    if given is not None:
+        state["policy"] = given.policy
     if refusal := planner.create(job, _start_event(role, job_name, node)):
         return {**state, "phase": st.PHASE_FAILED, "message": f"Job rejected: {refusal}"}
     return {**state, "phase": st.PHASE_PRELOADING}
+
+
+def _with_budget(
+    planner: _Planner, node: str, job: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], capacity.CapacityRequest | None]:
+    """NodeLocal: the Job with its node's budget, when a NodeCachePolicy covers the node and path."""
+    observed = planner.observed
+    view, spec = observed.capacity, observed.spec
+    if planner.node_label is None or view is None or spec is None or node not in observed.nodes:
+        return job, None
+    given = capacity.budget(view, observed.owner, spec, observed.nodes[node])
+    return (job, None) if given is None else (capacity.with_budget(job, given), given)
 
 
 def _state_from_job(
@@ -412,11 +505,15 @@ def _state_from_job(
     spec = planner.observed.spec
     assert spec is not None  # only planned with a usable spec
     result, error = _job_result(planner.observed, spec, job, succeeded=phase == st.JOB_SUCCEEDED)
+    if result is not None:
+        state.update(capacity.result_fields(result))
     if error is not None or result is None:
-        return {**state, "phase": st.PHASE_FAILED, "message": error or "no result"}, None
+        failed = st.PHASE_INSUFFICIENT_STORAGE if capacity.insufficient(result) else st.PHASE_FAILED
+        return {**state, "phase": failed, "message": error or "no result"}, None
     ready = {
         **state,
         "phase": st.PHASE_READY,
+        "lastUsed": planner.observed.now.strftime(TIME_FORMAT),
         "bytes": result.bytes,
         "files": result.files,
         "seconds": round(result.seconds, 3),
@@ -441,14 +538,13 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     local = storage.node_local(spec)
     key = names.node_label_key(owner.namespace, owner.name)
     wanted = selected_nodes(observed.nodes, local.node_selector)
-    found = node_states(
-        planner,
-        storage.ROLE_PRELOAD,
-        wanted,
-        _builder(storage.node_preload, owner, spec, observed),
-    )
+    planner.node_label = key
+    build = _builder(storage.node_preload, owner, spec, observed)
+    planner.build = lambda node: build(node, wanted[node].uid)[1]
+    found = node_states(planner, storage.ROLE_PRELOAD, wanted, build)
     states = found.states
-    planner.labels = label_changes(observed.nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
+    ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
+    planner.labels = label_changes(observed.nodes, key, ready) + planner.labels  # + other caches' evictions
     fields = _node_fields(planner, spec, states)
     fields["nodeLabel"] = key
     done = [s for s in states if s["phase"] == st.PHASE_READY and s.get("bytes") is not None]

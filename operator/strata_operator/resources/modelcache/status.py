@@ -27,6 +27,10 @@ PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
     "Degraded",
     "Failed",
 )
+PHASE_INSUFFICIENT_STORAGE = "InsufficientStorage"
+"""A node's copy that does not fit its NodeCachePolicy's budget even after eviction (the loader's reason too)."""
+PHASE_EVICTED = "Evicted"
+"""A node's copy another cache's Job evicted to make room; not counted among the nodes that should have one."""
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
 
 
@@ -181,6 +185,15 @@ def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dic
     return patch or None
 
 
+NODE_EVENTS = {
+    PHASE_READY: "NodeReady",
+    PHASE_FAILED: "NodePreloadFailed",
+    PHASE_INSUFFICIENT_STORAGE: "NodeInsufficientStorage",
+    PHASE_EVICTED: "NodeCopyEvicted",
+}
+"""The Event reason of each node phase worth one (Ready is Normal, the others Warnings)."""
+
+
 def transition_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(type, reason, message) for each condition or node that changed state: progress as Events."""
     events: list[tuple[str, str, str]] = []
@@ -196,9 +209,9 @@ def transition_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -
         events.append((kind, str(after.get("reason")), str(after.get("message"))))
     old_nodes = {n["name"]: n.get("phase") for n in previous.get("nodes") or []}
     for node in desired.get("nodes") or []:
-        if old_nodes.get(node["name"]) != node["phase"] and node["phase"] in (PHASE_READY, PHASE_FAILED):
+        if old_nodes.get(node["name"]) != node["phase"] and node["phase"] in NODE_EVENTS:
             kind = "Normal" if node["phase"] == PHASE_READY else "Warning"
-            reason = "NodeReady" if node["phase"] == PHASE_READY else "NodePreloadFailed"
+            reason = NODE_EVENTS[node["phase"]]
             events.append((kind, reason, f"node {node['name']}: {node.get('message') or node['phase']}"))
     return events
 
@@ -246,17 +259,30 @@ def nodes_outcome(
     states: list[dict[str, Any]], *, ready_reason: str, ready_message: str, fields: dict[str, Any]
 ) -> Outcome:
     """Per-node states rolled up: Ready when every node is, Degraded or Failed when some or all failed."""
+    evicted = sum(1 for s in states if s["phase"] == PHASE_EVICTED)
+    states = [s for s in states if s["phase"] != PHASE_EVICTED]
+    if evicted and not states:
+        message = f"the copy was evicted from all {evicted} node(s) to make room for other caches"
+        return Outcome(
+            PHASE_DEGRADED,
+            (False, "Evicted", message),
+            (False, "Evicted", "remove the Evicted node labels to fetch again"),
+            (True, "Evicted", message),
+            fields,
+        )
     total = len(states)
     ready = sum(1 for s in states if s["phase"] == PHASE_READY)
-    failed = [s for s in states if s["phase"] == PHASE_FAILED]
+    failed = [s for s in states if s["phase"] in (PHASE_FAILED, PHASE_INSUFFICIENT_STORAGE)]
     blocked = [s for s in states if s["phase"] == PHASE_PENDING]
     in_flight = total - ready - len(failed) - len(blocked)
-    count = f"{ready}/{total} nodes ready"
+    count = f"{ready}/{total} nodes ready" + (f" ({evicted} evicted)" if evicted else "")
     reconciling = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
     degraded = (False, "AsExpected", "")
     if failed or blocked:
         worst = failed[0] if failed else blocked[0]
         reason = "NodePreloadFailed" if failed else "NodePreloadBlocked"
+        if worst["phase"] == PHASE_INSUFFICIENT_STORAGE:
+            reason = PHASE_INSUFFICIENT_STORAGE
         degraded = (
             True,
             reason,
