@@ -128,5 +128,5 @@ def test_memory_goes_only_to_the_unix_socket_of_a_server_that_allows_it(kv_serve
         shared.redis().execute_command("STRATA.GETFD", "k")
     plain = kv_server_factory({"l1": {"size": "64MiB"}}, l2_fs=False, name="off")
     plain.redis().set("k", b"v")
-    with KVClient(unix_socket=plain.unix_socket) as local, pytest.raises(KVError, match="listen.shared_memory"):
+    with KVClient(unix_socket=plain.unix_socket) as local, pytest.raises(KVError, match=r"listen\.shared_memory"):
         local.call("STRATA.GETFD", "k")

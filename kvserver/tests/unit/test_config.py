@@ -91,7 +91,7 @@ def test_the_inflight_budget_defaults_to_a_share_of_l1_with_a_floor() -> None:
 
 
 def test_shared_memory_needs_the_unix_socket_it_is_handed_over() -> None:
-    with pytest.raises(ValueError, match="listen.unix_socket"):
+    with pytest.raises(ValueError, match=r"listen\.unix_socket"):
         KVServerConfig.model_validate({"listen": {"shared_memory": True}})
     cfg = KVServerConfig.model_validate({"listen": {"shared_memory": True, "unix_socket": "/run/kv.sock"}})
     assert cfg.listen.shared_memory and not KVServerConfig().listen.shared_memory, "off unless asked for"
