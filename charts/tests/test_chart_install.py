@@ -22,7 +22,7 @@ import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 from strata_testsupport.cluster import install_crds
-from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.kube import resource, service_account_may, wait_for
 from strata_testsupport.processes import stop_process
 from strata_testsupport.webhook import write_webhook_tls
 
@@ -114,26 +114,11 @@ def can(
     namespace: str | None = None,
     subresource: str = "",
 ) -> bool:
-    """The API server's own RBAC decision for the chart's service account (a SubjectAccessReview)."""
-    attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": subresource}
-    if namespace:
-        attributes["namespace"] = namespace
-    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
-        body={
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": f"system:serviceaccount:{release.namespace}:{release.service_account}",
-                "groups": [
-                    "system:serviceaccounts",
-                    f"system:serviceaccounts:{release.namespace}",
-                    "system:authenticated",
-                ],
-                "resourceAttributes": attributes,
-            },
-        }
-    )
-    return bool(review.status.allowed)
+    """The API server's own RBAC decision for the chart's service account."""
+    return service_account_may(
+        k8s, release.namespace, release.service_account, verb, resource_name,
+        group=group, where=namespace, subresource=subresource,
+    )  # fmt: skip
 
 
 # (verb, group, resource, subresource) the handlers and kopf use in a watched namespace.

@@ -21,7 +21,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.settings import Settings
-from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.kube import resource, service_account_may, wait_for
 
 
 def rendered(helm: Any, values: dict[str, Any] | None = None, namespace: str = "strata-system") -> list[dict]:
@@ -202,35 +202,12 @@ def applied(k8s: DynamicClient, helm: Any, values: dict[str, Any]) -> Iterator[t
 
 
 def allowed(k8s: DynamicClient, namespace: str, account: str, verb: str, what: str, where: str) -> bool:
-    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
-        body={
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": f"system:serviceaccount:{namespace}:{account}",
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
-                "resourceAttributes": {"verb": verb, "resource": what, "group": "", "namespace": where},
-            },
-        }
-    )
-    return bool(review.status.allowed)
+    return service_account_may(k8s, namespace, account, verb, what, where=where)
 
 
 def allowed_named(k8s: DynamicClient, ns: str, account: str, verb: str, group: str, what: str, name: str,
                   where: str | None = None) -> bool:  # fmt: skip
-    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
-        body={
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": f"system:serviceaccount:{ns}:{account}",
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
-                "resourceAttributes": {"verb": verb, "group": group, "resource": what, "name": name}
-                | ({"namespace": where} if where else {}),
-            },
-        }
-    )
-    return bool(review.status.allowed)
+    return service_account_may(k8s, ns, account, verb, what, group=group, name=name, where=where)
 
 
 @pytest.mark.integration

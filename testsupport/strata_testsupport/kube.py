@@ -81,3 +81,34 @@ def delete_quietly(client: DynamicClient, api_version: str, kind: str, name: str
 def new_dynamic_client(kubeconfig: str) -> DynamicClient:
     api_client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
     return DynamicClient(api_client)
+
+
+def service_account_may(
+    client: DynamicClient,
+    namespace: str,
+    account: str,
+    verb: str,
+    resource_name: str,
+    *,
+    group: str = "",
+    name: str = "",
+    where: str | None = None,
+    subresource: str = "",
+) -> bool:
+    """The API server's own RBAC decision (a SubjectAccessReview) for service account `namespace/account` doing
+    `verb` on `resource_name` (in namespace `where`, or cluster-wide; one object when `name` is given)."""
+    attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": subresource, "name": name}
+    if where:
+        attributes["namespace"] = where
+    review = resource(client, "authorization.k8s.io/v1", "SubjectAccessReview").create(
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{namespace}:{account}",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+                "resourceAttributes": attributes,
+            },
+        }
+    )
+    return bool(review.status.allowed)
