@@ -21,6 +21,7 @@ from strata_testsupport.pods import (
     RUNTIME_IMAGE,
     TENSOR_DIGESTS,
     condition,
+    kv_client_pod,
     model_cache,
     read_model_in_pod,
     run_pod,
@@ -145,3 +146,67 @@ def gated_pod_waits_for_the_cache_then_reads(site: Site, cache: str, uri: str, e
 def cache_phase(site: Site, name: str) -> str | None:
     status = resource(site.client, API, "ModelCache").get(name=name, namespace=site.namespace).to_dict().get("status")
     return (status or {}).get("phase")
+
+
+def tier_serves_a_pod_on_its_node(site: Site, tier: str, spec: dict[str, Any], count: int = 40) -> dict[str, Any]:
+    """A KVCacheTier on the site's node; a client pod with the connection ConfigMap round-trips chunks through
+    the node-local Service. Returns the ready server pod."""
+    resource(site.client, API, "KVCacheTier").create(
+        namespace=site.namespace,
+        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec},
+    )
+    server = ready_server(site, tier)
+    written = kv_client_pod(site.client, site.namespace, tier, f"{tier}-writer", "write", count, **pod_placement(site))
+    assert written["host"] == f"{tier}.{site.namespace}.svc", "clients reach the server by the Service's name"
+    read = kv_client_pod(site.client, site.namespace, tier, f"{tier}-reader", "read", count, **pod_placement(site))
+    assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
+    service = resource(site.client, "v1", "Service").get(name=tier, namespace=site.namespace)
+    assert service.spec.internalTrafficPolicy == "Local"
+    return server
+
+
+def server_pods(site: Site, tier: str) -> list[dict[str, Any]]:
+    pods = resource(site.client, "v1", "Pod").get(
+        namespace=site.namespace, label_selector=f"app.kubernetes.io/instance={tier}"
+    )
+    return [p for p in pods.to_dict()["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_server(site: Site, tier: str, not_uid: str | None = None, timeout: float = 300) -> dict[str, Any]:
+    """The tier's server pod once every container is ready (another one than `not_uid`, after a kill)."""
+
+    def ready() -> dict[str, Any] | None:
+        for pod in server_pods(site, tier):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if pod["metadata"]["uid"] != not_uid and statuses and all(s["ready"] for s in statuses):
+                return pod
+        return None
+
+    return wait_for(ready, timeout=timeout, interval=1, what=f"a ready server pod of {tier}")
+
+
+def deleting_leaves_nothing_behind(site: Site, caches: list[str], tiers: list[str], timeout: float = 300) -> None:
+    """Delete the resources; finalizers finish, every child goes, and no node keeps a model label."""
+    for kind, names in (("ModelCache", caches), ("KVCacheTier", tiers)):
+        for name in names:
+            resource(site.client, API, kind).delete(name=name, namespace=site.namespace)
+    for kind, names in (("ModelCache", caches), ("KVCacheTier", tiers)):
+        if names:
+            wait_for(
+                lambda kind=kind: not resource(site.client, API, kind).get(namespace=site.namespace).items,
+                timeout=timeout,
+                interval=1,
+                what=f"{kind}s deleted (finalizers done)",
+            )
+    for api_version, kind in CHILD_KINDS:
+        wait_for(
+            lambda api_version=api_version, kind=kind: (
+                not resource(site.client, api_version, kind).get(namespace=site.namespace, label_selector=MANAGED).items
+            ),
+            timeout=timeout,
+            interval=1,
+            what=f"every {kind} Strata made to be gone",
+        )
+    nodes = resource(site.client, "v1", "Node").get().to_dict()["items"]
+    labels = [key for node in nodes for key in node["metadata"].get("labels") or {}]
+    assert not [key for key in labels if key.startswith("strata.dev/model")], labels
