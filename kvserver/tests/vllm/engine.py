@@ -1,0 +1,234 @@
+"""The vLLM side of the tier tests and the bench: run with vLLM's own python (strata_testsupport.vllm), never
+imported by pytest (it imports vllm).
+
+Reads one JSON request on stdin and prints one JSON result. It builds vLLM's config from the
+`--kv-transfer-config` JSON and `--prefix-caching-hash-algo` the operator rendered (EngineArgs, as `vllm serve`
+parses them), a config-only model directory and a hand-made KVCacheConfig (the GPU worker cannot run here), then
+lets vLLM's own `build_offloading_config` + `OffloadingSpecFactory` build the TieringOffloadingSpec, whose
+manager loads the Strata tier by `module_path`. The GPU→CPU copy a worker would do is a write into the primary
+tier's memory (`primary_kv_view`), as vLLM's own tiering tests do.
+
+Modes:
+- `store`: one request stores `chunks` chunks (content derived from each key) through the manager; they cascade
+  into the Strata tier; waits until the tier reports every job finished.
+- `load`: a second engine looks the same keys up, lets vLLM promote them from the Strata tier, and compares every
+  chunk's bytes with what was stored.
+- `lookup`: looks keys up for at most `steps` scheduler steps and reports what vLLM decided (the dead-server test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float16",
+    "rms_norm_eps": 1e-5,
+}
+GPU_BLOCK_TOKENS = 16
+NUM_GPU_BLOCKS = 256
+
+
+def write_model_dir(path: Path, config: dict[str, Any]) -> Path:
+    """A config-only model directory: all EngineArgs and the scheduler read (no weights, no tokenizer)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def kv_cache_config(model: dict[str, Any], num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheConfig:
+    """The KV cache a GPU worker of this model would report: one full-attention group over every layer."""
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(model["num_hidden_layers"])]
+    spec = FullAttentionSpec(
+        block_size=GPU_BLOCK_TOKENS,
+        num_kv_heads=model["num_key_value_heads"],
+        head_size=model["head_dim"],
+        dtype=torch.float16,
+    )
+    page = spec.page_size_bytes
+    tensor = KVCacheTensor(
+        size=page * num_blocks * len(layers), layers=layers, layer_stride=page * num_blocks, block_stride=page
+    )
+    return KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[tensor], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
+    )
+
+
+def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
+    """What `vllm serve <model> --kv-transfer-config <json> --prefix-caching-hash-algo <algo>` would build."""
+    transfer = json.loads(request["kv_transfer_config"])
+    transfer["engine_id"] = engine_id
+    args = EngineArgs(
+        model=request["model_dir"],
+        skip_tokenizer_init=True,
+        kv_transfer_config=transfer,
+        prefix_caching_hash_algo=request["prefix_caching_hash_algo"],
+        block_size=GPU_BLOCK_TOKENS,
+        max_model_len=request.get("max_model_len", 4096),
+        enable_prefix_caching=True,
+        load_format="dummy",
+    )
+    config = args.create_engine_config()
+    config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
+    return config
+
+
+def build_manager(request: dict[str, Any], engine_id: str) -> tuple[Any, Any]:
+    config = vllm_config(request, engine_id)
+    model = json.loads(Path(request["model_dir"], "config.json").read_text())
+    offloading = build_offloading_config(config, kv_cache_config(model))
+    spec = OffloadingSpecFactory.create_spec(offloading)
+    return spec, spec.get_manager()
+
+
+def chunk_keys(count: int, salt: str) -> list[bytes]:
+    """Offload keys of one prefix chain (32-byte block hashes, as sha256 gives, + group 0)."""
+    keys, parent = [], salt.encode()
+    for _ in range(count):
+        parent = hashlib.sha256(parent).digest()
+        keys.append(make_offload_key(parent, 0))
+    return keys
+
+
+def content(key: bytes, size: int) -> np.ndarray:
+    """A chunk's bytes, derived from its key: any mix-up of chunks or offsets shows."""
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def strata_tier(manager: Any) -> Any:
+    (tier,) = [t for t in manager.secondary_tiers if type(t).__name__ == "StrataTier"]
+    return tier
+
+
+def primary_bytes(manager: Any) -> np.ndarray:
+    view = manager.primary_tier.get_kv_memoryview()
+    return np.frombuffer(view.cast("B"), dtype=np.uint8).reshape(view.shape[0], -1)
+
+
+def step(manager: Any) -> None:
+    with manager.lock:
+        manager.on_schedule_end(ScheduleEndContext((), ()))
+
+
+def store(request: dict[str, Any]) -> dict[str, Any]:
+    _spec, manager = build_manager(request, "engine-store")
+    tier = strata_tier(manager)
+    keys = chunk_keys(request["chunks"], request["salt"])
+    ctx = ReqContext(req_id="store-1")
+    memory = primary_bytes(manager)
+    with manager.lock:
+        manager.on_new_request(ctx)
+        out = manager.prepare_store(keys, ctx)
+        assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
+        for key, chunk_id in zip(keys, out.store_spec.chunk_ids, strict=True):
+            memory[chunk_id][:] = content(key, memory.shape[1])  # the GPU→CPU copy
+        manager.complete_store(keys, ctx)
+    start = time.monotonic()
+    tier.drain_jobs()
+    elapsed = time.monotonic() - start
+    step(manager)
+    with manager.lock:
+        manager.on_request_finished(ctx)
+    stats = tier.stats()
+    manager.shutdown()
+    return {
+        "namespace": tier.namespace.decode(),
+        "chunk_bytes": int(memory.shape[1]),
+        "stats": stats,
+        "drain_seconds": elapsed,
+    }
+
+
+def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int) -> list[str]:
+    """Ask vLLM's manager for each key every step (as the scheduler does) until none is pending."""
+    verdicts: list[str] = []
+    for _ in range(steps):
+        with manager.lock:
+            verdicts = [manager.lookup(k, ctx).name for k in keys]
+        if all(v in (LookupResult.HIT.name, LookupResult.MISS.name) for v in verdicts):
+            break
+        step(manager)
+        time.sleep(0.01)
+    return verdicts
+
+
+def load(request: dict[str, Any]) -> dict[str, Any]:
+    _spec, manager = build_manager(request, "engine-load")
+    tier = strata_tier(manager)
+    keys = chunk_keys(request["chunks"], request["salt"])
+    ctx = ReqContext(req_id="load-1")
+    with manager.lock:
+        manager.on_new_request(ctx)
+    verdicts = lookup_until_settled(manager, keys, ctx, request.get("steps", 2000))
+    hits = [k for k, v in zip(keys, verdicts, strict=True) if v == LookupResult.HIT.name]
+    equal = 0
+    sources: list[str] = []
+    if hits:
+        memory = primary_bytes(manager)
+        with manager.lock:
+            load_spec = manager.prepare_load(hits, ctx)
+            sources = [manager.get_load_source(k, ctx).name for k in hits]
+        for key, chunk_id in zip(hits, load_spec.chunk_ids, strict=True):
+            equal += bool(np.array_equal(memory[chunk_id], content(key, memory.shape[1])))
+        with manager.lock:
+            manager.complete_load(hits, ctx)
+    with manager.lock:
+        manager.on_request_finished(ctx)
+    stats = tier.stats()
+    manager.shutdown()
+    return {
+        "namespace": tier.namespace.decode(),
+        "verdicts": verdicts,
+        "equal": equal,
+        "sources": sources,
+        "stats": stats,
+    }
+
+
+def lookup(request: dict[str, Any]) -> dict[str, Any]:
+    _spec, manager = build_manager(request, "engine-lookup")
+    tier = strata_tier(manager)
+    keys = chunk_keys(request["chunks"], request["salt"])
+    ctx = ReqContext(req_id="lookup-1")
+    with manager.lock:
+        manager.on_new_request(ctx)
+    verdicts = lookup_until_settled(manager, keys, ctx, request.get("steps", 2000))
+    with manager.lock:
+        manager.on_request_finished(ctx)
+    stats = tier.stats()
+    manager.shutdown()
+    return {"verdicts": verdicts, "stats": stats}
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    request["model_dir"] = str(write_model_dir(Path(request["workdir"]) / "model", request.get("model", MODEL_CONFIG)))
+    result = {"store": store, "load": load, "lookup": lookup}[request["mode"]](request)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
