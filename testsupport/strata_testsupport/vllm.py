@@ -1,19 +1,23 @@
 """vLLM's own code, run on CPU in vLLM's own virtualenv (hack/build-vllm-venv.sh), never in the test process.
 
 vLLM pins torch, numpy, protobuf and more than the main venv holds, so tests never import it: they run a script
-with that venv's python in a subprocess and read its JSON result. The script sees the repo's `kvserver` (the
-Strata tier, `strata_kv.vllm_tier`, and the stdlib-only client it uses) on PYTHONPATH, as a serving image would
-see `pip install strata` without extras.
+with that venv's python in a subprocess (`VllmScript`) and read its JSON answers. The script sees the repo's
+`kvserver` (the Strata tier, `strata_kv.vllm_tier`, and the stdlib-only client it uses) on PYTHONPATH, as a
+serving image would see `pip install strata` without extras.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from strata_testsupport.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-vllm-venv.sh"
@@ -46,27 +50,65 @@ def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_vllm_script(
-    script: Path, request: dict[str, Any], *, env: dict[str, str] | None = None, timeout: float = 300
-) -> dict[str, Any]:
-    """Run `script` with vLLM's python, `request` as JSON on stdin; return the JSON object it prints last.
+RESULT_MARK = "STRATA-RESULT "
+"""Prefix of the scripts' answer lines: vLLM logs to stdout too."""
 
-    A script that fails, hangs past `timeout` or prints no JSON raises with its output, so the test shows why.
+
+class VllmScript:
+    """A long-lived vLLM-side process: one JSON request per line in, one `RESULT_MARK` JSON line out per request.
+
+    vLLM takes tens of seconds to import on these machines, so a test module keeps one process and sends it every
+    request (each builds its own engine objects), instead of one process per request. Its stderr goes to a log
+    file that a failure shows.
     """
-    proc = subprocess.run(
-        [str(vllm_python()), str(script)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=vllm_env(env),
-        timeout=timeout,
-        cwd=script.parent,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(
-            f"{script.name} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
-            f"{proc.stderr[-8000:]}"
+
+    def __init__(self, script: Path, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.script = script
+        self.log_path = log_dir / f"{script.stem}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen(
+            [str(vllm_python()), str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=vllm_env(env),
+            cwd=script.parent,
         )
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+        self._buffer = b""
+
+    def _failure(self, why: str) -> AssertionError:
+        log = self.log_path.read_text(errors="replace")[-8000:]
+        return AssertionError(f"{self.script.name}: {why}\n--- its log\n{log}")
+
+    def call(self, request: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+        """Send `request`, return the script's answer; a crash, an error answer or `timeout` raises with its log."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                while b"\n" in self._buffer:
+                    line, self._buffer = self._buffer.split(b"\n", 1)
+                    text = line.decode(errors="replace")
+                    if text.startswith(RESULT_MARK):
+                        answer: dict[str, Any] = json.loads(text[len(RESULT_MARK) :])
+                        if "error" in answer:
+                            raise self._failure(f"request {request.get('mode')} failed:\n{answer['error']}")
+                        return answer
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._failure(f"no answer to {request.get('mode')} within {timeout}s")
+                if selector.select(left):
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        raise self._failure(f"exited with {self.process.wait()} before answering")
+                    self._buffer += chunk
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        stop_process(self.process, grace=30)
+        self._log.close()

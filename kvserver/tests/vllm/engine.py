@@ -1,7 +1,7 @@
 """The vLLM side of the tier tests and the bench: run with vLLM's own python (strata_testsupport.vllm), never
 imported by pytest (it imports vllm).
 
-Reads one JSON request on stdin and prints one JSON result. It builds vLLM's config from the
+Reads JSON requests on stdin, one per line, and answers each with one JSON line. It builds vLLM's config from the
 `--kv-transfer-config` JSON and `--prefix-caching-hash-algo` the operator rendered (EngineArgs, as `vllm serve`
 parses them), a config-only model directory and a hand-made KVCacheConfig (the GPU worker cannot run here), then
 lets vLLM's own `build_offloading_config` + `OffloadingSpecFactory` build the TieringOffloadingSpec, whose
@@ -19,9 +19,11 @@ Modes:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ MODEL_CONFIG = {
     "torch_dtype": "float16",
     "rms_norm_eps": 1e-5,
 }
+RESULT_MARK = "STRATA-RESULT "  # strata_testsupport.vllm.RESULT_MARK: vLLM logs to stdout too
 GPU_BLOCK_TOKENS = 16
 NUM_GPU_BLOCKS = 256
 
@@ -95,8 +98,12 @@ def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
     return config
 
 
-def build_manager(request: dict[str, Any], engine_id: str) -> tuple[Any, Any]:
-    config = vllm_config(request, engine_id)
+_ENGINES = itertools.count(1)
+
+
+def build_manager(request: dict[str, Any], role: str) -> tuple[Any, Any]:
+    """A fresh engine's offloading spec and manager (its own engine id, so its own /dev/shm region)."""
+    config = vllm_config(request, f"{role}-{next(_ENGINES)}")
     model = json.loads(Path(request["model_dir"], "config.json").read_text())
     offloading = build_offloading_config(config, kv_cache_config(model))
     spec = OffloadingSpecFactory.create_spec(offloading)
@@ -134,7 +141,7 @@ def step(manager: Any) -> None:
 
 
 def store(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "engine-store")
+    _spec, manager = build_manager(request, "store")
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="store-1")
@@ -176,7 +183,7 @@ def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int) 
 
 
 def load(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "engine-load")
+    _spec, manager = build_manager(request, "load")
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="load-1")
@@ -209,7 +216,7 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def lookup(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "engine-lookup")
+    _spec, manager = build_manager(request, "lookup")
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="lookup-1")
@@ -224,10 +231,19 @@ def lookup(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    request = json.load(sys.stdin)
-    request["model_dir"] = str(write_model_dir(Path(request["workdir"]) / "model", request.get("model", MODEL_CONFIG)))
-    result = {"store": store, "load": load, "lookup": lookup}[request["mode"]](request)
-    print(json.dumps(result), flush=True)
+    """Answer one JSON request per stdin line until stdin closes (vLLM is imported once for all of them)."""
+    modes = {"store": store, "load": load, "lookup": lookup}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            model = request.get("model", MODEL_CONFIG)
+            request["model_dir"] = str(write_model_dir(Path(request["workdir"]) / "model", model))
+            result = modes[request["mode"]](request)
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        print(RESULT_MARK + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
