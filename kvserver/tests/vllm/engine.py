@@ -31,9 +31,15 @@ import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
 from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -101,13 +107,28 @@ def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
 _ENGINES = itertools.count(1)
 
 
-def build_manager(request: dict[str, Any], role: str) -> tuple[Any, Any]:
-    """A fresh engine's offloading spec and manager (its own engine id, so its own /dev/shm region)."""
+def build_manager(request: dict[str, Any], role: str) -> tuple[Any, Any, Any]:
+    """A fresh engine's config, offloading spec and manager (its own engine id, so its own /dev/shm region)."""
     config = vllm_config(request, f"{role}-{next(_ENGINES)}")
     model = json.loads(Path(request["model_dir"], "config.json").read_text())
     offloading = build_offloading_config(config, kv_cache_config(model))
     spec = OffloadingSpecFactory.create_spec(offloading)
-    return spec, spec.get_manager()
+    return config, spec, spec.get_manager()
+
+
+def prompt_request(config: Any, request_id: str, tokens: list[int]) -> Any:
+    """A v1 Request whose block hashes vLLM computes as its engine core does (algorithm, NONE_HASH seed)."""
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(GPU_BLOCK_TOKENS, hash_fn, config.num_hash_lookahead_tokens)
+    return Request(request_id, tokens, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+
+
+def prompt_keys(config: Any, tokens: list[int]) -> list[bytes]:
+    """The offload keys vLLM's connector gives this prompt's full chunks: each chunk's last block hash + group 0."""
+    blocks_per_chunk = config.kv_transfer_config.kv_connector_extra_config["block_size"] // GPU_BLOCK_TOKENS
+    hashes = prompt_request(config, "keys", tokens).block_hashes
+    return [make_offload_key(h, 0) for h in hashes[blocks_per_chunk - 1 :: blocks_per_chunk]]
 
 
 def chunk_keys(count: int, salt: str) -> list[bytes]:
@@ -141,9 +162,12 @@ def step(manager: Any) -> None:
 
 
 def store(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "store")
+    config, _spec, manager = build_manager(request, "store")
     tier = strata_tier(manager)
-    keys = chunk_keys(request["chunks"], request["salt"])
+    if "prompt" in request:
+        keys = prompt_keys(config, request["prompt"])
+    else:
+        keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="store-1")
     memory = primary_bytes(manager)
     with manager.lock:
@@ -183,7 +207,7 @@ def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int) 
 
 
 def load(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "load")
+    _config, _spec, manager = build_manager(request, "load")
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="load-1")
@@ -216,7 +240,7 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def lookup(request: dict[str, Any]) -> dict[str, Any]:
-    _spec, manager = build_manager(request, "lookup")
+    _config, _spec, manager = build_manager(request, "lookup")
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="lookup-1")
@@ -230,9 +254,53 @@ def lookup(request: dict[str, Any]) -> dict[str, Any]:
     return {"verdicts": verdicts, "stats": stats}
 
 
+def schedule(request: dict[str, Any]) -> dict[str, Any]:
+    """A real v1 Scheduler with the OffloadingConnector in the scheduler role: the prompt is scheduled once vLLM
+    has promoted its chunks from the Strata tier, with a load job (CPU→GPU, for the worker) for those blocks."""
+    config = vllm_config(request, f"schedule-{next(_ENGINES)}")
+    model = json.loads(Path(request["model_dir"], "config.json").read_text())
+    scheduler = Scheduler(config, kv_cache_config(model), StructuredOutputManager(config), GPU_BLOCK_TOKENS)
+    req = prompt_request(config, "prompt-1", request["prompt"])
+    scheduler.add_request(req)
+    load_jobs: list[Any] = []
+    steps = scheduled_tokens = 0
+    while steps < request.get("steps", 2000):
+        steps += 1
+        out = scheduler.schedule()
+        load_jobs = list(out.kv_connector_metadata.load_jobs.values())
+        scheduled_tokens = out.num_scheduled_tokens.get(req.request_id, 0)
+        if load_jobs or scheduled_tokens:
+            break
+        time.sleep(0.01)
+    manager = scheduler.connector.connector_scheduler.manager
+    tier = strata_tier(manager)
+    expected = prompt_keys(config, request["prompt"])
+    jobs = [job for job in load_jobs if job.req_id == req.request_id]
+    src_chunks = [int(c) for job in jobs for c in np.asarray(job.src_spec.block_ids).ravel()]
+    dst_blocks = sum(int(np.asarray(job.dst_spec.block_ids).size) for job in jobs)
+    memory = primary_bytes(manager)
+    equal = sum(
+        bool(np.array_equal(memory[c], content(k, memory.shape[1]))) for k, c in zip(expected, src_chunks, strict=False)
+    )
+    with manager.lock:
+        sources = [manager.get_load_source(k, ReqContext(req_id=req.request_id)).name for k in expected]
+    result = {
+        "steps": steps,
+        "load_jobs": len(jobs),
+        "src_chunks": len(src_chunks),
+        "dst_gpu_blocks": dst_blocks,
+        "equal": equal,
+        "sources": sources,
+        "scheduled_tokens": scheduled_tokens,
+        "stats": tier.stats(),
+    }
+    scheduler.shutdown()
+    return result
+
+
 def main() -> None:
     """Answer one JSON request per stdin line until stdin closes (vLLM is imported once for all of them)."""
-    modes = {"store": store, "load": load, "lookup": lookup}
+    modes = {"store": store, "load": load, "lookup": lookup, "schedule": schedule}
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -9,6 +9,7 @@ bytes a worker would have copied there.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,3 +122,46 @@ def test_with_the_server_killed_lookups_miss_and_nothing_hangs(
     stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4, salt="doc-2")
     assert stored["stats"].get("chunks_stored", 0) == 0
     assert stored["stats"]["stores_failed"] + stored["stats"].get("stores_dropped", 0) == 4
+
+
+def test_with_the_server_stalled_lookups_time_out_as_misses(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """A stopped process still completes TCP handshakes (the kernel does), then never answers: the slow-server
+    case. The lookup timeout turns it into a miss, and the store into a drop, instead of a stuck request."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        stalled = engine(vllm_engine, "lookup", connection, transfer, tmp_path, chunks=4, steps=1000)
+        stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4, salt="doc-2")
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert stalled["verdicts"] == ["MISS"] * 4
+    assert stalled["stats"]["lookup_errors"] == 4
+    assert stored["stats"]["stores_failed"] == 4 and stored["stats"].get("chunks_stored", 0) == 0
+    # Back from the stall, the server still holds what the first engine stored.
+    assert engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=4)["equal"] == 4
+
+
+def test_a_real_scheduler_loads_the_prompt_chunks_the_tier_holds(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """vLLM's v1 Scheduler with the OffloadingConnector in its scheduler role, on a second engine: it looks the
+    prompt's chunks up (keys from vLLM's own block hasher), promotes them from the Strata tier into its CPU tier
+    and schedules a load job of those chunks for the worker, reported as hits from a storage tier."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    prompt = [(7 * i) % 1000 + 1 for i in range(4 * 64 + 10)]  # four full 64-token chunks and a tail
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, prompt=prompt)
+    assert stored["stats"]["chunks_stored"] == 4
+    scheduled = engine(vllm_engine, "schedule", connection, transfer, tmp_path, prompt=prompt)
+    assert scheduled["load_jobs"] == 1
+    assert (scheduled["src_chunks"], scheduled["dst_gpu_blocks"]) == (4, 16)  # 4 chunks of 4 GPU blocks each
+    assert scheduled["equal"] == 4, "the chunks the worker would copy to the GPU are not what was stored"
+    assert scheduled["sources"] == ["DISK"] * 4
+    assert scheduled["stats"]["lookup_hits"] == 4 and scheduled["stats"]["chunks_loaded"] == 4
