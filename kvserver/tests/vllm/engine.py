@@ -14,6 +14,8 @@ Modes:
 - `load`: a second engine looks the same keys up, lets vLLM promote them from the Strata tier, and compares every
   chunk's bytes with what was stored.
 - `lookup`: looks keys up for at most `steps` scheduler steps and reports what vLLM decided (the dead-server test).
+- `schedule`: a real v1 Scheduler with the OffloadingConnector schedules a prompt whose chunks the tier holds.
+- `bench`: `store` then `load`, timed, for whichever secondary tier the config names (bench/vllm_tier.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 import time
 import traceback
@@ -193,7 +196,7 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int) -> list[str]:
+def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int, pause: float = 0.01) -> list[str]:
     """Ask vLLM's manager for each key every step (as the scheduler does) until none is pending."""
     verdicts: list[str] = []
     for _ in range(steps):
@@ -202,7 +205,7 @@ def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int) 
         if all(v in (LookupResult.HIT.name, LookupResult.MISS.name) for v in verdicts):
             break
         step(manager)
-        time.sleep(0.01)
+        time.sleep(pause)
     return verdicts
 
 
@@ -298,9 +301,68 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def bench(request: dict[str, Any]) -> dict[str, Any]:
+    """Store `chunks` chunks from one engine's CPU tier into its secondary tier, then promote them into a second
+    engine's, timing each phase in wall-clock seconds (bench/vllm_tier.py; the tier is whatever the config names).
+    Every promoted chunk is compared with what was stored, outside the timed part."""
+    keys = chunk_keys(request["chunks"], request["salt"])
+    _config, _spec, writer = build_manager(request, "bench-store")
+    memory = primary_bytes(writer)
+    chunk_bytes = int(memory.shape[1])
+    ctx = ReqContext(req_id="bench-store")
+    with writer.lock:
+        writer.on_new_request(ctx)
+        out = writer.prepare_store(keys, ctx)
+        assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
+    for key, chunk_id in zip(keys, out.store_spec.chunk_ids, strict=True):
+        memory[chunk_id][:] = content(key, chunk_bytes)
+    start = time.monotonic()
+    with writer.lock:
+        writer.complete_store(keys, ctx)
+    (tier,) = writer.secondary_tiers
+    tier.drain_jobs()
+    store_seconds = time.monotonic() - start
+    step(writer)
+    with writer.lock:
+        writer.on_request_finished(ctx)
+    writer.shutdown()
+
+    if request.get("drop_caches_before_load"):  # a cold read of what the fs tier wrote (needs root)
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    _config, _spec, reader = build_manager(request, "bench-load")
+    ctx = ReqContext(req_id="bench-load")
+    with reader.lock:
+        reader.on_new_request(ctx)
+    start = time.monotonic()
+    verdicts = lookup_until_settled(reader, keys, ctx, request.get("steps", 100000), pause=0.0005)
+    load_seconds = time.monotonic() - start
+    hits = [k for k, v in zip(keys, verdicts, strict=True) if v == LookupResult.HIT.name]
+    equal = 0
+    if hits:
+        memory = primary_bytes(reader)
+        with reader.lock:
+            load_spec = reader.prepare_load(hits, ctx)
+        for key, chunk_id in zip(hits, load_spec.chunk_ids, strict=True):
+            equal += bool(np.array_equal(memory[chunk_id], content(key, chunk_bytes)))
+        with reader.lock:
+            reader.complete_load(hits, ctx)
+    with reader.lock:
+        reader.on_request_finished(ctx)
+    reader.shutdown()
+    return {
+        "chunk_bytes": chunk_bytes,
+        "chunks": len(keys),
+        "store_seconds": store_seconds,
+        "load_seconds": load_seconds,
+        "hits": len(hits),
+        "equal": equal,
+    }
+
+
 def main() -> None:
     """Answer one JSON request per stdin line until stdin closes (vLLM is imported once for all of them)."""
-    modes = {"store": store, "load": load, "lookup": lookup, "schedule": schedule}
+    modes = {"store": store, "load": load, "lookup": lookup, "schedule": schedule, "bench": bench}
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -288,11 +288,24 @@ class UpdateStrategy(CRDModel):
     )
 
 
+SALT_NEEDS_LMCACHE = (
+    "tenancy.requireSalt checks LMCache's keys (model@...@salt); with connector vllm a tenant's cache_salt is part "
+    "of vLLM's block hashes instead, so the servers would refuse every chunk: set connector.type lmcache, or "
+    "requireSalt false"
+)
+
+
 class KVCacheTierSpec(CRDModel):
     """What runs on which nodes, with which tiers, and the settings its clients must share."""
 
     model_config = _rules(
-        cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort")
+        cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort"),
+        cel(
+            "!(has(self.tenancy) && has(self.tenancy.requireSalt) && self.tenancy.requireSalt && "
+            "(!has(self.connector) || !has(self.connector.type) || self.connector.type == 'vllm'))",
+            SALT_NEEDS_LMCACHE,
+            field_path=".tenancy.requireSalt",
+        ),
     )
 
     image: str | None = Field(
@@ -369,6 +382,12 @@ class KVCacheTierSpec(CRDModel):
         "strata.dev/shm-size annotation overrides it. Default with connector vllm: connector.cpuBytes + 1Gi; "
         "with lmcache: none.",
     )
+
+    @model_validator(mode="after")
+    def _salt_needs_lmcache(self) -> KVCacheTierSpec:
+        if self.tenancy.require_salt and self.connector.type == ConnectorType.VLLM:
+            raise ValueError(SALT_NEEDS_LMCACHE)
+        return self
 
 
 class NodeEndpoint(CRDModel):

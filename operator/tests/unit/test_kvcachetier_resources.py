@@ -124,6 +124,7 @@ def test_config_map_parses_back_with_the_servers_own_model() -> None:
         chunkTokens=512,
         hash={"algorithm": "xxhash", "seed": "42"},
         tenancy={"requireSalt": True},
+        connector={"type": "lmcache"},  # the server's salt check reads LMCache's keys
         auth={"secretRef": {"name": "kv-token"}},
         port=7000,
     )
