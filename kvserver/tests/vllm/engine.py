@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
@@ -92,6 +93,7 @@ def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
     """What `vllm serve <model> --kv-transfer-config <json> --prefix-caching-hash-algo <algo>` would build."""
     transfer = json.loads(request["kv_transfer_config"])
     transfer["engine_id"] = engine_id
+    events = bool(request.get("kv_events"))
     args = EngineArgs(
         model=request["model_dir"],
         skip_tokenizer_init=True,
@@ -101,6 +103,7 @@ def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
         max_model_len=request.get("max_model_len", 4096),
         enable_prefix_caching=True,
         load_format="dummy",
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null") if events else None,
     )
     config = args.create_engine_config()
     config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
@@ -183,13 +186,19 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
     tier.drain_jobs()
     elapsed = time.monotonic() - start
-    step(manager)
+    step(manager)  # ends the step of prepare_store (which already polled the tiers in it)
+    step(manager)  # the next step collects the finished store jobs (and their events)
     with manager.lock:
         manager.on_request_finished(ctx)
+        events = [e for e in manager.take_events() if e.ownership is not None or e.medium.name == "STORAGE"]
     stats = tier.stats()
     manager.shutdown()
     return {
         "namespace": tier.namespace.decode(),
+        "storage_events": [
+            {"medium": e.medium.name, "removed": e.removed, "keys": [bytes(k).hex() for k in e.keys]} for e in events
+        ],
+        "keys": [bytes(k).hex() for k in keys],
         "chunk_bytes": int(memory.shape[1]),
         "stats": stats,
         "drain_seconds": elapsed,

@@ -165,3 +165,17 @@ def test_a_real_scheduler_loads_the_prompt_chunks_the_tier_holds(
     assert scheduled["equal"] == 4, "the chunks the worker would copy to the GPU are not what was stored"
     assert scheduled["sources"] == ["DISK"] * 4
     assert scheduled["stats"]["lookup_hits"] == 4 and scheduled["stats"]["chunks_loaded"] == 4
+
+
+def test_stored_chunks_are_reported_as_storage_kv_events(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """With vLLM's KV events on and the tier's `enable_kv_events` (not rendered by the operator yet: issue 12,
+    item 5), the manager's take_events() carries the stored chunks with medium STORAGE."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = json.loads(pointed_at(connection, server))
+    transfer["kv_connector_extra_config"]["secondary_tiers"][0]["enable_kv_events"] = True
+    stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3, kv_events=True)
+    storage = [e for e in stored["storage_events"] if e["medium"] == "STORAGE"]
+    assert storage == [{"medium": "STORAGE", "removed": False, "keys": stored["keys"]}]
