@@ -179,3 +179,22 @@ def test_stored_chunks_are_reported_as_storage_kv_events(
     stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3, kv_events=True)
     storage = [e for e in stored["storage_events"] if e["medium"] == "STORAGE"]
     assert storage == [{"medium": "STORAGE", "removed": False, "keys": stored["keys"]}]
+
+
+def test_a_mounted_unix_socket_is_used_instead_of_the_service(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """Where the server's socket is mounted into the pod, the tier takes it (and falls back to `url` where the
+    path does not exist); both reach the same server."""
+    server = kv_server_factory(l2_fs=False)
+    assert server.unix_socket
+    connection = rendered_connection(SMALL_TIER)
+    transfer = json.loads(pointed_at(connection, server))
+    tier = transfer["kv_connector_extra_config"]["secondary_tiers"][0]
+    tier["url"] = "redis://127.0.0.1:1"  # nothing listens there: only the socket can work
+    tier["unix_socket"] = server.unix_socket
+    stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert stored["stats"]["chunks_stored"] == 3
+    tier["url"], tier["unix_socket"] = f"redis://127.0.0.1:{server.port}", str(tmp_path / "not-mounted.sock")
+    loaded = engine(vllm_engine, "load", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert loaded["equal"] == 3
