@@ -20,6 +20,7 @@ Modes:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -111,6 +112,13 @@ def vllm_config(request: dict[str, Any], engine_id: str) -> Any:
 
 
 _ENGINES = itertools.count(1)
+_OPEN: list[Any] = []
+"""Managers and schedulers of the current request: a request that fails still releases their /dev/shm regions."""
+
+
+def close(owner: Any) -> None:
+    _OPEN.remove(owner)
+    owner.shutdown()
 
 
 def build_manager(request: dict[str, Any], role: str) -> tuple[Any, Any, Any]:
@@ -119,7 +127,9 @@ def build_manager(request: dict[str, Any], role: str) -> tuple[Any, Any, Any]:
     model = json.loads(Path(request["model_dir"], "config.json").read_text())
     offloading = build_offloading_config(config, kv_cache_config(model))
     spec = OffloadingSpecFactory.create_spec(offloading)
-    return config, spec, spec.get_manager()
+    manager = spec.get_manager()
+    _OPEN.append(manager)
+    return config, spec, manager
 
 
 def prompt_request(config: Any, request_id: str, tokens: list[int]) -> Any:
@@ -192,7 +202,7 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
         manager.on_request_finished(ctx)
         events = [e for e in manager.take_events() if e.ownership is not None or e.medium.name == "STORAGE"]
     stats = tier.stats()
-    manager.shutdown()
+    close(manager)
     return {
         "namespace": tier.namespace.decode(),
         "storage_events": [
@@ -241,7 +251,7 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
     with manager.lock:
         manager.on_request_finished(ctx)
     stats = tier.stats()
-    manager.shutdown()
+    close(manager)
     return {
         "namespace": tier.namespace.decode(),
         "verdicts": verdicts,
@@ -262,7 +272,7 @@ def lookup(request: dict[str, Any]) -> dict[str, Any]:
     with manager.lock:
         manager.on_request_finished(ctx)
     stats = tier.stats()
-    manager.shutdown()
+    close(manager)
     return {"verdicts": verdicts, "stats": stats}
 
 
@@ -272,6 +282,7 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
     config = vllm_config(request, f"schedule-{next(_ENGINES)}")
     model = json.loads(Path(request["model_dir"], "config.json").read_text())
     scheduler = Scheduler(config, kv_cache_config(model), StructuredOutputManager(config), GPU_BLOCK_TOKENS)
+    _OPEN.append(scheduler)
     req = prompt_request(config, "prompt-1", request["prompt"])
     scheduler.add_request(req)
     load_jobs: list[Any] = []
@@ -306,7 +317,7 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
         "scheduled_tokens": scheduled_tokens,
         "stats": tier.stats(),
     }
-    scheduler.shutdown()
+    close(scheduler)
     return result
 
 
@@ -334,7 +345,7 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
     step(writer)
     with writer.lock:
         writer.on_request_finished(ctx)
-    writer.shutdown()
+    close(writer)
 
     if request.get("drop_caches_before_load"):  # a cold read of what the fs tier wrote (needs root)
         os.sync()
@@ -358,7 +369,7 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
             reader.complete_load(hits, ctx)
     with reader.lock:
         reader.on_request_finished(ctx)
-    reader.shutdown()
+    close(reader)
     return {
         "chunk_bytes": chunk_bytes,
         "chunks": len(keys),
@@ -382,6 +393,9 @@ def main() -> None:
             result = modes[request["mode"]](request)
         except Exception:
             result = {"error": traceback.format_exc()}
+            while _OPEN:
+                with contextlib.suppress(Exception):
+                    close(_OPEN[-1])
         print(RESULT_MARK + json.dumps(result), flush=True)
 
 
