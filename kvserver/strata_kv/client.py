@@ -7,10 +7,11 @@ stats) and reads large values without per-chunk copies.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from . import shared_memory
 from .resp import command
@@ -59,13 +60,17 @@ class KVClient:
         else:
             self._sock = socket.create_connection((host, port), timeout=timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._file = self._sock.makefile("rb", buffering=256 * 1024)
+        self._file = cast(io.BufferedReader, self._sock.makefile("rb", buffering=256 * 1024))
         if token is not None:
             self.call("AUTH", token)
 
     def close(self) -> None:
         self._file.close()
         self._sock.close()
+
+    def settimeout(self, timeout: float | None) -> None:
+        """Bound each later send and receive (the constructor's timeout also bounds the connect)."""
+        self._sock.settimeout(timeout)
 
     def __enter__(self) -> KVClient:
         return self
@@ -95,6 +100,46 @@ class KVClient:
         if isinstance(reply, KVError):
             raise reply
         return reply
+
+    def set_from(self, key: bytes, value: memoryview | bytes) -> None:
+        """SET `key` to the bytes of `value`, sent straight from that buffer (no joined copy of a large chunk)."""
+        view = memoryview(value).cast("B")
+        self._sock.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, view.nbytes))
+        self._sock.sendall(view)
+        self._sock.sendall(b"\r\n")
+        reply = self._read_reply()
+        if isinstance(reply, KVError):
+            raise reply
+
+    def get_into(self, key: bytes, dest: memoryview) -> bool:
+        """GET `key` straight into `dest`; False on a miss. A value of another size than `dest` is refused
+        (read and dropped, the connection stays usable) with a KVError: it is not the chunk the caller expects."""
+        self._sock.sendall(command("GET", key))
+        line = self._file.readline()
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("server closed the connection")
+        if line[:1] != b"$":
+            is_array, value = _decode(line[0], line[1:-2], self._read_exact)
+            if is_array:
+                raise KVError("GET answered with an array: the connection is out of step; reconnect")
+            if isinstance(value, KVError):
+                raise value
+            raise KVError(f"GET answered {value!r}, not a bulk string")
+        n = int(line[1:-2])
+        if n < 0:
+            return False
+        target = memoryview(dest).cast("B")
+        if n != target.nbytes:
+            self._read_exact(n + 2)
+            raise KVError(f"value of {key!r} is {n} bytes, the buffer for it {target.nbytes}")
+        got = 0
+        while got < n:
+            k = self._file.readinto(target[got:])
+            if not k:
+                raise ConnectionError("server closed the connection mid-reply")
+            got += k
+        self._read_exact(2)
+        return True
 
     # -- conveniences -----------------------------------------------------------------------------
     def ping(self) -> bool:

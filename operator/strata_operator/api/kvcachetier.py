@@ -58,6 +58,13 @@ class HashAlgorithm(StrEnum):
     XXHASH_CBOR = "xxhash_cbor"
 
 
+class ConnectorType(StrEnum):
+    """How vLLM reaches the tier: its own OffloadingConnector with Strata's tier (default), or LMCache's."""
+
+    VLLM = "vllm"
+    LMCACHE = "lmcache"
+
+
 class S3AddressingStyle(StrEnum):
     AUTO = "auto"
     PATH = "path"
@@ -246,6 +253,28 @@ class AuthSpec(CRDModel):
     )
 
 
+class ConnectorSpec(CRDModel):
+    """What the `<name>-connection` ConfigMap tells vLLM to load, and the settings of vLLM's own CPU tier."""
+
+    type: ConnectorType = Field(
+        default=ConnectorType.VLLM,
+        description="vllm (default): vLLM's OffloadingConnector with TieringOffloadingSpec and Strata's tier "
+        "(strata_kv.vllm_tier, `pip install strata` in the serving image), a CPU tier per engine in /dev/shm in "
+        "front of the node's server. lmcache: LMCache's connector on its RESP backend (needs lmcache in the "
+        "image; vLLM turns its hybrid KV cache manager off with it).",
+    )
+    cpu_bytes: Annotated[str, WholeBytes("connector.cpuBytes")] = Field(
+        default="4Gi",
+        description="vllm: bytes of each engine's CPU tier (cpu_bytes_to_use), allocated in /dev/shm: "
+        + BYTE_SIZE_UNITS
+        + ". Default 4Gi. The webhook's /dev/shm is this plus 1Gi unless clientShmSize says otherwise.",
+    )
+    offload_prompt_only: bool = Field(
+        default=True,
+        description="vllm: offload only the prompt's KV (vLLM's default), not what decoding generates.",
+    )
+
+
 class UpdateStrategy(CRDModel):
     """How the DaemonSet replaces servers when the spec changes (its updateStrategy)."""
 
@@ -259,11 +288,24 @@ class UpdateStrategy(CRDModel):
     )
 
 
+SALT_NEEDS_LMCACHE = (
+    "tenancy.requireSalt checks LMCache's keys (model@...@salt); with connector vllm a tenant's cache_salt is part "
+    "of vLLM's block hashes instead, so the servers would refuse every chunk: set connector.type lmcache, or "
+    "requireSalt false"
+)
+
+
 class KVCacheTierSpec(CRDModel):
     """What runs on which nodes, with which tiers, and the settings its clients must share."""
 
     model_config = _rules(
-        cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort")
+        cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort"),
+        cel(
+            "!(has(self.tenancy) && has(self.tenancy.requireSalt) && self.tenancy.requireSalt && "
+            "(!has(self.connector) || !has(self.connector.type) || self.connector.type == 'vllm'))",
+            SALT_NEEDS_LMCACHE,
+            field_path=".tenancy.requireSalt",
+        ),
     )
 
     image: str | None = Field(
@@ -323,6 +365,11 @@ class KVCacheTierSpec(CRDModel):
         description="RESP AUTH: on by default with a token the operator generates; a Secret of your own with "
         "secretRef, or none with disabled: true.",
     )
+    connector: ConnectorSpec = Field(
+        default_factory=ConnectorSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="The vLLM connector the connection ConfigMap renders: vllm (default) or lmcache.",
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = Field(
@@ -332,8 +379,15 @@ class KVCacheTierSpec(CRDModel):
         default=None,
         description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "
         "wires to this tier (vLLM's CPU KV tier needs more than the runtime's 64Mi default); a pod's "
-        "strata.dev/shm-size annotation overrides it.",
+        "strata.dev/shm-size annotation overrides it. Default with connector vllm: connector.cpuBytes + 1Gi; "
+        "with lmcache: none.",
     )
+
+    @model_validator(mode="after")
+    def _salt_needs_lmcache(self) -> KVCacheTierSpec:
+        if self.tenancy.require_salt and self.connector.type == ConnectorType.VLLM:
+            raise ValueError(SALT_NEEDS_LMCACHE)
+        return self
 
 
 class NodeEndpoint(CRDModel):

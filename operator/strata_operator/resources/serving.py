@@ -16,7 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from strata_operator.api import GROUP
+from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.kvcachetier.auth import token_secret
+from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, client_shm_size
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -28,7 +31,8 @@ MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
 CONTAINERS_ANNOTATION = f"{GROUP}/containers"
 """Comma-separated container names to wire; all of `spec.containers` when absent."""
 KV_ARGS_ANNOTATION = f"{GROUP}/kv-transfer-config-args"
-"""`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` to the wired containers' args (vLLM)."""
+"""`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` and `--prefix-caching-hash-algo
+$(PREFIX_CACHING_HASH_ALGO)` to the wired containers' args (vLLM)."""
 SHM_SIZE_ANNOTATION = f"{GROUP}/shm-size"
 """A size (e.g. `8Gi`): mount a memory-backed /dev/shm of that size limit, which vLLM's CPU KV tier needs;
 overrides the tier's `spec.clientShmSize`."""
@@ -36,6 +40,10 @@ MODEL_READY_GATE = f"{GROUP}/model-ready"
 MODEL_DIR_ENV = "STRATA_MODEL_DIR"
 KV_TRANSFER_FLAG = "--kv-transfer-config"
 KV_TRANSFER_VALUE = "$(KV_TRANSFER_CONFIG)"
+HASH_ALGO_FLAG = "--prefix-caching-hash-algo"
+HASH_ALGO_VALUE = "$(PREFIX_CACHING_HASH_ALGO)"
+KV_ARGS = ((KV_TRANSFER_FLAG, KV_TRANSFER_VALUE), (HASH_ALGO_FLAG, HASH_ALGO_VALUE))
+"""The flags vLLM needs to share the tier's chunks, valued from the connection ConfigMap."""
 SHM_VOLUME = "strata-shm"
 SHM_PATH = "/dev/shm"
 
@@ -164,10 +172,14 @@ def _wire_kv_tier(
 ) -> None:
     meta = tier["metadata"]
     whose = f"KVCacheTier {meta['name']}"
-    config_map = (tier.get("status") or {}).get("connectionConfigMap") or TierRef(
-        meta["name"], meta["namespace"], ""
-    ).connection_config_map
-    shm_size = annotations.get(SHM_SIZE_ANNOTATION) or (tier.get("spec") or {}).get("clientShmSize")
+    ref = TierRef(meta["name"], meta["namespace"], meta.get("uid", ""))
+    try:
+        tier_spec = KVCacheTierSpec.model_validate(tier.get("spec") or {})
+    except ValidationError as error:
+        raise WiringConflict(f"{whose} has an invalid spec: {error}") from None
+    config_map = (tier.get("status") or {}).get("connectionConfigMap") or ref.connection_config_map
+    shm_size = annotations.get(SHM_SIZE_ANNOTATION) or client_shm_size(tier_spec)
+    token = token_secret(tier_spec, ref)
     if shm_size:
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}
         _add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")
@@ -178,28 +190,33 @@ def _wire_kv_tier(
             sources.append({"configMapRef": {"name": config_map}})
         if shm_size:
             _add_mount(container, {"name": SHM_VOLUME, "mountPath": SHM_PATH}, field, "the /dev/shm for the KV tier")
+        if token is not None:
+            # The tier's AUTH token, for Strata's vLLM tier (it reads TOKEN_ENV); the value never enters the spec.
+            secret_env = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}
+            _add_named(container, "env", secret_env, f"{field}.env", whose)
         if annotations.get(KV_ARGS_ANNOTATION, "").lower() == "true":
-            _append_kv_args(container, field, whose)
+            for flag, value in KV_ARGS:
+                _append_flag(container, flag, value, field, whose)
 
 
-def _append_kv_args(container: dict[str, Any], field: str, whose: str) -> None:
+def _append_flag(container: dict[str, Any], flag: str, value: str, field: str, whose: str) -> None:
     args = container.setdefault("args", [])
     for i, arg in enumerate(args):
-        if arg == KV_TRANSFER_FLAG:
+        if arg == flag:
             given = args[i + 1] if i + 1 < len(args) else None
-            if given != KV_TRANSFER_VALUE:
+            if given != value:
                 raise WiringConflict(
-                    f"{field}.args already passes {KV_TRANSFER_FLAG} {given!r}; {whose} would pass "
-                    f"{KV_TRANSFER_VALUE!r}: remove one, or the annotation {KV_ARGS_ANNOTATION}"
+                    f"{field}.args already passes {flag} {given!r}; {whose} would pass "
+                    f"{value!r}: remove one, or the annotation {KV_ARGS_ANNOTATION}"
                 )
             return
-        if arg.startswith(f"{KV_TRANSFER_FLAG}="):
-            if arg != f"{KV_TRANSFER_FLAG}={KV_TRANSFER_VALUE}":
+        if arg.startswith(f"{flag}="):
+            if arg != f"{flag}={value}":
                 raise WiringConflict(
                     f"{field}.args already passes {arg!r}; remove it or the annotation {KV_ARGS_ANNOTATION}"
                 )
             return
-    args.extend([KV_TRANSFER_FLAG, KV_TRANSFER_VALUE])
+    args.extend([flag, value])
 
 
 def _mode(cache: Mapping[str, Any]) -> str | None:

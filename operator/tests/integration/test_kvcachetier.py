@@ -177,6 +177,7 @@ def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, nam
     assert spec["hash"] == {"algorithm": "sha256_cbor"}
     assert spec["updateStrategy"] == {"type": "RollingUpdate"}
     assert (spec["chunkTokens"], spec["port"], spec["metricsPort"]) == (256, 6379, 9121)
+    assert spec["connector"] == {"type": "vllm", "cpuBytes": "4Gi", "offloadPromptOnly": True}
 
 
 def test_one_ready_server_per_gpu_node(
@@ -199,10 +200,12 @@ def test_one_ready_server_per_gpu_node(
     assert service.spec.internalTrafficPolicy == "Local"
     connection = resource(k8s, "v1", "ConfigMap").get(name="kv-connection", namespace=namespace).data
     transfer = json.loads(connection["KV_TRANSFER_CONFIG"])
-    assert transfer["kv_connector"] == "LMCacheConnectorV1" and transfer["kv_role"] == "kv_both"
-    assert transfer["kv_connector_extra_config"]["lmcache.remote_url"] == f"redis://kv.{namespace}.svc:6379"
-    assert transfer["kv_connector_extra_config"]["lmcache.chunk_size"] == 512
+    assert transfer["kv_connector"] == "OffloadingConnector" and transfer["kv_role"] == "kv_both"
+    extra = transfer["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["block_size"] == 512
+    assert extra["secondary_tiers"][0]["url"] == f"redis://kv.{namespace}.svc:6379"
     assert connection["PYTHONHASHSEED"] == "1234"
+    assert connection["PREFIX_CACHING_HASH_ALGO"] == "sha256_cbor"
     assert ds.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION]
     wait_for(
         lambda: len(resource(k8s, "v1", "Pod").get(namespace=namespace).items) == 2,

@@ -94,3 +94,12 @@ def test_samples_are_valid_specs() -> None:
         assert tiers, path
         for doc in tiers:
             KVCacheTierSpec.model_validate(doc["spec"])
+
+
+def test_require_salt_needs_the_lmcache_connector() -> None:
+    """The server's salt check reads LMCache's key format; vLLM's keys carry no salt (it is in the hashes)."""
+    spec = _schema()["properties"]["spec"]
+    assert any("self.tenancy.requireSalt" in rule and "self.connector.type == 'vllm'" in rule for rule in _rules(spec))
+    with pytest.raises(ValidationError, match=r"set connector\.type lmcache, or requireSalt false"):
+        KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}})
+    KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}, "connector": {"type": "lmcache"}})

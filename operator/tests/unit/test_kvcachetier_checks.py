@@ -284,3 +284,14 @@ def test_no_ready_server_after_the_grace_period_is_a_warning() -> None:
     )
     warnings = [(t, r) for t, r, _ in events if t == "Warning"]
     assert warnings == [("Warning", "NoReadyInstances")]
+
+
+def test_a_client_shm_smaller_than_vllms_cpu_tier_is_refused_by_name() -> None:
+    facts = ClusterFacts(secrets={"kv-kv-token": None})
+    small = spec_of(clientShmSize="2Gi", connector={"cpuBytes": "8Gi"}, auth={"disabled": True})
+    (problem,) = validate(small, facts)
+    assert problem.reason == "ShmTooSmall"
+    assert "spec.clientShmSize (2Gi) is below spec.connector.cpuBytes (8Gi)" in problem.message
+    assert validate(spec_of(clientShmSize="9Gi", connector={"cpuBytes": "8Gi"}, auth={"disabled": True}), facts) == []
+    lmcache = spec_of(clientShmSize="2Gi", connector={"type": "lmcache", "cpuBytes": "8Gi"}, auth={"disabled": True})
+    assert validate(lmcache, facts) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -18,6 +19,7 @@ from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, 
 from strata_operator.resources.runtime_image import RuntimeImage
 
 TIER = TierRef("kv", "serving", "0000-uid", 3)
+KVSERVER_PACKAGE = Path(__file__).resolve().parents[3] / "kvserver" / "strata_kv"
 RUNTIME = RuntimeImage("registry.local/strata-runtime:test")
 GiB = 1024**3
 
@@ -122,6 +124,7 @@ def test_config_map_parses_back_with_the_servers_own_model() -> None:
         chunkTokens=512,
         hash={"algorithm": "xxhash", "seed": "42"},
         tenancy={"requireSalt": True},
+        connector={"type": "lmcache"},  # the server's salt check reads LMCache's keys
         auth={"secretRef": {"name": "kv-token"}},
         port=7000,
     )
@@ -217,27 +220,31 @@ def test_builders_emit_no_shared_objects() -> None:
 
 
 class VllmKVTransferConfig(BaseModel):
-    """The fields of vLLM's `KVTransferConfig` (vllm/config/kv_transfer.py), nothing else accepted."""
+    """The fields of vLLM 0.33's `KVTransferConfig` (vllm/config/kv_transfer.py), nothing else accepted. The
+    vLLM tests (kvserver/tests/vllm) hand the same JSON to vLLM's own EngineArgs."""
 
     model_config = ConfigDict(extra="forbid")
     kv_connector: str | None = None
     engine_id: str | None = None
-    kv_buffer_device: str | None = "cuda"
-    kv_buffer_size: float = 1e9
+    kv_buffer_device: str = "cuda"
     kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = None
-    kv_rank: int | None = None
-    kv_parallel_size: int = 1
-    kv_ip: str = "127.0.0.1"
     kv_port: int = 14579
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
     kv_connector_module_path: str | None = None
+    enable_permute_local_kv: bool = False
+    kv_load_failure_policy: Literal["recompute", "fail"] = "fail"
 
 
 LMCACHE_FIELDS = {"chunk_size", "remote_url", "remote_serde"}
 
 
-def test_connection_config_map_is_what_vllm_accepts() -> None:
-    spec = spec_of(chunkTokens=512, hash={"algorithm": "xxhash", "seed": "123"}, tenancy={"cacheSalt": "team-a"})
+def test_lmcache_connection_config_map_is_what_vllm_accepts() -> None:
+    spec = spec_of(
+        connector={"type": "lmcache"},
+        chunkTokens=512,
+        hash={"algorithm": "xxhash", "seed": "123"},
+        tenancy={"cacheSalt": "team-a"},
+    )
     data = build_connection_config_map(spec, TIER)["data"]
     raw = json.loads(data["KV_TRANSFER_CONFIG"])
     config = VllmKVTransferConfig.model_validate(raw)
@@ -250,9 +257,66 @@ def test_connection_config_map_is_what_vllm_accepts() -> None:
     assert extra["lmcache.remote_url"] == "redis://kv.serving.svc:6379"
     assert extra["lmcache.chunk_size"] == 512
     assert data["PYTHONHASHSEED"] == "123"
-    assert data["STRATA_KV_HASH_ALGORITHM"] == "xxhash"
+    assert data["PREFIX_CACHING_HASH_ALGO"] == "xxhash"
+    assert "STRATA_KV_HASH_ALGORITHM" not in data
     assert data["STRATA_KV_CACHE_SALT"] == "team-a"
     assert data["LMCACHE_REMOTE_URL"] == extra["lmcache.remote_url"]
+    assert "STRATA_KV_SHM_SIZE" not in data
+
+
+def test_lmcache_always_gets_a_shared_hash_seed() -> None:
+    """LMCache hashes chunks with Python's hash() by default: engines need one PYTHONHASHSEED whatever vLLM uses."""
+    data = build_connection_config_map(spec_of(connector={"type": "lmcache"}), TIER)["data"]
+    assert data["PYTHONHASHSEED"].isdigit()
+
+
+def test_vllm_connection_is_the_offloading_connector_with_the_strata_tier() -> None:
+    spec = spec_of(chunkTokens=512, connector={"cpuBytes": "6Gi", "offloadPromptOnly": False})
+    data = build_connection_config_map(spec, TIER)["data"]
+    raw = json.loads(data["KV_TRANSFER_CONFIG"])
+    config = VllmKVTransferConfig.model_validate(raw)
+    assert config.kv_connector == "OffloadingConnector" and config.kv_role == "kv_both"
+    assert config.kv_load_failure_policy == "recompute"
+    assert config.kv_connector_extra_config == {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 6 * 1024**3,
+        "block_size": 512,
+        "offload_prompt_only": False,
+        "secondary_tiers": [
+            {
+                "type": "StrataTier",
+                "module_path": "strata_kv.vllm_tier",
+                "url": "redis://kv.serving.svc:6379",
+                "token_env": "STRATA_KV_TOKEN",
+            }
+        ],
+    }
+    assert data["PREFIX_CACHING_HASH_ALGO"] == "sha256_cbor"
+    assert data["STRATA_KV_SHM_SIZE"] == "7Gi"
+    assert not any(key.startswith("LMCACHE_") for key in data)
+
+
+def test_vllm_gets_pythonhashseed_only_where_the_hash_needs_one() -> None:
+    """sha256 variants seed from vLLM's fixed default unless PYTHONHASHSEED is set: leaving it unset lets
+    engines Strata did not wire share chunks too. xxhash variants seed at random per process without it."""
+    assert "PYTHONHASHSEED" not in build_connection_config_map(spec_of(), TIER)["data"]
+    xxhash = build_connection_config_map(spec_of(hash={"algorithm": "xxhash_cbor"}), TIER)["data"]
+    assert xxhash["PYTHONHASHSEED"].isdigit()
+    chosen = build_connection_config_map(spec_of(hash={"seed": "77"}), TIER)["data"]
+    assert chosen["PYTHONHASHSEED"] == "77"
+
+
+def test_vllm_tier_without_auth_names_no_token() -> None:
+    data = build_connection_config_map(spec_of(auth={"disabled": True}), TIER)["data"]
+    (tier,) = json.loads(data["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]["secondary_tiers"]
+    assert "token_env" not in tier
+
+
+def test_the_tier_class_vllm_is_told_to_load_exists() -> None:
+    """vLLM imports `module_path` and takes `type` from it; the operator cannot import it (it needs vLLM), so
+    the name is checked in the source here and the vLLM tests load it for real."""
+    source = (KVSERVER_PACKAGE / "vllm_tier.py").read_text()
+    assert "\nclass StrataTier(SecondaryTierManager):" in source
 
 
 def test_connection_keys_are_environment_variable_names() -> None:

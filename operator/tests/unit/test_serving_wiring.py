@@ -33,8 +33,8 @@ def cache(mode: str = "SharedPVC", conditions: list[dict[str, Any]] | None = Non
     }
 
 
-def tier(**status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "kv", "namespace": "serving", "uid": "u2"}, "spec": {}, "status": status}
+def tier(spec: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "kv", "namespace": "serving", "uid": "u2"}, "spec": spec or {}, "status": status}
 
 
 def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -147,13 +147,39 @@ def test_kv_tier_adds_the_connection_config_map_shm_and_opt_in_args() -> None:
     (vllm,) = out["spec"]["containers"]
     assert vllm["envFrom"] == [{"configMapRef": {"name": "kv-connection"}}]
     assert vllm["volumeMounts"] == [{"name": "strata-shm", "mountPath": "/dev/shm"}]
-    assert vllm["args"] == ["m", "--kv-transfer-config", "$(KV_TRANSFER_CONFIG)"]
+    assert vllm["args"] == [
+        "m",
+        "--kv-transfer-config",
+        "$(KV_TRANSFER_CONFIG)",
+        "--prefix-caching-hash-algo",
+        "$(PREFIX_CACHING_HASH_ALGO)",
+    ]
     assert out["spec"]["volumes"] == [{"name": "strata-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
 
 
-def test_kv_tier_without_options_only_adds_env_from() -> None:
+def test_kv_tier_with_the_vllm_connector_gets_shm_for_its_cpu_tier_and_the_token() -> None:
+    """vLLM allocates connector.cpuBytes in /dev/shm (64Mi in a container unless mounted): 4Gi + 1Gi headroom."""
     out = wired(pod(containers=[{"name": "vllm"}]), kv_tier=tier())
+    (vllm,) = out["spec"]["containers"]
+    assert vllm["envFrom"] == [{"configMapRef": {"name": "kv-connection"}}]
+    assert out["spec"]["volumes"] == [{"name": "strata-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "5Gi"}}]
+    assert vllm["volumeMounts"] == [{"name": "strata-shm", "mountPath": "/dev/shm"}]
+    assert vllm["env"] == [
+        {"name": "STRATA_KV_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kv-kv-token", "key": "token"}}}
+    ]
+
+
+def test_kv_tier_with_lmcache_and_no_auth_only_adds_env_from() -> None:
+    out = wired(
+        pod(containers=[{"name": "vllm"}]),
+        kv_tier=tier(spec={"connector": {"type": "lmcache"}, "auth": {"disabled": True}}),
+    )
     assert out["spec"] == {"containers": [{"name": "vllm", "envFrom": [{"configMapRef": {"name": "kv-connection"}}]}]}
+
+
+def test_a_tier_with_an_invalid_spec_is_named() -> None:
+    with pytest.raises(WiringConflict, match="KVCacheTier kv has an invalid spec"):
+        build_pod_patch(pod(containers=[{"name": "vllm"}]), kv_tier=tier(spec={"connector": {"cpuBytes": "1.5Gi"}}))
 
 
 @pytest.mark.parametrize("mode", ["SharedPVC", "NodeLocal", "ImageVolume"])

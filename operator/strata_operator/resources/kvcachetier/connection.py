@@ -1,8 +1,12 @@
 """`<name>-connection`: everything a vLLM pod needs to use the tier, as environment variables.
 
 A serving pod takes it with `envFrom: [{configMapRef: {name: <name>-connection}}]` and passes
-`--kv-transfer-config "$(KV_TRANSFER_CONFIG)"`. PYTHONHASHSEED travels with it because engines whose
-hash seeds differ compute different block hashes and silently never hit (LMCache #1139, #2136).
+`--kv-transfer-config "$(KV_TRANSFER_CONFIG)" --prefix-caching-hash-algo "$(PREFIX_CACHING_HASH_ALGO)"` (the webhook
+appends both when asked). Engines that share chunks must hash blocks alike: the same algorithm, and for the xxhash
+variants (whose seed vLLM otherwise draws at random per process) the same PYTHONHASHSEED. With sha256 variants
+PYTHONHASHSEED is left unset on purpose: vLLM then seeds from its fixed default, as every vLLM not wired by Strata
+does, so they share chunks too (a PYTHONHASHSEED set here would silently split them off; vLLM's
+`resolve_none_hash_seed`). LMCache hashes with Python's `hash()` by default, so its connector always gets the seed.
 """
 
 from __future__ import annotations
@@ -10,47 +14,108 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.api.kvcachetier import ConnectorType, HashAlgorithm, KVCacheTierSpec
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
-from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.names import TierRef, byte_size, mebibytes
 from strata_operator.resources.kvcachetier.service import service_host
 
-KV_CONNECTOR = "LMCacheConnectorV1"
 KV_ROLE = "kv_both"
 """Every engine both stores into and loads from the shared tier."""
+LMCACHE_CONNECTOR = "LMCacheConnectorV1"
+VLLM_CONNECTOR = "OffloadingConnector"
+VLLM_SPEC = "TieringOffloadingSpec"
+VLLM_TIER_CLASS = "StrataTier"
+VLLM_TIER_MODULE = "strata_kv.vllm_tier"
+"""Where vLLM imports the tier from (`module_path`): in `pip install strata`, importable without extras."""
+TOKEN_ENV = "STRATA_KV_TOKEN"
+"""The variable the tier reads its AUTH token from; the webhook sets it from the tier's token Secret."""
+SHM_HEADROOM_BYTES = 1024**3
+"""/dev/shm beyond vLLM's CPU tier: its mp executor and NCCL keep their own segments there."""
+NON_CRYPTO_HASHES = {HashAlgorithm.XXHASH, HashAlgorithm.XXHASH_CBOR}
 
 
 def remote_url(spec: KVCacheTierSpec, tier: TierRef) -> str:
-    """LMCache's RESP remote backend URL for the node-local Service."""
+    """The node-local Service as a RESP URL (LMCache's remote backend and Strata's tier both take it)."""
     return f"redis://{service_host(tier)}:{spec.port}"
 
 
-def build_kv_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
-    """The `--kv-transfer-config` object: LMCache's connector, configured through `lmcache.*` extras."""
+def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+    strata_tier: dict[str, Any] = {
+        "type": VLLM_TIER_CLASS,
+        "module_path": VLLM_TIER_MODULE,
+        "url": remote_url(spec, tier),
+    }
+    if token_secret(spec, tier) is not None:
+        strata_tier["token_env"] = TOKEN_ENV
+    extra = {
+        "spec_name": VLLM_SPEC,
+        "cpu_bytes_to_use": byte_size(spec.connector.cpu_bytes),
+        "block_size": spec.chunk_tokens,
+        "offload_prompt_only": spec.connector.offload_prompt_only,
+        "secondary_tiers": [strata_tier],
+    }
+    # A chunk the tier loses between lookup and load is recomputed; vLLM's default ("fail") would fail the request.
+    return {
+        "kv_connector": VLLM_CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _lmcache_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
     extra: dict[str, Any] = {
         "lmcache.remote_url": remote_url(spec, tier),
         "lmcache.remote_serde": "naive",
         "lmcache.chunk_size": spec.chunk_tokens,
     }
-    return {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
+    return {"kv_connector": LMCACHE_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
+
+
+def build_kv_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+    """The complete `--kv-transfer-config` object for the spec's connector."""
+    if spec.connector.type == ConnectorType.LMCACHE:
+        return _lmcache_transfer_config(spec, tier)
+    return _vllm_transfer_config(spec, tier)
+
+
+def client_shm_size(spec: KVCacheTierSpec) -> str | None:
+    """The /dev/shm size limit a serving pod needs: `clientShmSize`, else (vllm) the CPU tier plus headroom."""
+    if spec.client_shm_size is not None:
+        return spec.client_shm_size
+    if spec.connector.type == ConnectorType.VLLM:
+        return mebibytes(byte_size(spec.connector.cpu_bytes) + SHM_HEADROOM_BYTES)
+    return None
+
+
+def needs_hash_seed(spec: KVCacheTierSpec) -> bool:
+    return (
+        spec.connector.type == ConnectorType.LMCACHE
+        or spec.hash.algorithm in NON_CRYPTO_HASHES
+        or spec.hash.seed is not None
+    )
 
 
 def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]:
     env = {
         "KV_TRANSFER_CONFIG": json.dumps(build_kv_transfer_config(spec, tier), separators=(",", ":")),
-        "PYTHONHASHSEED": hash_seed(spec, tier),
+        "PREFIX_CACHING_HASH_ALGO": spec.hash.algorithm.value,
         "STRATA_KV_URL": remote_url(spec, tier),
-        "STRATA_KV_HASH_ALGORITHM": spec.hash.algorithm.value,
         "STRATA_KV_CHUNK_TOKENS": str(spec.chunk_tokens),
-        "LMCACHE_CHUNK_SIZE": str(spec.chunk_tokens),
-        "LMCACHE_REMOTE_URL": remote_url(spec, tier),
-        "LMCACHE_REMOTE_SERDE": "naive",
     }
+    if needs_hash_seed(spec):
+        env["PYTHONHASHSEED"] = hash_seed(spec, tier)
+    if (shm := client_shm_size(spec)) is not None:
+        env["STRATA_KV_SHM_SIZE"] = shm
+    if spec.connector.type == ConnectorType.LMCACHE:
+        env["LMCACHE_CHUNK_SIZE"] = str(spec.chunk_tokens)
+        env["LMCACHE_REMOTE_URL"] = remote_url(spec, tier)
+        env["LMCACHE_REMOTE_SERDE"] = "naive"
     if spec.tenancy.cache_salt:
         env["STRATA_KV_CACHE_SALT"] = spec.tenancy.cache_salt
     if (token := token_secret(spec, tier)) is not None:
-        # Names only: a client pod takes the token itself with env[].valueFrom.secretKeyRef.
+        # Names only: a client pod takes the token itself with env[].valueFrom.secretKeyRef (the webhook does so).
         env["STRATA_KV_AUTH_SECRET"] = token.name
         env["STRATA_KV_AUTH_SECRET_KEY"] = token.key
     return env

@@ -10,10 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.api.kvcachetier import ConnectorType, KVCacheTierSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.daemonset import derived_memory_request, memory_request_bytes
-from strata_operator.resources.kvcachetier.names import AUTH_FILE, mebibytes, quantity_bytes
+from strata_operator.resources.kvcachetier.names import AUTH_FILE, byte_size, mebibytes, quantity_bytes
 
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 DAEMONSET_TOLERATED_PREFIX = "node.kubernetes.io/"
@@ -187,6 +187,21 @@ def check_affinity(spec: KVCacheTierSpec) -> Problem | None:
     return Problem("AffinityInvalid", "; ".join(found)) if found else None
 
 
+def check_client_shm(spec: KVCacheTierSpec) -> Problem | None:
+    """vLLM allocates its CPU tier (connector.cpuBytes) in /dev/shm and refuses to start when it does not fit."""
+    if spec.connector.type != ConnectorType.VLLM or spec.client_shm_size is None:
+        return None
+    shm, cpu = byte_size(spec.client_shm_size), byte_size(spec.connector.cpu_bytes)
+    if shm >= cpu:
+        return None
+    return Problem(
+        "ShmTooSmall",
+        f"spec.clientShmSize ({spec.client_shm_size}) is below spec.connector.cpuBytes ({spec.connector.cpu_bytes}): "
+        "vLLM allocates its CPU tier in /dev/shm and would fail to start; raise clientShmSize (cpuBytes + 1Gi), or "
+        "remove it to get that default",
+    )
+
+
 def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     """Every problem, in a stable order (the first one names the ConfigValid reason).
 
@@ -194,5 +209,6 @@ def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     """
     if shape := [p for p in (check_resources(spec), check_affinity(spec)) if p]:
         return shape
-    problems = [p for p in (check_node_memory(spec, facts.nodes), check_existing_claim(spec, facts)) if p]
+    checks = (check_node_memory(spec, facts.nodes), check_existing_claim(spec, facts), check_client_shm(spec))
+    problems = [p for p in checks if p]
     return problems + check_secrets(spec, facts)

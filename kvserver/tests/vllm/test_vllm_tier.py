@@ -1,0 +1,200 @@
+"""Strata's tier inside real vLLM 0.33 (CPU), configured by the ConfigMap the operator renders, against a real
+`strata-kv` process.
+
+vLLM runs in its own virtualenv (strata_testsupport.vllm); `engine.py` is the vLLM side. What cannot run without
+a GPU is the worker's GPU→CPU copy: `engine.py` writes each chunk into the CPU primary tier's memory instead, the
+bytes a worker would have copied there.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.connection import build_connection_config_map
+from strata_operator.resources.kvcachetier.names import TierRef
+from strata_testsupport.kvserver import KVServerFactory, KVServerProcess
+from strata_testsupport.vllm import VllmScript
+
+pytestmark = pytest.mark.integration
+
+ENGINE = Path(__file__).with_name("engine.py")
+TIER = TierRef("kv", "serving", "uid-1")
+
+
+def rendered_connection(spec: dict[str, Any]) -> dict[str, str]:
+    """The `<tier>-connection` ConfigMap's data, from the operator's own builder."""
+    data: dict[str, str] = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TIER)["data"]
+    return data
+
+
+def pointed_at(connection: dict[str, str], server: KVServerProcess) -> str:
+    """The rendered --kv-transfer-config with the Service host replaced by the test server's loopback port
+    (the one thing that differs outside a cluster)."""
+    transfer = json.loads(connection["KV_TRANSFER_CONFIG"])
+    (tier,) = transfer["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["url"] == "redis://kv.serving.svc:6379"
+    tier["url"] = f"redis://127.0.0.1:{server.port}"
+    return json.dumps(transfer)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmScript]:
+    """One vLLM-side process for the module (vLLM imports once); every request builds a fresh engine in it.
+    The tiers rendered here use sha256_cbor, so the ConfigMap carries no PYTHONHASHSEED for the process."""
+    script = VllmScript(ENGINE, tmp_path_factory.mktemp("vllm"))
+    try:
+        yield script
+    finally:
+        script.close()
+
+
+def engine(
+    vllm: VllmScript, mode: str, connection: dict[str, str], transfer: str, workdir: Path, **extra: Any
+) -> dict[str, Any]:
+    """One vLLM "engine" with the ConfigMap's values as `vllm serve` gets them."""
+    assert "PYTHONHASHSEED" not in connection
+    request = {
+        "mode": mode,
+        "workdir": str(workdir),
+        "kv_transfer_config": transfer,
+        "prefix_caching_hash_algo": connection["PREFIX_CACHING_HASH_ALGO"],
+        "salt": "doc-1",
+        **extra,
+    }
+    return vllm.call(request)
+
+
+SMALL_TIER = {"chunkTokens": 64, "connector": {"cpuBytes": "8Mi"}, "auth": {"disabled": True}}
+
+
+def test_a_second_engine_promotes_what_the_first_stored_bit_exact(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=12)
+    assert stored["stats"]["chunks_stored"] == 12
+    assert stored["chunk_bytes"] == 64 * 2 * 2 * 2 * 64 * 2  # tokens x K,V x layers x kv heads x head dim x fp16
+    assert server.client().stats()["l1_keys"] == 12
+
+    loaded = engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=12)
+    assert loaded["namespace"] == stored["namespace"]
+    assert loaded["verdicts"] == ["HIT"] * 12
+    assert loaded["equal"] == 12, "a promoted chunk differs from what the first engine stored"
+    assert loaded["sources"] == ["DISK"] * 12  # vLLM reports the hit as coming from a storage tier
+    assert loaded["stats"]["chunks_loaded"] == 12
+
+
+def test_another_model_layout_never_hits(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """Block hashes do not name the model: the FileMapper namespace in the key is what keeps models apart."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    engine(vllm_engine, "store", connection, transfer, tmp_path / "a", chunks=4)
+    other = engine(
+        vllm_engine, "lookup", connection, transfer, tmp_path / "b", chunks=4
+    )  # same keys, another model path
+    assert other["verdicts"] == ["MISS"] * 4
+    assert other["stats"]["lookups"] == 4 and other["stats"].get("lookup_hits", 0) == 0
+
+
+def test_with_the_server_killed_lookups_miss_and_nothing_hangs(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4)
+    server.kill()
+    dead = engine(vllm_engine, "lookup", connection, transfer, tmp_path, chunks=4, steps=500)
+    assert dead["verdicts"] == ["MISS"] * 4
+    assert dead["stats"]["lookup_errors"] == 4
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4, salt="doc-2")
+    assert stored["stats"].get("chunks_stored", 0) == 0
+    assert stored["stats"]["stores_failed"] + stored["stats"].get("stores_dropped", 0) == 4
+
+
+def test_with_the_server_stalled_lookups_time_out_as_misses(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """A stopped process still completes TCP handshakes (the kernel does), then never answers: the slow-server
+    case. The lookup timeout turns it into a miss, and the store into a drop, instead of a stuck request."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        stalled = engine(vllm_engine, "lookup", connection, transfer, tmp_path, chunks=4, steps=1000)
+        stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=4, salt="doc-2")
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert stalled["verdicts"] == ["MISS"] * 4
+    assert stalled["stats"]["lookup_errors"] == 4
+    assert stored["stats"]["stores_failed"] == 4 and stored["stats"].get("chunks_stored", 0) == 0
+    # Back from the stall, the server still holds what the first engine stored.
+    assert engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=4)["equal"] == 4
+
+
+def test_a_real_scheduler_loads_the_prompt_chunks_the_tier_holds(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """vLLM's v1 Scheduler with the OffloadingConnector in its scheduler role, on a second engine: it looks the
+    prompt's chunks up (keys from vLLM's own block hasher), promotes them from the Strata tier into its CPU tier
+    and schedules a load job of those chunks for the worker, reported as hits from a storage tier."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    prompt = [(7 * i) % 1000 + 1 for i in range(4 * 64 + 10)]  # four full 64-token chunks and a tail
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, prompt=prompt)
+    assert stored["stats"]["chunks_stored"] == 4
+    scheduled = engine(vllm_engine, "schedule", connection, transfer, tmp_path, prompt=prompt)
+    assert scheduled["load_jobs"] == 1
+    assert (scheduled["src_chunks"], scheduled["dst_gpu_blocks"]) == (4, 16)  # 4 chunks of 4 GPU blocks each
+    assert scheduled["equal"] == 4, "the chunks the worker would copy to the GPU are not what was stored"
+    assert scheduled["sources"] == ["DISK"] * 4
+    assert scheduled["stats"]["lookup_hits"] == 4 and scheduled["stats"]["chunks_loaded"] == 4
+
+
+def test_stored_chunks_are_reported_as_storage_kv_events(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """With vLLM's KV events on and the tier's `enable_kv_events` (not rendered by the operator yet: issue 12,
+    item 5), the manager's take_events() carries the stored chunks with medium STORAGE."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = json.loads(pointed_at(connection, server))
+    transfer["kv_connector_extra_config"]["secondary_tiers"][0]["enable_kv_events"] = True
+    stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3, kv_events=True)
+    storage = [e for e in stored["storage_events"] if e["medium"] == "STORAGE"]
+    assert storage == [{"medium": "STORAGE", "removed": False, "keys": stored["keys"]}]
+
+
+def test_a_mounted_unix_socket_is_used_instead_of_the_service(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """Where the server's socket is mounted into the pod, the tier takes it (and falls back to `url` where the
+    path does not exist); both reach the same server."""
+    server = kv_server_factory(l2_fs=False)
+    assert server.unix_socket
+    connection = rendered_connection(SMALL_TIER)
+    transfer = json.loads(pointed_at(connection, server))
+    tier = transfer["kv_connector_extra_config"]["secondary_tiers"][0]
+    tier["url"] = "redis://127.0.0.1:1"  # nothing listens there: only the socket can work
+    tier["unix_socket"] = server.unix_socket
+    stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert stored["stats"]["chunks_stored"] == 3
+    tier["url"], tier["unix_socket"] = f"redis://127.0.0.1:{server.port}", str(tmp_path / "not-mounted.sock")
+    loaded = engine(vllm_engine, "load", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert loaded["equal"] == 3
