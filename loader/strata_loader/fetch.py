@@ -51,8 +51,37 @@ def fetch(req: FetchRequest, progress_mode: str | None = None) -> FetchResult:
     files, revision = list_source(req)
     dest = Path(req.dest)
     dest.mkdir(parents=True, exist_ok=True)
+    if req.peers:
+        return _fetch_with_peers(req, files, revision, t0, progress_mode)
     with DestDir(dest) as tree:
         return _fetch_into(tree, req, files, revision, t0, progress_mode)
+
+
+def _fetch_with_peers(
+    req: FetchRequest, files: list[SourceFile], revision: str | None, t0: float, progress_mode: str | None
+) -> FetchResult:
+    """Files the peers hold come from them; bytes from a peer are always hashed against the checksums the
+    origin and the peers' manifests agree on, whatever `verify` says (see `peer_source`)."""
+    from .peer_server import read_token
+    from .peer_source import PeerSet, with_peers
+
+    assert req.peer_token_file is not None  # the request's validator insists
+    peers = PeerSet.discover(req.peers, read_token(req.peer_token_file), req.source, revision)
+    if not peers.peers:
+        print("strata-loader fetch: no peer holds this copy; reading the source", file=sys.stderr, flush=True)
+    try:
+        with DestDir(Path(req.dest)) as tree:
+            result = _fetch_into(
+                tree,
+                req.model_copy(update={"verify": VerifyMode.CHECKSUMS}),
+                with_peers(files, peers),
+                revision,
+                t0,
+                progress_mode,
+            )
+    finally:
+        peers.close()
+    return result.model_copy(update={"bytes_from_peers": peers.bytes_from_peers})
 
 
 def _fetch_into(
