@@ -167,7 +167,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _serve_peer(args: argparse.Namespace) -> int:
-    from .peer_server import DEFAULT_MAX_CONNECTIONS, PEER_PORT, serve
+    from .contract import PEER_PORT
+    from .peer_server import DEFAULT_MAX_CONNECTIONS, serve
 
     port = PEER_PORT if args.port is None else args.port
     limit = DEFAULT_MAX_CONNECTIONS if args.max_connections is None else args.max_connections

@@ -26,6 +26,11 @@ MANIFEST_NAME = ".strata-manifest.json"
 PARTIAL_SUFFIX = ".strata-partial"
 """A file being copied lives under this suffix until it is whole and verified, then is renamed into place."""
 
+PEER_PORT = 8477
+"""Port of `strata-loader serve-peer` (and of `--peer` URLs without one): the operator renders both sides."""
+PEER_HEALTH_PATH = "/healthz"
+"""Unauthenticated readiness of a peer: 200 once its copy is verified, 503 before."""
+
 COMMAND = ["strata-loader"]
 SUBCOMMAND = "fetch"
 

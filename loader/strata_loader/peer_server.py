@@ -24,12 +24,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from .contract import MANIFEST_NAME
+from .contract import MANIFEST_NAME, PEER_HEALTH_PATH
 from .manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
 from .paths import DestDir, UnsafePathError, safe_relative_path
 
-PEER_PORT = 8477
-"""Default port of the peer server (and of the fetcher's `--peer` URLs without one)."""
 DEFAULT_MAX_CONNECTIONS = 64
 """Connections served at once; more are answered 503 and closed (each fetcher opens up to its concurrency)."""
 IDLE_TIMEOUT_S = 30.0
@@ -39,7 +37,7 @@ TOKEN_MIN_LENGTH = 16
 
 MANIFEST_URL_PATH = "/v1/manifest"
 FILES_URL_PREFIX = "/v1/files/"
-HEALTH_URL_PATH = "/healthz"
+HEALTH_URL_PATH = PEER_HEALTH_PATH
 
 
 class PeerError(RuntimeError):

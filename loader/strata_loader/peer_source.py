@@ -29,8 +29,9 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlsplit
 
 from .catalog import SourceFile
+from .contract import PEER_PORT
 from .manifest import Manifest, ManifestFile, strongest_checksum
-from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH, PEER_PORT
+from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH
 from .sources import RangeReader
 
 PEER_TIMEOUT_S = 20.0

@@ -80,6 +80,7 @@ async def modelcache_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Me
         memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
+@kopf.on.event("apps", "v1", "daemonsets", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
 async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:

@@ -8,6 +8,7 @@ decisions are all in `resources/modelcache/plan.py`; this module carries them ou
 from __future__ import annotations
 
 import datetime
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_operator import kube
 from strata_operator.handlers.modelcache_io import delete_job, gather, patch_status
 from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_label
+from strata_operator.resources.modelcache import fanout
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -55,11 +57,29 @@ def reconcile(
     return plan.status, events
 
 
+def ensure_peer_token(owner: CacheRef, name: str) -> str | None:
+    """Create the fan-out token Secret once, with a random token; None when it is there and ours, else why not.
+    Created, never patched: the operator needs no right to rewrite Secrets (as for a KVCacheTier's token)."""
+    live = kube.read("v1", "Secret", name, owner.namespace)
+    if live is None:
+        live = kube.create(fanout.build_token_secret(owner, secrets.token_urlsafe(fanout.TOKEN_BYTES)))
+        if live is None:  # created meanwhile
+            live = kube.read("v1", "Secret", name, owner.namespace)
+    if live is not None and not owner.created(live):
+        return (
+            f"Secret {name!r} exists and was not created by this ModelCache: delete or rename it so the operator"
+            " can create the peers' token there"
+        )
+    return None
+
+
 def execute(
     plan: planning.Plan, owner: CacheRef, nodes: NodeCache, events: list[planning.Event]
 ) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
+    if plan.peer_token_secret and (refusal := ensure_peer_token(owner, plan.peer_token_secret)):
+        return {("DaemonSet", fanout.peer_name(owner)): refusal}
     for action in plan.actions:
         if action.verb == "delete":
             if delete_job(owner.namespace, action.key[1]) and action.event:

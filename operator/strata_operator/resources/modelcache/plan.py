@@ -25,7 +25,7 @@ from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import Problem
-from strata_operator.resources.modelcache import names, storage
+from strata_operator.resources.modelcache import fanout, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.nodes import NodeInfo
@@ -92,6 +92,8 @@ class Observed:
     """(kind, name) → the API server's message, for writes of an earlier plan it refused."""
     runtime: RuntimeImage = field(default_factory=default_runtime)
     """The operator's configured runtime image (from its settings): the Jobs' default image and pull Secrets."""
+    peers: fanout.PeerObjects = field(default_factory=fanout.PeerObjects)
+    """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
 
 
 @dataclass
@@ -103,6 +105,8 @@ class Plan:
     """Events that follow from the observation itself (transitions, a Job found that status never named)."""
     needs_inputs: bool = False
     again: bool = False
+    peer_token_secret: str | None = None
+    """A Secret that must exist (created once with a random token) before the actions run."""
 
 
 class _Planner:
@@ -115,6 +119,7 @@ class _Planner:
         self.events: list[Event] = []
         self.needs_inputs = False
         self.again = False
+        self.peer_token_secret: str | None = None
 
     def create(self, body: Mapping[str, Any], event: Event | None) -> str | None:
         """Plan an apply; returns the API server's refusal instead when an earlier plan's apply was refused."""
@@ -155,6 +160,7 @@ def plan(observed: Observed) -> Plan:
         events=planner.events + st.transition_events(previous, desired),
         needs_inputs=planner.needs_inputs,
         again=planner.again,
+        peer_token_secret=planner.peer_token_secret,
     )
 
 
@@ -441,16 +447,19 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     local = storage.node_local(spec)
     key = names.node_label_key(owner.namespace, owner.name)
     wanted = selected_nodes(observed.nodes, local.node_selector)
-    found = node_states(
-        planner,
-        storage.ROLE_PRELOAD,
-        wanted,
-        _builder(storage.node_preload, owner, spec, observed),
+    fan = fanout.decide(
+        owner, spec, wanted, observed.previous, observed.jobs, observed.peers, observed.now, observed.runtime, is_subset
     )
-    states = found.states
+    starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
+    found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
+    waiting = [{"name": n, "phase": st.PHASE_PENDING, "message": m} for n, m in fan.waiting.items()]
+    states = sorted(found.states + waiting, key=lambda s: str(s["name"]))
+    _fan_out_children(planner, fan)
     planner.labels = label_changes(observed.nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
     fields = _node_fields(planner, spec, states)
     fields["nodeLabel"] = key
+    if fan.status is not None:
+        fields["fanOut"] = fan.status
     done = [s for s in states if s["phase"] == st.PHASE_READY and s.get("bytes") is not None]
     if done:
         revisions = list(found.revisions.values())
@@ -474,6 +483,19 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         ready_message=f"pods select nodes with {key}=Ready",
         fields=fields,
     )
+
+
+def _fan_out_children(planner: _Planner, fan: fanout.Decision) -> None:
+    """Apply the peer objects that differ; a refusal is told in the fan-out status (the nodes then wait, and
+    read the source after `peerWaitSeconds`)."""
+    planner.peer_token_secret = fan.token_secret
+    for body in fan.apply:
+        if refusal := planner.create(body, None):
+            if fan.status is not None:
+                fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
+            planner.peer_token_secret = None
+            planner.actions = [a for a in planner.actions if a.body.get("kind") not in ("DaemonSet", "Service")
+                               or a.body["metadata"]["name"] != body["metadata"]["name"]]  # fmt: skip
 
 
 def _node_fields(planner: _Planner, spec: ModelCacheSpec, states: list[dict[str, Any]]) -> dict[str, Any]:
