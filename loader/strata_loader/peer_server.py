@@ -12,7 +12,6 @@ path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import os
@@ -32,6 +31,8 @@ DEFAULT_MAX_CONNECTIONS = 64
 """Connections served at once; more are answered 503 and closed (each fetcher opens up to its concurrency)."""
 IDLE_TIMEOUT_S = 30.0
 """A kept-alive connection idle this long is closed, so a slot is not held by a fetcher that went away."""
+BUSY_READ_TIMEOUT_S = 2.0
+"""How long a connection over the limit may take to send its request before it is answered 503 anyway."""
 TOKEN_MIN_LENGTH = 16
 """A shorter token is refused at start: the operator generates 32 random bytes."""
 
@@ -114,18 +115,32 @@ class PeerServer(ThreadingHTTPServer):
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.sendall(
-                    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
-                    b"Connection: close\r\n\r\n"
-                )
-            self.shutdown_request(request)
+            threading.Thread(target=self._busy, args=(request,), daemon=True).start()
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
             raise
+
+    def _busy(self, request: socket.socket) -> None:
+        """Read the request first, then answer 503: closing on unread bytes would reset the connection, and the
+        fetcher would take a busy peer for a dead one."""
+        try:
+            request.settimeout(BUSY_READ_TIMEOUT_S)
+            got = b""
+            while b"\r\n\r\n" not in got and len(got) < 65536:
+                chunk = request.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            request.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
 
     def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         try:

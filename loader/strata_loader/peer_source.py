@@ -38,6 +38,9 @@ PEER_TIMEOUT_S = 20.0
 """Connect and read timeout for one request to a peer; past it the peer counts as gone."""
 BUSY_WAIT_S = 60.0
 """How long a range waits for busy peers (503) before it is read from the origin."""
+CONNECTIONS_PER_PEER = 4
+"""Requests one fetch has in flight to one peer: many nodes share a peer (its limit is 64 connections), and
+a few streams fill a node's link."""
 
 
 class PeerGone(RuntimeError):
@@ -58,6 +61,7 @@ class Peer:
     files: dict[str, ManifestFile] = field(default_factory=dict)
     gone: str | None = None
     _idle: queue.SimpleQueue[http.client.HTTPConnection] = field(default_factory=queue.SimpleQueue)
+    slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CONNECTIONS_PER_PEER))
 
     @property
     def url(self) -> str:
@@ -278,24 +282,39 @@ class FanoutReader:
             if not live:
                 break
             start = next(self._next) % len(live)
-            busy = False
-            for p in live[start:] + live[:start]:
-                try:
-                    p.read_range(self.src.relpath, offset, buf)
-                except PeerBusy:
-                    busy = True
-                    continue
-                except PeerGone as e:
-                    p.drop(str(e))
-                    continue
-                self.peers.count(len(buf), from_peer=True)
+            outcome = self._try_peers(live[start:] + live[:start], offset, buf)
+            if outcome == "done":
                 return
-            if not busy or time.monotonic() > deadline:
+            if outcome == "gone" or time.monotonic() > deadline:
                 break
             time.sleep(pause * (0.5 + random.random()))
             pause = min(1.0, pause * 2)
         self._origin_reader().read_into(offset, buf)
         self.peers.count(len(buf), from_peer=False)
+
+    def _try_peers(self, order: list[Peer], offset: int, buf: memoryview) -> str:
+        """'done', 'busy' (some peer answered 503: try again later) or 'gone' (none of them can serve).
+        A peer whose share of this fetch's connections is in use is skipped, unless all are: then the range
+        waits for the first one."""
+        tried = busy = False
+        for p in order:
+            wait = not tried and p is order[-1]
+            if p.gone is not None or not (p.slots.acquire(timeout=PEER_TIMEOUT_S) if wait else p.slots.acquire(False)):
+                continue
+            tried = True
+            try:
+                p.read_range(self.src.relpath, offset, buf)
+            except PeerBusy:
+                busy = True
+                continue
+            except PeerGone as e:
+                p.drop(str(e))
+                continue
+            finally:
+                p.slots.release()
+            self.peers.count(len(buf), from_peer=True)
+            return "done"
+        return "busy" if busy or not tried else "gone"
 
     def _origin_reader(self) -> RangeReader:
         with self._origin_lock:

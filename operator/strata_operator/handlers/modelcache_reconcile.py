@@ -78,9 +78,14 @@ def execute(
 ) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
+    skip: set[tuple[str, str]] = set()
     if plan.peer_token_secret and (refusal := ensure_peer_token(owner, plan.peer_token_secret)):
-        return {("DaemonSet", fanout.peer_name(owner)): refusal}
+        peer = fanout.peer_name(owner)
+        rejected[("DaemonSet", peer)] = refusal  # the peers need their token; everything else goes on
+        skip = {("DaemonSet", peer), ("Service", peer), ("NetworkPolicy", peer)}
     for action in plan.actions:
+        if action.key in skip:
+            continue
         if action.verb == "delete":
             if delete_job(owner.namespace, action.key[1]) and action.event:
                 events.append(action.event)

@@ -118,7 +118,7 @@ def test_a_ready_peer_lets_the_other_nodes_read_from_it() -> None:
     mounts = jobs[0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "peer-token", "mountPath": "/strata/peer", "readOnly": True} in mounts
     assert result.status["fanOut"]["phase"] == "Serving" and result.status["fanOut"]["peersReady"] == 1
-    assert "waitingSince" not in result.status["fanOut"]
+    assert result.status["fanOut"]["waitingSince"] is None
     assert applied(result, "DaemonSet") == [] and applied(result, "Service") == []  # live as rendered: no write
 
 

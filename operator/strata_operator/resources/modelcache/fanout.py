@@ -271,7 +271,8 @@ def decide(
     seed = None if ready else (min(running) if running else min(wanted))
     failed_seed = seed is not None and before.get(seed, {}).get("phase") == st.PHASE_FAILED
     service = peer_name(owner)
-    status: dict[str, Any] = {"service": service}
+    # Every key, always: status is written as a merge patch, where a key left out would keep its old value.
+    status: dict[str, Any] = {"service": service, "peersReady": None, "waitingSince": None}
 
     if ready == set(wanted):
         status.update(phase=PHASE_DONE, message="every selected node holds a verified copy; no peer runs")
@@ -331,8 +332,7 @@ def decide(
     else:
         status.update(phase=PHASE_SEEDING, message=f"node {seed} reads the source once for {len(wanted)} nodes")
     status["peersReady"] = peers_ready
-    if waiting_since is not None and not peers_ready:
-        status["waitingSince"] = waiting_since
+    status["waitingSince"] = waiting_since if not peers_ready else None
     decision.status = status
     return decision
 

@@ -486,16 +486,12 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
 
 
 def _fan_out_children(planner: _Planner, fan: fanout.Decision) -> None:
-    """Apply the peer objects that differ; a refusal is told in the fan-out status (the nodes then wait, and
-    read the source after `peerWaitSeconds`)."""
+    """Apply the peer objects that differ; a refusal is told in the fan-out status (the other nodes then wait,
+    and read the source after `peerWaitSeconds`)."""
     planner.peer_token_secret = fan.token_secret
     for body in fan.apply:
-        if refusal := planner.create(body, None):
-            if fan.status is not None:
-                fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
-            planner.peer_token_secret = None
-            planner.actions = [a for a in planner.actions if a.body.get("kind") not in ("DaemonSet", "Service")
-                               or a.body["metadata"]["name"] != body["metadata"]["name"]]  # fmt: skip
+        if (refusal := planner.create(body, None)) and fan.status is not None:
+            fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
 
 
 def _node_fields(planner: _Planner, spec: ModelCacheSpec, states: list[dict[str, Any]]) -> dict[str, Any]:
