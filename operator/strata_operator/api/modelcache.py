@@ -405,7 +405,9 @@ class NodeState(CRDModel):
     """One node's copy (NodeLocal) or pre-pull (ImageVolume)."""
 
     name: str = Field(description="The node's name.")
-    phase: str = Field(description="Pending, Preloading, Ready or Failed.")
+    phase: str = Field(
+        description="Pending, Waiting (fan-out: for the first copy or a ready peer), Preloading, Ready or Failed."
+    )
     job: str | None = Field(default=None, description="The Job that copies (or pre-pulls) on this node.")
     bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
     files: int | None = Field(default=None, description="Files in the verified copy on this node.")

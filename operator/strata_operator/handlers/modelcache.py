@@ -65,7 +65,7 @@ async def modelcache_daemon(
     def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
-        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime)
+        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime, wake=waker.wake)
         return events
 
     await controller.run_daemon(

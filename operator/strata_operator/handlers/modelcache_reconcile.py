@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
@@ -34,8 +34,10 @@ def reconcile(
     runtime: RuntimeImage,
     *,
     now: datetime.datetime | None = None,
+    wake: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], list[planning.Event]]:
-    """Returns (the status now stored, Events to post). `previous` is the status last seen or written."""
+    """Returns (the status now stored, Events to post). `previous` is the status last seen or written; `wake`
+    asks the daemon for another reconcile right after this one (when the plan says so)."""
     events: list[planning.Event] = []
     inputs = False
     for _ in range(ROUNDS):
@@ -54,6 +56,8 @@ def reconcile(
     patch = st.status_patch(previous, plan.status)
     if patch is not None:
         patch_status(CacheRef.from_body(body), patch)
+    if plan.wake_again and wake is not None:
+        wake()
     return plan.status, events
 
 

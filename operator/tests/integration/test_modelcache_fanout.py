@@ -23,6 +23,7 @@ from .test_modelcache_support import (
     create_cache,
     fetch_result,
     finish_job,
+    get_cache,
     unique,
     wait_for_status,
 )
@@ -43,7 +44,13 @@ def request_of(job: dict[str, Any]) -> FetchRequest:
 
 
 def jobs_by_node(k8s: DynamicClient, namespace: str, name: str) -> dict[str, dict[str, Any]]:
-    return {j["metadata"]["annotations"]["strata.dev/node"]: j for j in cache_jobs(k8s, namespace, name)}
+    """The cache's preload Job per node; never two for one node (a copy is never restarted another way)."""
+    jobs = cache_jobs(k8s, namespace, name)
+    found = {j["metadata"]["annotations"]["strata.dev/node"]: j for j in jobs}
+    seen = [(j["metadata"]["annotations"]["strata.dev/node"], j["metadata"]["name"], request_of(j).peers,
+             j["metadata"].get("deletionTimestamp")) for j in jobs]  # fmt: skip
+    assert len(found) == len(jobs), f"more than one Job for a node: {seen}"
+    return found
 
 
 def pool_of_three(nodes: Heartbeat) -> tuple[dict[str, str], list[str]]:
@@ -71,7 +78,7 @@ def test_the_source_is_read_once_and_the_other_nodes_read_from_peers(
     seed = request_of(jobs[a])
     assert seed.verify is VerifyMode.CHECKSUMS and seed.peers == []  # ... and hashes every file for the peers
     states = {n["name"]: n for n in status["nodes"]}
-    assert states[b]["phase"] == states[c]["phase"] == "Pending" and "comes first" in states[b]["message"]
+    assert states[b]["phase"] == states[c]["phase"] == "Waiting" and "comes first" in states[b]["message"]
     peer = f"{name}-peer"
     assert get_or_none(k8s, "apps/v1", "DaemonSet", peer, namespace) is None
 
@@ -100,6 +107,7 @@ def test_the_source_is_read_once_and_the_other_nodes_read_from_peers(
     jobs = wait_for(lambda: (j := jobs_by_node(k8s, namespace, name)) and len(j) == 3 and j, what="the peers' Jobs")
     for node in (b, c):
         req = request_of(jobs[node])
+        assert req.peers, f"node {node} reads the source: {get_cache(k8s, namespace, name)['status']}"
         assert req.peers == [f"http://{peer}.{namespace}.svc:8477"] and req.peer_token_file == "/strata/peer/token"
         volumes = jobs[node]["spec"]["template"]["spec"]["volumes"]
         assert {"name": "peer-token", "secret": {"secretName": f"{name}-peer-token", "defaultMode": 0o440}} in volumes
@@ -108,13 +116,12 @@ def test_the_source_is_read_once_and_the_other_nodes_read_from_peers(
     status = wait_for_status(k8s, namespace, name, lambda s: s.get("readyNodes") == 3, "all three copies")
     assert status["phase"] == "Ready"
     status = wait_for_status(k8s, namespace, name, lambda s: s["fanOut"]["phase"] == "Done", "fan-out done")
-    wait_for(
-        lambda: (
-            resource(k8s, "apps/v1", "DaemonSet").get(name=peer, namespace=namespace).spec.template.spec.nodeSelector
-            == {"strata.dev/fan-out": "done"}
-        ),
-        what="the peers pointed at no node",
-    )
+
+    def peer_selector() -> Any:
+        ds = resource(k8s, "apps/v1", "DaemonSet").get(name=peer, namespace=namespace).to_dict()
+        return ds["spec"]["template"]["spec"]["nodeSelector"]
+
+    wait_for(lambda: peer_selector() == {"strata.dev/fan-out": "done"}, what="the peers pointed at no node")
     wait_for(
         lambda: (
             not [
@@ -144,6 +151,8 @@ def test_without_a_ready_peer_in_time_the_others_read_the_source(
     jobs = jobs_by_node(k8s, namespace, name)
     assert list(jobs) == [a]
     finish_job(k8s, namespace, jobs[a]["metadata"]["name"], fetch_result(SOURCE))
+    with_jobs = lambda s: sum(1 for n in s.get("nodes") or [] if n.get("job")) == 3  # noqa: E731
+    wait_for_status(k8s, namespace, name, with_jobs, "a Job for every node")
     jobs = wait_for(lambda: (j := jobs_by_node(k8s, namespace, name)) and len(j) == 3 and j, what="the others' Jobs")
     assert request_of(jobs[b]).peers == [] and request_of(jobs[c]).peers == []
     status = wait_for_status(k8s, namespace, name, lambda s: s["fanOut"]["phase"] == "Origin", "phase Origin")

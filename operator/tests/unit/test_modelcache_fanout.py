@@ -64,10 +64,11 @@ def test_the_first_node_alone_reads_the_source_and_hashes_every_file() -> None:
     assert request_of(jobs[0]).verify is VerifyMode.CHECKSUMS and request_of(jobs[0]).peers == []
     states = {s["name"]: s for s in result.status["nodes"]}
     assert (
-        states["gpu-b"]["phase"] == "Pending"
+        states["gpu-b"]["phase"] == "Waiting"
         and "gpu-a's copy from the source comes first" in states["gpu-b"]["message"]
     )
     assert result.status["desiredNodes"] == 3 and result.status["fanOut"]["phase"] == "Seeding"
+    assert result.status["phase"] == "Preloading" and not result.wake_again  # waiting is progress, not a problem
     assert applied(result, "DaemonSet") == [] and result.peer_token_secret is None
 
 
@@ -79,8 +80,8 @@ def test_a_ready_first_copy_starts_the_peers_and_the_others_keep_waiting() -> No
     assert result.status["fanOut"]["waitingSince"] == "2026-01-01T00:00:00Z"
     assert {s["name"]: s["phase"] for s in result.status["nodes"]} == {
         "gpu-a": "Ready",
-        "gpu-b": "Pending",
-        "gpu-c": "Pending",
+        "gpu-b": "Waiting",
+        "gpu-c": "Waiting",
     }
 
     ds = applied(result, "DaemonSet")[0]
@@ -163,7 +164,7 @@ def test_a_node_keeps_the_job_it_has_when_the_peers_go_away() -> None:
     assert {s["name"]: s["phase"] for s in result.status["nodes"]} == {
         "gpu-a": "Ready",
         "gpu-b": "Preloading",
-        "gpu-c": "Pending",
+        "gpu-c": "Waiting",
     }
 
 
@@ -193,3 +194,18 @@ def test_fan_out_off_or_one_node_reads_the_source_everywhere() -> None:
 def test_the_fan_out_field_defaults_on_and_is_documented() -> None:
     spec = ModelCacheSpec.model_validate({"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal"}})
     assert storage.node_local(spec).fan_out.enabled and storage.node_local(spec).fan_out.peer_wait_seconds == 900
+
+
+def test_a_copy_ready_in_this_plan_asks_for_another_reconcile() -> None:
+    seed = job("gpu-a", "seed")
+    name = seed["metadata"]["name"]
+    previous = {"nodes": [{"name": "gpu-a", "job": name, "phase": "Preloading"}]}
+    pods = {name: [pod_with_result(FetchResult(source=SOURCE, bytes=10, files=2))]}
+    result = plan(observe(previous=previous, jobs={name: ended(seed, succeeded=True)}, pods=pods))
+    assert {s["name"]: s["phase"] for s in result.status["nodes"]}["gpu-a"] == "Ready"
+    assert result.wake_again  # the next plan starts from gpu-a Ready and brings the peers up
+    assert [b["kind"] for b in applied(plan(observe(previous=result.status)))] == [
+        "DaemonSet",
+        "Service",
+        "NetworkPolicy",
+    ]

@@ -47,6 +47,8 @@ PEER_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"mem
 """The peer sends files with sendfile from the page cache: little CPU and memory of its own."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
+NODE_WAITING = "Waiting"
+"""A node's phase while it waits for the first copy or a peer: in progress, not blocked."""
 PHASE_SEEDING = "Seeding"
 PHASE_SERVING = "Serving"
 PHASE_ORIGIN = "Origin"

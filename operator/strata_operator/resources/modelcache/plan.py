@@ -107,6 +107,9 @@ class Plan:
     again: bool = False
     peer_token_secret: str | None = None
     """A Secret that must exist (created once with a random token) before the actions run."""
+    wake_again: bool = False
+    """Reconcile once more after this one: fan-out decides from the node states a plan starts with, and this
+    plan saw a copy become Ready (the node label it sets wakes nobody: the operator's own write)."""
 
 
 class _Planner:
@@ -120,6 +123,7 @@ class _Planner:
         self.needs_inputs = False
         self.again = False
         self.peer_token_secret: str | None = None
+        self.wake_again = False
 
     def create(self, body: Mapping[str, Any], event: Event | None) -> str | None:
         """Plan an apply; returns the API server's refusal instead when an earlier plan's apply was refused."""
@@ -161,6 +165,7 @@ def plan(observed: Observed) -> Plan:
         needs_inputs=planner.needs_inputs,
         again=planner.again,
         peer_token_secret=planner.peer_token_secret,
+        wake_again=planner.wake_again,
     )
 
 
@@ -452,9 +457,14 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     )
     starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
     found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
-    waiting = [{"name": n, "phase": st.PHASE_PENDING, "message": m} for n, m in fan.waiting.items()]
+    waiting = [{"name": n, "phase": fanout.NODE_WAITING, "message": m} for n, m in fan.waiting.items()]
     states = sorted(found.states + waiting, key=lambda s: str(s["name"]))
     _fan_out_children(planner, fan)
+    before = {n["name"]: n.get("phase") for n in observed.previous.get("nodes") or []}
+    if fan.status is not None and any(
+        s["phase"] == st.PHASE_READY and before.get(s["name"]) != st.PHASE_READY for s in states
+    ):
+        planner.wake_again = True
     planner.labels = label_changes(observed.nodes, key, {s["name"] for s in states if s["phase"] == st.PHASE_READY})
     fields = _node_fields(planner, spec, states)
     fields["nodeLabel"] = key
