@@ -117,9 +117,11 @@ def one_run(mode: str, n: int, uri: str, size: int, env: dict[str, str], proxy: 
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
+    """Served: bytes the origin sent (responses, headers included); requested: the ranges asked for, retries of
+    ranges that timed out included."""
     out = [
-        "| nodes | origin: origin GiB | fan-out: origin GiB | origin bytes ratio | origin: s to all done |"
-        " fan-out: s to all done (first node) | time ratio fan-out/origin |",
+        "| nodes | every node from the origin: GiB served (requested) | fan-out: GiB served (requested) |"
+        " served ratio | origin: s to all done | fan-out: s to all done (first node) | time ratio fan-out/origin |",
         "|---|---|---|---|---|---|---|",
     ]
     by = {(r["mode"], r["nodes"]): r for r in rows}
@@ -127,9 +129,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         o, f = by.get(("origin", n)), by.get(("fanout", n))
         if not (o and f):
             continue
+        gib = 2**30
         out.append(
-            f"| {n} | {o['origin_range_bytes'] / 2**30:.2f} | {f['origin_range_bytes'] / 2**30:.2f} |"
-            f" {f['origin_range_bytes'] / o['origin_range_bytes']:.3f} | {o['seconds']:.1f} |"
+            f"| {n} | {o['origin_response_bytes'] / gib:.2f} ({o['origin_range_bytes'] / gib:.2f}) |"
+            f" {f['origin_response_bytes'] / gib:.2f} ({f['origin_range_bytes'] / gib:.2f}) |"
+            f" {f['origin_response_bytes'] / o['origin_response_bytes']:.3f} | {o['seconds']:.1f} |"
             f" {f['seconds']:.1f} ({f['first_node_seconds']:.1f}) | {f['seconds'] / o['seconds']:.2f} |"
         )
     return "\n".join(out)
@@ -145,7 +149,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for mode, style, label in (("origin", "s--", "every node from the origin"), ("fanout", "o-", "fan-out")):
         pts = sorted((r["nodes"], r) for r in rows if r["mode"] == mode)
         xs = [p[0] for p in pts]
-        axes[0].plot(xs, [p[1]["origin_range_bytes"] / 2**30 for p in pts], style, label=label)
+        axes[0].plot(xs, [p[1]["origin_response_bytes"] / 2**30 for p in pts], style, label=label)
         axes[1].plot(xs, [p[1]["seconds"] for p in pts], style, label=label)
     axes[0].set_ylabel("GiB served by the origin")
     axes[1].set_ylabel("seconds until all nodes are done")
@@ -169,7 +173,16 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="where node directories go (default: a temp dir)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
+    ap.add_argument(
+        "--table", type=Path, metavar="JSON", help="print the table (and --png) of a saved run; run nothing"
+    )
     opts = ap.parse_args()
+    if opts.table:
+        saved = json.loads(opts.table.read_text())["rows"]
+        if opts.png:
+            plot(saved, opts.png)
+        print(markdown(saved))
+        return
     nodes = [int(x) for x in opts.nodes.split(",")]
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
