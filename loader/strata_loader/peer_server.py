@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -112,6 +113,13 @@ class PeerServer(ThreadingHTTPServer):
         self.copy, self.token = copy, token.encode()
         self.ready = threading.Event()
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._served_lock = threading.Lock()
+        self.served_bytes = self.served_ranges = 0
+
+    def count(self, n: int) -> None:
+        with self._served_lock:
+            self.served_bytes += n
+            self.served_ranges += 1
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         if not self._slots.acquire(blocking=False):
@@ -255,6 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if body and length:
                 self.connection.sendfile(f, start, length)
+                self.server.count(length)
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -293,6 +302,7 @@ def serve(root: Path, token_file: str, host: str, port: int, max_connections: in
     thread.start()
     bound = server.server_address
     print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)
+    signal.signal(signal.SIGTERM, _stop)  # a pod's shutdown: log what was served, then exit 0
     try:
         copy.verify()
         server.ready.set()
@@ -303,7 +313,18 @@ def serve(root: Path, token_file: str, host: str, port: int, max_connections: in
             flush=True,
         )
         thread.join()
+    except _Stopped:
+        pass
     finally:
         server.shutdown()
         server.server_close()
         copy.close()
+        print(json.dumps({"event": "served", "bytes": server.served_bytes, "ranges": server.served_ranges}), flush=True)
+
+
+class _Stopped(Exception):
+    """SIGTERM: stop serving."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped

@@ -29,6 +29,8 @@ class PeerProcess:
     process: subprocess.Popen[str]
     url: str
     dir: Path
+    served: dict[str, int] | None = None
+    """After a clean stop: what it served (`bytes`, `ranges`), from its last log line."""
 
 
 @contextlib.contextmanager
@@ -42,12 +44,18 @@ def running_peer(
         args += ["--max-connections", str(max_connections)]
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- a pipe nobody drains would block the server
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})})
+    peer = None
     try:
         url = _wait_serving(proc, log)
-        yield PeerProcess(proc, url, copy_dir)
+        peer = PeerProcess(proc, url, copy_dir)
+        yield peer
     finally:
         stop_process(proc, grace=5)
         if proc.stdout is not None:
+            for line in proc.stdout.read().splitlines():
+                event = json.loads(line)
+                if event.get("event") == "served" and peer is not None:
+                    peer.served = {"bytes": int(event["bytes"]), "ranges": int(event["ranges"])}
             proc.stdout.close()
         log.close()
 

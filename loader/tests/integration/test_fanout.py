@@ -96,6 +96,8 @@ def test_origin_serves_each_byte_once_while_every_node_verifies(origin, token, t
         results = {n: finish_fetch(procs[n], logs[n]) for n in procs}
         with running_peer(tmp_path / "node-2", token) as p2:
             results[4] = run_node(origin, tmp_path / "node-4", [p1.url, p2.url], token)
+    assert p2.served is not None and 0 < p2.served["bytes"] < origin.total  # node 4 read from both peers ...
+    assert p1.served is not None and p1.served["bytes"] == 3 * origin.total - p2.served["bytes"]  # ... in parallel
     assert origin.proxy.range_bytes == origin.total, "the origin served some byte more than once"
     assert origin.proxy.unranged_gets == 0
     assert origin.proxy.response_bytes < origin.total + 2**20  # headers and listings, no second copy
