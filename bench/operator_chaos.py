@@ -119,7 +119,9 @@ def cache_spec(index: int, pools: int, version: int = 0) -> dict[str, Any]:
     if kind in (0, 1):
         storage = {"mode": "SharedPVC", "sharedPVC": {"size": "20Gi"}}
     elif kind in (2, 3):
-        storage = {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool}}
+        # Fan-out off: the checks expect one Job per selected node at once (fan-out's sequence: bench/fanout.py
+        # and operator/tests/*/test_modelcache_fanout.py).
+        storage = {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool, "fanOut": {"enabled": False}}}
     else:
         storage = {"mode": "ImageVolume", "imageVolume": {"prePull": index % 10 == 4, "nodeSelector": pool}}
     source: dict[str, Any] = {"uri": IMAGE if kind == 4 else f"s3://chaos-models/model-{index}"}

@@ -166,7 +166,9 @@ def cache_spec(index: int, pool_count: int) -> dict[str, Any]:
     if index % 2 == 0:
         storage = {"mode": "SharedPVC", "sharedPVC": {"size": "50Gi"}}
     else:
-        storage = {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": {"bench/pool": str(index % pool_count)}}}
+        # Fan-out off: this measures one pinned Job per node of the pool, created at once.
+        local = {"nodeSelector": {"bench/pool": str(index % pool_count)}, "fanOut": {"enabled": False}}
+        storage = {"mode": "NodeLocal", "nodeLocal": local}
     return {"source": {"uri": f"s3://bench-models/model-{index}"}, "storage": storage}
 
 

@@ -150,6 +150,9 @@ NEEDED_IN_NAMESPACE = [
     ("create", "", "services", ""),
     ("get", "", "secrets", ""),
     ("create", "", "secrets", ""),  # a KVCacheTier's generated token, created once
+    ("get", "networking.k8s.io", "networkpolicies", ""),  # a NodeLocal cache's fan-out peers
+    ("create", "networking.k8s.io", "networkpolicies", ""),
+    ("patch", "networking.k8s.io", "networkpolicies", ""),
     ("get", "", "serviceaccounts", ""),
     ("create", "", "events", ""),
 ]
@@ -177,6 +180,7 @@ FORBIDDEN_IN_NAMESPACE = [
     ("delete", "apps", "daemonsets", ""),
     ("delete", "", "configmaps", ""),
     ("delete", "", "services", ""),
+    ("delete", "networking.k8s.io", "networkpolicies", ""),
     ("get", "", "pods", ""),
     ("patch", "", "events", ""),
 ]

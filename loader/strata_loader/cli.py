@@ -1,4 +1,4 @@
-"""`strata-loader`: fetch (the preloader Jobs run it), verify, shard, bench.
+"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench.
 
 Failures end with one line on stderr and a non-zero exit, never a traceback: Job logs and termination messages
 are read by people and by the operator.
@@ -84,6 +84,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-part-bytes", default="5Gi")
     s.set_defaults(handler=_shard)
 
+    sp = sub.add_parser(
+        "serve-peer",
+        help="serve a verified copy's files (range GETs, bearer token) to other nodes' fetches",
+    )
+    sp.add_argument("dir", help="a directory fetch completed (its manifest lists what is served)")
+    sp.add_argument("--token-file", required=True, help="file holding the bearer token fetchers must send")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (in a pod: its pod IP)")
+    sp.add_argument("--port", type=int, default=None, help="default 8477; 0 picks a free port")
+    sp.add_argument("--max-connections", type=int, default=None, help="connections served at once (default 64)")
+    sp.set_defaults(handler=_serve_peer)
+
     b = sub.add_parser(
         "bench", help="load files with the streamer and with safetensors; print throughput (needs torch)"
     )
@@ -163,6 +174,16 @@ def _verify(args: argparse.Namespace) -> int:
             checked += 1
     what = "sizes" if args.fast else "sizes and recorded checksums"
     print(f"ok: {matched} file(s) match their manifest ({what}); {checked} safetensors file(s) valid")
+    return 0
+
+
+def _serve_peer(args: argparse.Namespace) -> int:
+    from .contract import PEER_PORT
+    from .peer_server import DEFAULT_MAX_CONNECTIONS, serve
+
+    port = PEER_PORT if args.port is None else args.port
+    limit = DEFAULT_MAX_CONNECTIONS if args.max_connections is None else args.max_connections
+    serve(Path(args.dir), args.token_file, args.host, port, limit)
     return 0
 
 

@@ -15,7 +15,7 @@ import re
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from strata_units import parse_bytes
 
 from .capacity import CapacityReport
@@ -26,6 +26,11 @@ MANIFEST_NAME = ".strata-manifest.json"
 
 PARTIAL_SUFFIX = ".strata-partial"
 """A file being copied lives under this suffix until it is whole and verified, then is renamed into place."""
+
+PEER_PORT = 8477
+"""Port of `strata-loader serve-peer` (and of `--peer` URLs without one): the operator renders both sides."""
+PEER_HEALTH_PATH = "/healthz"
+"""Unauthenticated readiness of a peer: 200 once its copy is verified, 503 before."""
 
 COMMAND = ["strata-loader"]
 SUBCOMMAND = "fetch"
@@ -125,6 +130,26 @@ class FetchRequest(BaseModel):
     memory_limit: int = DEFAULT_MEMORY_LIMIT
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardOptions | None = None
+    peers: list[str] = Field(
+        default_factory=list,
+        description="peer servers (http://host[:port]) that may hold a verified copy; a name resolving to several"
+        " addresses is several peers. Files they hold are read from them, the rest from the source",
+    )
+    peer_token_file: str | None = Field(default=None, description="file holding the peers' bearer token")
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not re.match(r"^http://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:[0-9]{1,5})?/?$", url):
+                raise ValueError(f"peer {url!r}: expected http://host[:port] (no path); e.g. http://10.0.0.7:8477")
+        return v
+
+    @model_validator(mode="after")
+    def _peers_need_token(self) -> FetchRequest:
+        if self.peers and not self.peer_token_file:
+            raise ValueError("peers are given but no peer_token_file: peers serve only to fetchers with their token")
+        return self
 
     @field_validator("block_size", "memory_limit", mode="before")
     @classmethod
@@ -199,6 +224,9 @@ class FetchRequest(BaseModel):
                 str(self.shard.max_part_bytes),
                 f"--shard-output-subdir={self.shard.output_subdir}",
             ]
+        args += [f"--peer={u}" for u in self.peers]
+        if self.peer_token_file:
+            args.append(f"--peer-token-file={self.peer_token_file}")
         return args
 
     def to_env(self) -> dict[str, str]:
@@ -219,6 +247,15 @@ class FetchRequest(BaseModel):
         p.add_argument("--shard-tp", type=int, default=None, help="pre-shard for this tensor-parallel size")
         p.add_argument("--shard-max-part-bytes", default=str(5 * 2**30))
         p.add_argument("--shard-output-subdir", default="sharded")
+        p.add_argument(
+            "--peer",
+            action="append",
+            default=[],
+            dest="peers",
+            help="peer server http://host[:port] holding a verified copy (repeatable; a name with several"
+            " addresses is several peers); files they hold are read from them, the rest from SOURCE",
+        )
+        p.add_argument("--peer-token-file", default=None, help="file holding the peers' bearer token")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> FetchRequest:
@@ -240,6 +277,8 @@ class FetchRequest(BaseModel):
             memory_limit=ns.memory_limit,
             verify=VerifyMode(ns.verify),
             shard=shard,
+            peers=ns.peers,
+            peer_token_file=ns.peer_token_file,
         )
 
     @classmethod
@@ -291,6 +330,7 @@ class FetchResult(BaseModel):
     capacity: CapacityReport | None = Field(
         default=None, description="the node path's usage and what was evicted (only under a node budget)"
     )
+    bytes_from_peers: int = Field(default=0, description="bytes this run read from peers instead of the source")
 
     @property
     def succeeded(self) -> bool:

@@ -56,8 +56,12 @@ def fetch(req: FetchRequest, progress_mode: str | None = None, capacity: Capacit
     dest = Path(req.dest)
     dest.mkdir(parents=True, exist_ok=True)
     room = _Room(capacity)
-    with room, DestDir(dest) as tree:
-        result = _fetch_into(tree, req, files, revision, t0, progress_mode, room)
+    with room:
+        if req.peers:
+            result = _fetch_with_peers(req, files, revision, t0, progress_mode, room)
+        else:
+            with DestDir(dest) as tree:
+                result = _fetch_into(tree, req, files, revision, t0, progress_mode, room)
     return result.model_copy(update={"capacity": room.report(dest)}) if capacity else result
 
 
@@ -88,6 +92,39 @@ class _Room:
         if self._report is None and self.capacity is not None:
             return measure(self.capacity)
         return self._report
+
+
+def _fetch_with_peers(
+    req: FetchRequest,
+    files: list[SourceFile],
+    revision: str | None,
+    t0: float,
+    progress_mode: str | None,
+    room: _Room | None = None,
+) -> FetchResult:
+    """Files the peers hold come from them; bytes from a peer are always hashed against the checksums the
+    origin and the peers' manifests agree on, whatever `verify` says (see `peer_source`)."""
+    from .peer_server import read_token
+    from .peer_source import PeerSet, with_peers
+
+    assert req.peer_token_file is not None  # the request's validator insists
+    peers = PeerSet.discover(req.peers, read_token(req.peer_token_file), req.source, revision)
+    if not peers.peers:
+        print("strata-loader fetch: no peer holds this copy; reading the source", file=sys.stderr, flush=True)
+    try:
+        with DestDir(Path(req.dest)) as tree:
+            result = _fetch_into(
+                tree,
+                req.model_copy(update={"verify": VerifyMode.CHECKSUMS}),
+                with_peers(files, peers),
+                revision,
+                t0,
+                progress_mode,
+                room,
+            )
+    finally:
+        peers.close()
+    return result.model_copy(update={"bytes_from_peers": peers.bytes_from_peers})
 
 
 def _fetch_into(

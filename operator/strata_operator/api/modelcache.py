@@ -199,6 +199,24 @@ class SharedPVCStorage(CRDModel):
     )
 
 
+class FanOut(CRDModel):
+    """Download once, fan out: the first node reads the source; the others read the files from nodes whose copy
+    is Ready, through a per-cache peer server (a DaemonSet on those nodes behind a headless Service)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Read the source once for all selected nodes (default true; it applies only with more than one "
+        "node). false: every node's Job reads the source itself.",
+    )
+    peer_wait_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=86400,
+        description="Seconds the other nodes wait for the first copy and a ready peer before their Jobs read the "
+        "source themselves, 0 to 86400. Default 900.",
+    )
+
+
 class NodeLocalStorage(CRDModel):
     """A copy on each selected node's local disk, made by one preload Job per node."""
 
@@ -220,6 +238,11 @@ class NodeLocalStorage(CRDModel):
         default=False,
         description="Never evict this cache's copies to make room for others (a NodeCachePolicy's budget on the "
         "node path). Copies a running pod uses are never evicted either, pinned or not.",
+    )
+    fan_out: FanOut = Field(
+        default_factory=FanOut,
+        description="Download once, fan out: on by default; see fanOut.enabled.",
+        json_schema_extra={"default": {}},
     )
 
 
@@ -389,9 +412,9 @@ class NodeState(CRDModel):
 
     name: str = Field(description="The node's name.")
     phase: str = Field(
-        description="Pending, Preloading, Ready, Failed, InsufficientStorage (the copy does not fit the node's "
-        "budget even after eviction; the message has the numbers) or Evicted (removed to make room for another "
-        "cache's copy; the node label reads Evicted)."
+        description="Pending, Waiting (fan-out: for the first copy or a ready peer), Preloading, Ready, Failed, "
+        "InsufficientStorage (the copy does not fit the node's budget even after eviction; the message has the "
+        "numbers) or Evicted (removed to make room for another cache's copy; the node label reads Evicted)."
     )
     job: str | None = Field(default=None, description="The Job that copies (or pre-pulls) on this node.")
     bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
@@ -419,6 +442,19 @@ class NodeState(CRDModel):
         description="When the copy was last seen in use on this node (or became Ready): least recently used "
         "copies are evicted first.",
     )
+
+
+class FanOutStatus(CRDModel):
+    """Where the fan-out stands."""
+
+    phase: str = Field(
+        description="Seeding (the first node reads the source), Serving (peers serve the other nodes), "
+        "Origin (no peer in time: the rest read the source) or Done (every node Ready; peers removed)."
+    )
+    peers_ready: int | None = Field(default=None, description="Peer servers ready to serve.")
+    waiting_since: str | None = Field(default=None, description="When the other nodes started to wait for a peer.")
+    service: str | None = Field(default=None, description="The headless Service the other nodes' Jobs reach peers by.")
+    message: str | None = Field(default=None, description="What the fan-out is doing, for people.")
 
 
 class ModelCacheStatus(CRDModel):
@@ -451,6 +487,9 @@ class ModelCacheStatus(CRDModel):
         default_factory=list, description="NodeLocal/ImageVolume: the state of each selected node's copy."
     )
     node_label: str | None = Field(default=None, description="Label `<key>=Ready` on nodes holding a copy.")
+    fan_out: FanOutStatus | None = Field(
+        default=None, description="NodeLocal with more than one node: how the copies are read once and fanned out."
+    )
     volume: dict[str, Any] | None = Field(
         default=None,
         description="What a serving pod pastes in: volume, volumeMount and, for NodeLocal, nodeAffinity.",

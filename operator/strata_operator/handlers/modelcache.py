@@ -65,7 +65,7 @@ async def modelcache_daemon(
     def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
-        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime)
+        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime, wake=waker.wake)
         return events
 
     await controller.run_daemon(
@@ -80,6 +80,7 @@ async def modelcache_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Me
         memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
+@kopf.on.event("apps", "v1", "daemonsets", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
 async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:

@@ -18,7 +18,7 @@ from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache_capacity import consumers_by_node, gather_capacity
 from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.resources.core import Problem, label_selector
-from strata_operator.resources.modelcache import plan, storage
+from strata_operator.resources.modelcache import fanout, plan, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -60,6 +60,8 @@ def gather(
     role = plan.job_role(spec)
     if mode != StorageMode.SHARED_PVC and role is not None:
         observed.nodes = nodes.snapshot()
+    if mode == StorageMode.NODE_LOCAL:
+        observed.peers = peer_objects(owner)
     if role is not None:
         observed.jobs = {j["metadata"]["name"]: j for j in list_children(owner, "batch/v1", "Job", role)}
     settled = plan.settled_jobs(previous)
@@ -76,6 +78,21 @@ def gather(
         if mode == StorageMode.NODE_LOCAL:
             observed.capacity = gather_capacity(owner)
     return observed
+
+
+def peer_objects(owner: CacheRef) -> fanout.PeerObjects:
+    """The cache's peer DaemonSet, Service and NetworkPolicy, where they exist and are ours."""
+    name = fanout.peer_name(owner)
+
+    def ours(api_version: str, kind: str) -> dict[str, Any] | None:
+        live = kube.read(api_version, kind, name, owner.namespace)
+        return live if live is not None and owner.created(live) else None
+
+    return fanout.PeerObjects(
+        daemonset=ours("apps/v1", "DaemonSet"),
+        service=ours("v1", "Service"),
+        network_policy=ours("networking.k8s.io/v1", "NetworkPolicy"),
+    )
 
 
 def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:

@@ -8,7 +8,8 @@ decisions are all in `resources/modelcache/plan.py`; this module carries them ou
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+import secrets
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
@@ -16,6 +17,7 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_operator import kube
 from strata_operator.handlers.modelcache_io import delete_job, gather, patch_status
 from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_label
+from strata_operator.resources.modelcache import fanout
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -32,8 +34,10 @@ def reconcile(
     runtime: RuntimeImage,
     *,
     now: datetime.datetime | None = None,
+    wake: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], list[planning.Event]]:
-    """Returns (the status now stored, Events to post). `previous` is the status last seen or written."""
+    """Returns (the status now stored, Events to post). `previous` is the status last seen or written; `wake`
+    asks the daemon for another reconcile right after this one (when the plan says so)."""
     events: list[planning.Event] = []
     inputs = False
     for _ in range(ROUNDS):
@@ -52,7 +56,25 @@ def reconcile(
     patch = st.status_patch(previous, plan.status)
     if patch is not None:
         patch_status(CacheRef.from_body(body), patch)
+    if plan.wake_again and wake is not None:
+        wake()
     return plan.status, events
+
+
+def ensure_peer_token(owner: CacheRef, name: str) -> str | None:
+    """Create the fan-out token Secret once, with a random token; None when it is there and ours, else why not.
+    Created, never patched: the operator needs no right to rewrite Secrets (as for a KVCacheTier's token)."""
+    live = kube.read("v1", "Secret", name, owner.namespace)
+    if live is None:
+        live = kube.create(fanout.build_token_secret(owner, secrets.token_urlsafe(fanout.TOKEN_BYTES)))
+        if live is None:  # created meanwhile
+            live = kube.read("v1", "Secret", name, owner.namespace)
+    if live is not None and not owner.created(live):
+        return (
+            f"Secret {name!r} exists and was not created by this ModelCache: delete or rename it so the operator"
+            " can create the peers' token there"
+        )
+    return None
 
 
 def execute(
@@ -60,7 +82,14 @@ def execute(
 ) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
+    skip: set[tuple[str, str]] = set()
+    if plan.peer_token_secret and (refusal := ensure_peer_token(owner, plan.peer_token_secret)):
+        peer = fanout.peer_name(owner)
+        rejected[("DaemonSet", peer)] = refusal  # the peers need their token; everything else goes on
+        skip = {("DaemonSet", peer), ("Service", peer), ("NetworkPolicy", peer)}
     for action in plan.actions:
+        if action.key in skip:
+            continue
         if action.verb == "delete":
             if delete_job(owner.namespace, action.key[1]) and action.event:
                 events.append(action.event)

@@ -64,7 +64,8 @@ def policy(k8s: DynamicClient) -> Iterator[dict[str, str]]:
 
 
 def node_local(pool: dict[str, str], **extra: Any) -> dict[str, Any]:
-    return {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool, **extra}}}
+    local = {"nodeSelector": pool, "fanOut": {"enabled": False}, **extra}  # fan-out has its own tests
+    return {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": local}}
 
 
 def ready_copy(k8s: DynamicClient, namespace: str, pool: dict[str, str], prefix: str, **extra: Any) -> str:

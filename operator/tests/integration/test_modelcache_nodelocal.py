@@ -51,7 +51,8 @@ def test_node_local_follows_nodes_and_cleans_up(
     b = nodes.add(unique("gpu-b"), pool)
     other = nodes.add(unique("cpu"))
     name = unique("mc")
-    spec = {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool}}}
+    local = {"nodeSelector": pool, "fanOut": {"enabled": False}}  # every node reads the source (fan-out: its own test)
+    spec = {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": local}}
     create_cache(k8s, namespace, name, spec)
 
     status = wait_for_status(k8s, namespace, name, lambda s: s.get("desiredNodes") == 2, "two selected nodes")
@@ -163,7 +164,7 @@ def test_a_zero_ttl_cannot_make_jobs_vanish_before_their_result_is_read(
     name = unique("mc")
     spec = {
         "source": {"uri": SOURCE},
-        "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool}},
+        "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": pool, "fanOut": {"enabled": False}}},
         "preload": {"ttlSecondsAfterFinished": 0},
     }
     create_cache(k8s, namespace, name, spec)

@@ -22,9 +22,9 @@ from strata_operator.resources.modelcache.plan import LabelChange, Plan, plan
 from .test_modelcache_plan import NOW, OWNER, SOURCE, condition, deleted, ended, observe, pod_with_result
 
 GiB = 2**30
-SPEC = ModelCacheSpec.model_validate(
-    {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": {"pool": "gpu"}}}}
-)
+# Every node's Job at once (fan-out sequences them; it has its own tests).
+LOCAL = {"nodeSelector": {"pool": "gpu"}, "fanOut": {"enabled": False}}
+SPEC = ModelCacheSpec.model_validate({"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal", "nodeLocal": LOCAL}})
 NODES = {
     "gpu-a": NodeInfo("gpu-a", "uid-a", True, {"pool": "gpu", "disk": "nvme"}),
     "gpu-b": NodeInfo("gpu-b", "uid-b", True, {"pool": "gpu"}),

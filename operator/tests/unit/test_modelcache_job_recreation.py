@@ -19,7 +19,7 @@ NODES = {n: NodeInfo(n, f"uid-{n}", True) for n in ("gpu-a", "gpu-b", "gpu-c")}
 SPEC = ModelCacheSpec.model_validate(
     {
         "source": {"uri": "hf://org/model"},
-        "storage": {"mode": "NodeLocal"},
+        "storage": {"mode": "NodeLocal", "nodeLocal": {"fanOut": {"enabled": False}}},
         "preload": {"ttlSecondsAfterFinished": 0},
     }
 )

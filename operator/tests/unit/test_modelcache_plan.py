@@ -181,16 +181,22 @@ NODES = {
 }
 
 
-def node_job(node: str) -> dict[str, Any]:
-    return storage.node_preload(OWNER, NODE_LOCAL, node, NODES[node].uid)[1]
+EACH_FROM_SOURCE = spec_of(
+    {"mode": "NodeLocal", "nodeLocal": {"nodeSelector": {"pool": "gpu"}, "fanOut": {"enabled": False}}}
+)
 
 
-def test_node_local_starts_one_pinned_job_per_selected_ready_node() -> None:
-    result = plan(observe(NODE_LOCAL, nodes=NODES, inputs_checked=True))
+def node_job(node: str, spec: ModelCacheSpec = NODE_LOCAL) -> dict[str, Any]:
+    return storage.node_preload(OWNER, spec, node, NODES[node].uid)[1]
+
+
+def test_without_fan_out_every_selected_ready_node_gets_a_pinned_job_at_once() -> None:
+    result = plan(observe(EACH_FROM_SOURCE, nodes=NODES, inputs_checked=True))
     assert applied(result) == [
-        ("Job", node_job("gpu-a")["metadata"]["name"]),
-        ("Job", node_job("gpu-b")["metadata"]["name"]),
+        ("Job", node_job("gpu-a", EACH_FROM_SOURCE)["metadata"]["name"]),
+        ("Job", node_job("gpu-b", EACH_FROM_SOURCE)["metadata"]["name"]),
     ]
+    assert "fanOut" not in result.status
     assert [n["name"] for n in result.status["nodes"]] == ["gpu-a", "gpu-b"]
     assert result.status["phase"] == "Preloading" and result.status["desiredNodes"] == 2
     assert result.labels == []

@@ -25,7 +25,7 @@ from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import Problem
-from strata_operator.resources.modelcache import capacity, names, storage
+from strata_operator.resources.modelcache import capacity, fanout, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.nodes import NodeInfo
@@ -102,6 +102,8 @@ class Observed:
     """NodeLocal, read with the Job references (`inputs_checked`): node budgets and the other caches' copies."""
     consumers_on: Mapping[str, int] = field(default_factory=dict)
     """NodeLocal: this cache's live consumer pods per node (for each copy's lastUsed)."""
+    peers: fanout.PeerObjects = field(default_factory=fanout.PeerObjects)
+    """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
 
 
 @dataclass
@@ -113,6 +115,11 @@ class Plan:
     """Events that follow from the observation itself (transitions, a Job found that status never named)."""
     needs_inputs: bool = False
     again: bool = False
+    peer_token_secret: str | None = None
+    """A Secret that must exist (created once with a random token) before the actions run."""
+    wake_again: bool = False
+    """Reconcile once more after this one: fan-out decides from the node states a plan starts with, and this
+    plan saw a copy become Ready (the node label it sets wakes nobody: the operator's own write)."""
 
 
 class _Planner:
@@ -129,6 +136,8 @@ class _Planner:
         """NodeLocal: this cache's node label key (its value Evicted marks an evicted copy)."""
         self.build: Callable[[str], Mapping[str, Any]] = lambda node: {}
         """NodeLocal: the preload Job for a node (to start one again after an eviction)."""
+        self.peer_token_secret: str | None = None
+        self.wake_again = False
 
     def create(self, body: Mapping[str, Any], event: Event | None) -> str | None:
         """Plan an apply; returns the API server's refusal instead when an earlier plan's apply was refused."""
@@ -169,6 +178,8 @@ def plan(observed: Observed) -> Plan:
         events=planner.events + st.transition_events(previous, desired),
         needs_inputs=planner.needs_inputs,
         again=planner.again,
+        peer_token_secret=planner.peer_token_secret,
+        wake_again=planner.wake_again,
     )
 
 
@@ -539,14 +550,26 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
     key = names.node_label_key(owner.namespace, owner.name)
     wanted = selected_nodes(observed.nodes, local.node_selector)
     planner.node_label = key
-    build = _builder(storage.node_preload, owner, spec, observed)
-    planner.build = lambda node: build(node, wanted[node].uid)[1]
-    found = node_states(planner, storage.ROLE_PRELOAD, wanted, build)
-    states = found.states
+    fan = fanout.decide(
+        owner, spec, wanted, observed.previous, observed.jobs, observed.peers, observed.now, observed.runtime, is_subset
+    )
+    planner.build = lambda node: fan.builder(node, wanted[node].uid)[1]
+    starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
+    found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
+    waiting = [{"name": n, "phase": fanout.NODE_WAITING, "message": m} for n, m in fan.waiting.items()]
+    states = sorted(found.states + waiting, key=lambda s: str(s["name"]))
+    _fan_out_children(planner, fan)
+    before = {n["name"]: n.get("phase") for n in observed.previous.get("nodes") or []}
+    if fan.status is not None and any(
+        s["phase"] == st.PHASE_READY and before.get(s["name"]) != st.PHASE_READY for s in states
+    ):
+        planner.wake_again = True
     ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
     planner.labels = label_changes(observed.nodes, key, ready) + planner.labels  # + other caches' evictions
     fields = _node_fields(planner, spec, states)
     fields["nodeLabel"] = key
+    if fan.status is not None:
+        fields["fanOut"] = fan.status
     done = [s for s in states if s["phase"] == st.PHASE_READY and s.get("bytes") is not None]
     if done:
         revisions = list(found.revisions.values())
@@ -570,6 +593,15 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         ready_message=f"pods select nodes with {key}=Ready",
         fields=fields,
     )
+
+
+def _fan_out_children(planner: _Planner, fan: fanout.Decision) -> None:
+    """Apply the peer objects that differ; a refusal is told in the fan-out status (the other nodes then wait,
+    and read the source after `peerWaitSeconds`)."""
+    planner.peer_token_secret = fan.token_secret
+    for body in fan.apply:
+        if (refusal := planner.create(body, None)) and fan.status is not None:
+            fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
 
 
 def _node_fields(planner: _Planner, spec: ModelCacheSpec, states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from typing import Any
 
 from strata_loader import contract
@@ -114,11 +115,21 @@ def _node_root_mounts(spec: ModelCacheSpec, base: PodMounts | None = None) -> Po
 
 
 def node_preload(
-    owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str, runtime: RuntimeImage | None = None
+    owner: CacheRef,
+    spec: ModelCacheSpec,
+    node: str,
+    node_uid: str,
+    runtime: RuntimeImage | None = None,
+    *,
+    adjust: Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(hash, Job) copying the model onto one node. The node's uid is in the hash: a new node is empty."""
+    """(hash, Job) copying the model onto one node. The node's uid is in the hash: a new node is empty.
+    `adjust` changes the request and adds mounts (fan-out: read from peers, or seed them); it is hashed too."""
     dest = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
     request = fetch_request(spec, dest)
+    mounts = _node_root_mounts(spec, source_mounts(spec))
+    if adjust is not None:
+        request = adjust(request, mounts)
     runtime = runtime or default_runtime()
     node_hash = request_hash(spec, request, node, node_uid, runtime=runtime)
     shape = JobShape(
@@ -126,7 +137,7 @@ def node_preload(
         role=ROLE_PRELOAD,
         command=list(contract.COMMAND),
         args=request.to_args(),
-        mounts=_node_root_mounts(spec, source_mounts(spec)),
+        mounts=mounts,
         preload_hash=node_hash,
         node=node,
         tolerations=tuple(node_local(spec).tolerations),

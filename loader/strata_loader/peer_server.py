@@ -1,0 +1,330 @@
+"""`strata-loader serve-peer DIR`: serve a verified copy's files to other nodes' fetches, so the origin (S3, the
+Hub) is read once per cluster instead of once per node.
+
+What it serves is deliberately narrow: the copy's manifest and the byte ranges of the files that manifest lists,
+nothing else (no listing, no other path under DIR, no bookkeeping files), read-only, and only after every
+listed file has been hashed and matched the manifest's checksum at start-up. Every request but the health
+probe carries `Authorization: Bearer <token>`, the token the operator keeps in a Secret; it is compared in
+constant time. Connections are bounded: one over the limit gets a 503 and is closed, and the fetcher tries
+another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is followed) and the request
+path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from .contract import MANIFEST_NAME, PEER_HEALTH_PATH
+from .manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
+from .paths import DestDir, UnsafePathError, safe_relative_path
+
+DEFAULT_MAX_CONNECTIONS = 64
+"""Connections served at once; more are answered 503 and closed (each fetcher opens up to its concurrency)."""
+IDLE_TIMEOUT_S = 30.0
+"""A kept-alive connection idle this long is closed, so a slot is not held by a fetcher that went away."""
+BUSY_READ_TIMEOUT_S = 2.0
+"""How long a connection over the limit may take to send its request before it is answered 503 anyway."""
+TOKEN_MIN_LENGTH = 16
+"""A shorter token is refused at start: the operator generates 32 random bytes."""
+
+MANIFEST_URL_PATH = "/v1/manifest"
+FILES_URL_PREFIX = "/v1/files/"
+HEALTH_URL_PATH = PEER_HEALTH_PATH
+
+
+class PeerError(RuntimeError):
+    """The peer cannot serve: bad token file, or a copy that is incomplete or does not match its manifest."""
+
+
+def read_token(path: str | os.PathLike[str]) -> str:
+    """The shared token from a file (a mounted Secret key); surrounding whitespace is not part of it."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise PeerError(f"cannot read the peer token file {path}: {e.strerror}; mount the token Secret there") from None
+    if len(token) < TOKEN_MIN_LENGTH:
+        raise PeerError(
+            f"the peer token in {path} is {len(token)} characters, shorter than {TOKEN_MIN_LENGTH}; use a random token"
+        )
+    return token
+
+
+class VerifiedCopy:
+    """A copy under DIR whose files were all checked against its manifest (size and strongest checksum).
+
+    Only files with a recorded checksum are served: a fetcher can verify bytes from a peer only against one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tree = DestDir(root)
+        self.manifest_bytes = b""
+        self.files: dict[str, ManifestFile] = {}
+
+    def verify(self) -> None:
+        try:
+            with open(self.tree.open(MANIFEST_NAME, os.O_RDONLY), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise PeerError(f"{self.root}: no {MANIFEST_NAME}; the copy is incomplete, nothing to serve") from None
+        try:
+            manifest = Manifest.model_validate_json(data)
+        except ValueError as e:
+            raise ManifestError(f"{self.root / MANIFEST_NAME} is not a valid manifest: {e}") from None
+        served = {}
+        for entry in manifest.files:
+            if strongest_checksum(entry.checksums) is None:
+                print(
+                    f"strata-loader serve-peer: {entry.path} has no recorded checksum and is not served"
+                    " (fetch the first copy with --verify checksums)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            what = damage(self.tree, entry, checksums=True)
+            if what is not None:
+                raise PeerError(f"{self.root / entry.path}: {what}; re-run fetch to repair the copy before serving it")
+            served[entry.path] = entry
+        self.manifest_bytes, self.files = data, served
+
+    def close(self) -> None:
+        self.tree.close()
+
+
+class PeerServer(ThreadingHTTPServer):
+    """One thread per connection, at most `max_connections` of them; the copy is served once `ready` is set."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], copy: VerifiedCopy, token: str, max_connections: int) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+        self.copy, self.token = copy, token.encode()
+        self.ready = threading.Event()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._served_lock = threading.Lock()
+        self.served_bytes = self.served_ranges = 0
+
+    def count(self, n: int) -> None:
+        with self._served_lock:
+            self.served_bytes += n
+            self.served_ranges += 1
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        if not self._slots.acquire(blocking=False):
+            threading.Thread(target=self._busy, args=(request,), daemon=True).start()
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _busy(self, request: socket.socket) -> None:
+        """Read the request first, then answer 503: closing on unread bytes would reset the connection, and the
+        fetcher would take a busy peer for a dead one."""
+        try:
+            request.settimeout(BUSY_READ_TIMEOUT_S)
+            got = b""
+            while b"\r\n\r\n" not in got and len(got) < 65536:
+                chunk = request.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            request.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT_S
+    server: PeerServer
+    server_version = "strata-peer"
+    sys_version = ""
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Successful reads are not logged (thousands per fetch); refusals are, by `_refuse`."""
+
+    def _refuse(self, status: HTTPStatus, why: str, headers: dict[str, str] | None = None) -> None:
+        body = (why + "\n").encode()
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        if status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN, HTTPStatus.NOT_FOUND, HTTPStatus.BAD_REQUEST):
+            print(
+                json.dumps({"event": "refused", "status": int(status), "client": self.client_address[0], "why": why}),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _authorized(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        scheme, _, credential = given.partition(" ")
+        if not given or scheme.lower() != "bearer":
+            self._refuse(
+                HTTPStatus.UNAUTHORIZED, "a bearer token is required", {"WWW-Authenticate": 'Bearer realm="strata"'}
+            )
+            return False
+        if not hmac.compare_digest(credential.strip().encode(), self.server.token):
+            self._refuse(HTTPStatus.FORBIDDEN, "the token does not match")
+            return False
+        return True
+
+    def _serve(self, body: bool) -> None:
+        path = urlsplit(self.path).path
+        if path == HEALTH_URL_PATH:
+            ok = self.server.ready.is_set()
+            self._refuse(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, "ready" if ok else "verifying")
+            return
+        if not self._authorized():
+            return
+        if not self.server.ready.is_set():
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "verifying the copy", {"Retry-After": "1"})
+            return
+        if path == MANIFEST_URL_PATH:
+            data = self.server.copy.manifest_bytes
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+            return
+        if not path.startswith(FILES_URL_PREFIX):
+            self._refuse(HTTPStatus.NOT_FOUND, "not found: this server serves only /v1/manifest and /v1/files/")
+            return
+        rel = unquote(path[len(FILES_URL_PREFIX) :])
+        try:
+            safe_relative_path(rel)
+        except UnsafePathError as e:
+            self._refuse(HTTPStatus.BAD_REQUEST, f"path {e}")
+            return
+        entry = self.server.copy.files.get(rel)
+        if entry is None:
+            self._refuse(HTTPStatus.NOT_FOUND, f"{rel!r} is not a verified file of this copy")
+            return
+        self._send_file(entry, body)
+
+    def _send_file(self, entry: ManifestFile, body: bool) -> None:
+        span = _parse_range(self.headers.get("Range"), entry.size)
+        if span is None:
+            self._refuse(
+                HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                f"one range 'bytes=a-b' inside the file's {entry.size} bytes",
+                {"Content-Range": f"bytes */{entry.size}"},
+            )
+            return
+        start, length = span
+        fd = self.server.copy.tree.open(entry.path, os.O_RDONLY)
+        with open(fd, "rb", buffering=0) as f:
+            if os.fstat(fd).st_size != entry.size:  # changed under us since verification: never serve it
+                self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, f"{entry.path} changed since it was verified")
+                return
+            ranged = self.headers.get("Range") is not None
+            self.send_response(HTTPStatus.PARTIAL_CONTENT if ranged else HTTPStatus.OK)
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{start + length - 1}/{entry.size}")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+            if body and length:
+                self.connection.sendfile(f, start, length)
+                self.server.count(length)
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, length) of a single `bytes=` range, the whole file without a header, None when unsatisfiable."""
+    if header is None:
+        return 0, size
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if not first:  # suffix: the last N bytes
+            n = int(last)
+            return (size - min(n, size), min(n, size)) if n > 0 and size else None
+        start = int(first)
+        end = int(last) if last else size - 1
+    except ValueError:
+        return None
+    if start < 0 or start >= size or end < start:
+        return None
+    return start, min(end, size - 1) - start + 1
+
+
+def serve(root: Path, token_file: str, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+    """Listen first (the health probe answers 'verifying'), verify the copy, then serve until killed."""
+    if max_connections < 1:
+        raise PeerError(f"--max-connections {max_connections}: must be at least 1")
+    token = read_token(token_file)
+    if not root.is_dir():
+        raise PeerError(f"{root} is not a directory; give the directory the copy was fetched into")
+    copy = VerifiedCopy(root)
+    server = PeerServer((host, port), copy, token, max_connections)
+    thread = threading.Thread(target=server.serve_forever, name="strata-peer", daemon=True)
+    thread.start()
+    bound = server.server_address
+    print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)
+    signal.signal(signal.SIGTERM, _stop)  # a pod's shutdown: log what was served, then exit 0
+    try:
+        copy.verify()
+        server.ready.set()
+        print(
+            json.dumps(
+                {"event": "serving", "files": len(copy.files), "bytes": sum(f.size for f in copy.files.values())}
+            ),
+            flush=True,
+        )
+        thread.join()
+    except _Stopped:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        copy.close()
+        print(json.dumps({"event": "served", "bytes": server.served_bytes, "ranges": server.served_ranges}), flush=True)
+
+
+class _Stopped(Exception):
+    """SIGTERM: stop serving."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped

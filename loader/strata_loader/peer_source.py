@@ -1,0 +1,327 @@
+"""Fetch from peers first: byte ranges of files that other nodes already hold verified, the origin only for what
+no peer can serve.
+
+The origin is still listed (one LIST or directory walk: names, sizes, versions, its own checksums; no object
+bytes), and that listing stays the truth: a peer is used for a file only when its manifest names the same
+source and revision and records that file with the same size and version, a checksum, and no checksum that
+contradicts the origin's. The fetch then hashes every file that came from peers against those checksums (the
+origin's where it has them, else the one the first copy computed while reading the origin), exactly as a fetch
+from the origin is verified; a mismatch removes the file like any other.
+
+Ranges go round-robin over the live peers that hold a file, so several peers serve one fetch in parallel. A
+peer that refuses the token, drops a connection, times out or answers short is dropped for the rest of the run
+and the range is read again from the next peer, or from the origin when none is left: a peer killed mid-transfer
+costs the ranges in flight, not the fetch. A busy peer (503) is tried again after a short pause.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import queue
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from urllib.parse import quote, urlsplit
+
+from .catalog import SourceFile
+from .contract import PEER_PORT
+from .manifest import Manifest, ManifestFile, strongest_checksum
+from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH
+from .sources import RangeReader
+
+PEER_TIMEOUT_S = 20.0
+"""Connect and read timeout for one request to a peer; past it the peer counts as gone."""
+BUSY_WAIT_S = 60.0
+"""How long a range waits for busy peers (503) before it is read from the origin."""
+CONNECTIONS_PER_PEER = 4
+"""Requests one fetch has in flight to one peer: many nodes share a peer (its limit is 64 connections), and
+a few streams fill a node's link."""
+
+
+class PeerGone(RuntimeError):
+    """This peer cannot serve any more: connection lost, timeout, refused token, short or wrong answer."""
+
+
+class PeerBusy(RuntimeError):
+    """This peer is at its connection limit right now (503); another peer, or the same one later, may serve."""
+
+
+@dataclass(eq=False)
+class Peer:
+    """One peer server (one address: a name that resolves to several addresses is several peers)."""
+
+    host: str
+    port: int
+    token: str
+    files: dict[str, ManifestFile] = field(default_factory=dict)
+    gone: str | None = None
+    _idle: queue.SimpleQueue[http.client.HTTPConnection] = field(default_factory=queue.SimpleQueue)
+    slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CONNECTIONS_PER_PEER))
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def drop(self, why: str) -> None:
+        if self.gone is None:
+            self.gone = why
+            print(f"strata-loader fetch: peer {self.url}: {why}; not used again", file=sys.stderr, flush=True)
+
+    def get(self, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes."""
+        conn = self._connection()
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}", **headers})
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise PeerGone(f"{type(e).__name__}: {e}") from None
+        if resp.status == 503:
+            resp.read()
+            conn.close()
+            raise PeerBusy("503")
+        if resp.status in (401, 403):
+            conn.close()
+            raise PeerGone(f"refused the token ({resp.status}); check the token Secret both sides mount")
+        return conn, resp
+
+    def release(self, conn: http.client.HTTPConnection) -> None:
+        self._idle.put(conn)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            return http.client.HTTPConnection(self.host, self.port, timeout=PEER_TIMEOUT_S)
+
+    def read_range(self, relpath: str, offset: int, buf: memoryview) -> None:
+        n = len(buf)
+        conn, resp = self.get(FILES_URL_PREFIX + quote(relpath), {"Range": f"bytes={offset}-{offset + n - 1}"})
+        try:
+            if resp.status != 206 or resp.getheader("Content-Length") != str(n):
+                raise PeerGone(
+                    f"answered {resp.status} with {resp.getheader('Content-Length')} bytes for a {n}-byte range"
+                )
+            done = 0
+            while done < n:
+                got = resp.readinto(buf[done:])
+                if not got:
+                    raise PeerGone(f"{relpath}: the answer ended after {done} of {n} bytes")
+                done += got
+        except PeerGone:
+            conn.close()
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise PeerGone(f"{type(e).__name__} while reading {relpath}: {e}") from None
+        self.release(conn)
+
+    def fetch_manifest(self) -> Manifest:
+        conn, resp = self.get(MANIFEST_URL_PATH, {})
+        try:
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise PeerGone(f"{type(e).__name__} while reading its manifest: {e}") from None
+        if resp.status != 200:
+            conn.close()
+            raise PeerGone(f"answered {resp.status} for its manifest")
+        self.release(conn)
+        try:
+            return Manifest.model_validate_json(data)
+        except ValueError as e:
+            raise PeerGone(f"sent a manifest that is not valid: {e}") from None
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def resolve_peers(urls: Iterable[str], token: str) -> list[Peer]:
+    """One `Peer` per address the URLs' hosts resolve to (a headless Service name gives every ready peer)."""
+    out: dict[tuple[str, int], Peer] = {}
+    for url in urls:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or PEER_PORT
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            print(f"strata-loader fetch: peer {url}: cannot resolve {host} ({e}); skipped", file=sys.stderr, flush=True)
+            continue
+        for info in infos:
+            addr = str(info[4][0])
+            out.setdefault((addr, port), Peer(addr, port, token))
+    return list(out.values())
+
+
+class PeerSet:
+    """The peers of one fetch, with what each holds, and the byte counts by where they came from."""
+
+    def __init__(self, peers: list[Peer]) -> None:
+        self.peers = peers
+        self._lock = threading.Lock()
+        self.bytes_from_peers = 0
+        self.bytes_from_origin = 0
+
+    @classmethod
+    def discover(cls, urls: Iterable[str], token: str, source: str, revision: str | None) -> PeerSet:
+        """Ask every peer for its manifest; keep the peers that hold this source at this revision."""
+        peers = resolve_peers(urls, token)
+        threads = [threading.Thread(target=_load, args=(p, source, revision)) for p in peers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return cls([p for p in peers if p.gone is None])
+
+    def count(self, n: int, from_peer: bool) -> None:
+        with self._lock:
+            if from_peer:
+                self.bytes_from_peers += n
+            else:
+                self.bytes_from_origin += n
+
+    def holders(self, src: SourceFile) -> tuple[list[Peer], dict[str, str]]:
+        """The peers that may serve `src`, and the checksums its bytes must match (empty when none may)."""
+        agreed: dict[str, str] = {}
+        out: list[Peer] = []
+        for p in self.peers:
+            entry = p.files.get(src.relpath)
+            if entry is None or entry.size != src.size or entry.version != src.version:
+                continue
+            sums = {**entry.checksums, **src.checksums}
+            if any(entry.checksums.get(a, v) != v for a, v in src.checksums.items()):
+                p.drop(f"its {src.relpath} has checksums {entry.checksums}, the origin says {src.checksums}")
+                continue
+            if agreed and any(agreed.get(a, v) != v for a, v in sums.items()):
+                p.drop(f"its checksums of {src.relpath} differ from another peer's")
+                continue
+            agreed = agreed or sums
+            out.append(p)
+        return out, agreed
+
+    def close(self) -> None:
+        for p in self.peers:
+            p.close()
+
+
+def _load(p: Peer, source: str, revision: str | None) -> None:
+    try:
+        m = p.fetch_manifest()
+    except PeerBusy:
+        p.drop("busy while asked for its manifest")
+        return
+    except PeerGone as e:
+        p.drop(str(e))
+        return
+    if m.source != source or m.revision != revision:
+        p.drop(f"holds {m.source} at revision {m.revision}, not {source} at {revision}")
+        return
+    p.files = {f.path: f for f in m.files if strongest_checksum(f.checksums) is not None}
+
+
+def with_peers(files: list[SourceFile], peers: PeerSet) -> list[SourceFile]:
+    """`files` with a peer-first reader (and the checksums to verify against) for each file a peer holds."""
+    out = []
+    for f in files:
+        holders, sums = peers.holders(f)
+        if not holders:
+            out.append(_counted(f, peers))
+            continue
+        out.append(replace(f, checksums=sums, open=_fanout_opener(f, holders, peers)))
+    return out
+
+
+def _fanout_opener(f: SourceFile, holders: list[Peer], peers: PeerSet) -> Callable[[], RangeReader]:
+    return lambda: FanoutReader(f, holders, peers)
+
+
+def _counted(f: SourceFile, peers: PeerSet) -> SourceFile:
+    return replace(f, open=lambda: _CountingReader(f.open(), peers))
+
+
+class _CountingReader:
+    """An origin reader that adds what it reads to the origin's byte count."""
+
+    def __init__(self, inner: RangeReader, peers: PeerSet) -> None:
+        self.inner, self.peers = inner, peers
+        self.name, self.size = inner.name, inner.size
+
+    def read_into(self, offset: int, buf: memoryview) -> None:
+        self.inner.read_into(offset, buf)
+        self.peers.count(len(buf), from_peer=False)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FanoutReader:
+    """Reads each range from the next live peer holding the file; from the origin when none can serve it."""
+
+    def __init__(self, src: SourceFile, holders: list[Peer], peers: PeerSet) -> None:
+        self.src, self.holders, self.peers = src, holders, peers
+        self.name, self.size = src.relpath, src.size
+        self._next = itertools.count()
+        self._origin: RangeReader | None = None
+        self._origin_lock = threading.Lock()
+
+    def read_into(self, offset: int, buf: memoryview) -> None:
+        deadline = time.monotonic() + BUSY_WAIT_S
+        pause = 0.05
+        while True:
+            live = [p for p in self.holders if p.gone is None]
+            if not live:
+                break
+            start = next(self._next) % len(live)
+            outcome = self._try_peers(live[start:] + live[:start], offset, buf)
+            if outcome == "done":
+                return
+            if outcome == "gone" or time.monotonic() > deadline:
+                break
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(1.0, pause * 2)
+        self._origin_reader().read_into(offset, buf)
+        self.peers.count(len(buf), from_peer=False)
+
+    def _try_peers(self, order: list[Peer], offset: int, buf: memoryview) -> str:
+        """'done', 'busy' (some peer answered 503: try again later) or 'gone' (none of them can serve).
+        A peer whose share of this fetch's connections is in use is skipped, unless all are: then the range
+        waits for the first one."""
+        tried = busy = False
+        for p in order:
+            wait = not tried and p is order[-1]
+            if p.gone is not None or not (p.slots.acquire(timeout=PEER_TIMEOUT_S) if wait else p.slots.acquire(False)):
+                continue
+            tried = True
+            try:
+                p.read_range(self.src.relpath, offset, buf)
+            except PeerBusy:
+                busy = True
+                continue
+            except PeerGone as e:
+                p.drop(str(e))
+                continue
+            finally:
+                p.slots.release()
+            self.peers.count(len(buf), from_peer=True)
+            return "done"
+        return "busy" if busy or not tried else "gone"
+
+    def _origin_reader(self) -> RangeReader:
+        with self._origin_lock:
+            if self._origin is None:
+                self._origin = self.src.open()
+            return self._origin
+
+    def close(self) -> None:
+        if self._origin is not None:
+            self._origin.close()

@@ -1,0 +1,392 @@
+"""Download once, fan out (NodeLocal over several nodes): the first node reads the source; the others read the
+files from nodes whose copy is Ready.
+
+The sequence, level-based like the rest of the plan:
+1. Seeding: one node (the first by name, or one whose Job already runs) gets a Job reading the source with
+   `--verify checksums`, so its manifest records a SHA-256 per file; the other nodes wait, without Jobs.
+2. Once a copy is Ready (its node carries the cache's `=Ready` label), a per-cache peer DaemonSet runs
+   `strata-loader serve-peer` on the nodes with that label (hostPath read-only, the restricted security
+   context, the token from a Secret the operator creates and owns), behind a headless Service; a
+   NetworkPolicy admits only this cache's preload pods. When a peer pod is ready, the waiting nodes get Jobs
+   with `--peer http://<service>.<namespace>.svc:8477`, which resolves to every ready peer.
+3. No ready peer `peerWaitSeconds` after the first copy was Ready, or a failed first copy: the waiting nodes
+   read the source themselves (phase Origin).
+4. Every selected node Ready: the DaemonSet is pointed at no node, so no peer pod runs (Done). The operator
+   holds no delete right on DaemonSets and Services (by design); they go with the cache.
+A node whose Job already exists keeps it, whichever way it reads, so a change of phase never restarts a copy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_loader import contract
+
+from strata_operator.api import GROUP
+from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.modelcache import names, storage
+from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache.jobs import NODE_ROOT_MOUNT, PodMounts, runtime_image
+from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.runtime_image import RuntimeImage
+from strata_operator.resources.security import container_security_context, pod_security_context
+
+ROLE_PEER = "peer"
+TOKEN_KEY = "token"
+TOKEN_MOUNT = "/strata/peer"
+TOKEN_BYTES = 32
+"""Random bytes of the generated peer token (the peer refuses one under 16 characters)."""
+PAUSED_SELECTOR = {f"{GROUP}/fan-out": "done"}
+"""A node label Strata never sets: a DaemonSet selecting it runs on no node."""
+PEER_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+"""The peer sends files with sendfile from the page cache: little CPU and memory of its own."""
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+NODE_WAITING = "Waiting"
+"""A node's phase while it waits for the first copy or a peer: in progress, not blocked."""
+PHASE_SEEDING = "Seeding"
+PHASE_SERVING = "Serving"
+PHASE_ORIGIN = "Origin"
+PHASE_DONE = "Done"
+
+ORIGIN, PEERS, WAIT = "origin", "peers", "wait"
+JobBuilder = Callable[[str, str], tuple[str, dict[str, Any]]]
+
+
+def peer_name(owner: CacheRef) -> str:
+    """The DaemonSet, Service and NetworkPolicy of a cache's peers share one name."""
+    return names.bounded_name(owner.name, "peer")
+
+
+def token_secret_name(owner: CacheRef) -> str:
+    return names.bounded_name(owner.name, "peer-token", limit=253)
+
+
+def peer_url(owner: CacheRef) -> str:
+    return f"http://{peer_name(owner)}.{owner.namespace}.svc:{contract.PEER_PORT}"
+
+
+def active(spec: ModelCacheSpec, wanted: Mapping[str, NodeInfo]) -> bool:
+    """Fan-out applies to NodeLocal caches with it enabled and more than one selected node."""
+    return spec.storage.mode == StorageMode.NODE_LOCAL and storage.node_local(spec).fan_out.enabled and len(wanted) > 1
+
+
+def _peer_selector(owner: CacheRef) -> dict[str, str]:
+    return {names.CACHE_LABEL: owner.name, names.ROLE_LABEL: ROLE_PEER}
+
+
+def build_peer_daemonset(
+    owner: CacheRef, spec: ModelCacheSpec, runtime: RuntimeImage, *, paused: bool
+) -> dict[str, Any]:
+    """`serve-peer` on every node whose copy is Ready (none when `paused`), reading the copy read-only."""
+    local = storage.node_local(spec)
+    copy_dir = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
+    labels = owner.labels(ROLE_PEER)
+    node_selector = PAUSED_SELECTOR if paused else {names.node_label_key(owner.namespace, owner.name): "Ready"}
+    container: dict[str, Any] = {
+        "name": "peer",
+        "image": runtime_image(spec, runtime),
+        "imagePullPolicy": spec.preload.image_pull_policy.value,
+        "command": list(contract.COMMAND),
+        "args": [
+            "serve-peer",
+            copy_dir,
+            f"--token-file={TOKEN_MOUNT}/{TOKEN_KEY}",
+            "--host=$(POD_IP)",
+            f"--port={contract.PEER_PORT}",
+        ],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
+        "ports": [{"name": "peer", "containerPort": contract.PEER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": contract.PEER_HEALTH_PATH, "port": "peer"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "resources": PEER_RESOURCES,
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "node-root", "mountPath": NODE_ROOT_MOUNT, "readOnly": True},
+            {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
+        ],
+    }
+    pod: dict[str, Any] = {
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "nodeSelector": node_selector,
+        "containers": [container],
+        "volumes": [
+            {"name": "node-root", "hostPath": {"path": local.path, "type": "Directory"}},
+            {"name": "token", "secret": {"secretName": token_secret_name(owner), "defaultMode": 0o440}},
+        ],
+    }
+    if pull_secrets := runtime.pod_pull_secrets():
+        pod["imagePullSecrets"] = pull_secrets
+    if local.tolerations:
+        pod["tolerations"] = list(local.tolerations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _metadata(owner, peer_name(owner)),
+        "spec": {
+            "selector": {"matchLabels": _peer_selector(owner)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def build_peer_service(owner: CacheRef) -> dict[str, Any]:
+    """Headless: its name resolves to every ready peer pod, and the fetcher reads from all of them."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, peer_name(owner)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": _peer_selector(owner),
+            "ports": [{"name": "peer", "port": contract.PEER_PORT, "targetPort": "peer", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_peer_network_policy(owner: CacheRef) -> dict[str, Any]:
+    """Only this cache's preload pods reach its peers, on the peer port (where a policy engine runs)."""
+    fetchers = {names.CACHE_LABEL: owner.name, names.ROLE_LABEL: storage.ROLE_PRELOAD}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, peer_name(owner)),
+        "spec": {
+            "podSelector": {"matchLabels": _peer_selector(owner)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": fetchers}}],
+                    "ports": [{"port": contract.PEER_PORT, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
+
+
+def build_token_secret(owner: CacheRef, token: str) -> dict[str, Any]:
+    """Immutable and created once: a peer and a fetcher never disagree about a token in flight."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(owner, token_secret_name(owner)),
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _metadata(owner: CacheRef, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": owner.labels(ROLE_PEER),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def from_peers(owner: CacheRef) -> Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest]:
+    """A node Job's request and mounts when it reads from the peers (the token Secret mounted read-only)."""
+
+    def adjust(request: contract.FetchRequest, mounts: PodMounts) -> contract.FetchRequest:
+        mounts.add(
+            "peer-token",
+            {"secret": {"secretName": token_secret_name(owner), "defaultMode": 0o440}},
+            TOKEN_MOUNT,
+            read_only=True,
+        )
+        token_file = f"{TOKEN_MOUNT}/{TOKEN_KEY}"
+        return request.model_copy(update={"peers": [peer_url(owner)], "peer_token_file": token_file})
+
+    return adjust
+
+
+def as_seed(request: contract.FetchRequest, mounts: PodMounts) -> contract.FetchRequest:
+    """The first copy hashes every file, so its manifest has the SHA-256 the peers serve and fetchers check."""
+    return request.model_copy(update={"verify": contract.VerifyMode.CHECKSUMS})
+
+
+@dataclass
+class Decision:
+    """What fan-out decides for one plan: how each node reads, and the peer objects."""
+
+    builder: JobBuilder
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Nodes that get no Job yet → why."""
+    apply: list[dict[str, Any]] = field(default_factory=list)
+    token_secret: str | None = None
+    """The Secret that must exist before `apply` (created once, with a random token, by the handler)."""
+    status: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PeerObjects:
+    """The live peer objects, as gather read them (None: absent)."""
+
+    daemonset: Mapping[str, Any] | None = None
+    service: Mapping[str, Any] | None = None
+    network_policy: Mapping[str, Any] | None = None
+
+
+def decide(
+    owner: CacheRef,
+    spec: ModelCacheSpec,
+    wanted: Mapping[str, NodeInfo],
+    previous: Mapping[str, Any],
+    jobs: Mapping[str, Any],
+    peers: PeerObjects,
+    now: datetime.datetime,
+    runtime: RuntimeImage,
+    is_subset: Callable[[Any, Any], bool],
+) -> Decision:
+    """How each wanted node reads, given the previous node states and the live Jobs and peer objects."""
+
+    def build(how: str) -> JobBuilder:
+        adjust = {ORIGIN: None, PEERS: from_peers(owner), "seed": as_seed}[how]
+        return lambda node, uid: storage.node_preload(owner, spec, node, uid, runtime, adjust=adjust)
+
+    if not active(spec, wanted):
+        decision = Decision(builder=_stable(jobs, previous, build, lambda _node: ORIGIN))
+        if peers.daemonset is not None:  # fan-out no longer applies: no peer pod should run
+            decision.apply.append(build_peer_daemonset(owner, spec, runtime, paused=True))
+            decision.apply = [b for b in decision.apply if not is_subset(b, peers.daemonset)]
+        return decision
+
+    before = {s["name"]: s for s in previous.get("nodes") or []}
+    ready = {n for n in wanted if before.get(n, {}).get("phase") == st.PHASE_READY}
+    fan_before = previous.get("fanOut") or {}
+    running = {n for n in wanted if _has_job(n, jobs, before, build, wanted)}
+    seed = None if ready else (min(running) if running else min(wanted))
+    failed_seed = seed is not None and before.get(seed, {}).get("phase") == st.PHASE_FAILED
+    service = peer_name(owner)
+    # Every key, always: status is written as a merge patch, where a key left out would keep its old value.
+    status: dict[str, Any] = {"service": service, "peersReady": None, "waitingSince": None}
+
+    if ready == set(wanted):
+        status.update(phase=PHASE_DONE, message="every selected node holds a verified copy; no peer runs")
+        decision = Decision(builder=_stable(jobs, previous, build, lambda _n: ORIGIN), status=status)
+        if peers.daemonset is not None:
+            paused = build_peer_daemonset(owner, spec, runtime, paused=True)
+            if not is_subset(paused, peers.daemonset):
+                decision.apply.append(paused)
+        return decision
+
+    desired_ds = build_peer_daemonset(owner, spec, runtime, paused=False)
+    peers_ready = _ready_pods(desired_ds, peers.daemonset, is_subset)
+    since = _parse(fan_before.get("waitingSince")) if ready else None
+    if ready and peers_ready == 0 and since is None:
+        since = now
+    waiting_since = since.strftime(TIME_FORMAT) if since is not None else None
+    wait_s = storage.node_local(spec).fan_out.peer_wait_seconds
+    timed_out = since is not None and now >= since + datetime.timedelta(seconds=wait_s)
+    to_origin = timed_out or failed_seed
+
+    def fresh(node: str) -> str:
+        if node == seed:
+            return "seed"
+        if peers_ready:
+            return PEERS
+        return ORIGIN if to_origin else WAIT
+
+    decision = Decision(builder=_stable(jobs, previous, build, fresh))
+    for node in sorted(wanted):
+        if node not in running and node not in ready and fresh(node) == WAIT:
+            decision.waiting[node] = (
+                f"waiting for a peer: node {seed}'s copy from the source comes first"
+                if seed
+                else f"waiting for a peer (Service {service}) to serve the copy"
+            )
+    if ready:
+        decision.token_secret = token_secret_name(owner)
+        for body, live in (
+            (desired_ds, peers.daemonset),
+            (build_peer_service(owner), peers.service),
+            (build_peer_network_policy(owner), peers.network_policy),
+        ):
+            if live is None or not is_subset(body, live):
+                decision.apply.append(body)
+    if peers_ready:
+        status.update(phase=PHASE_SERVING, message=f"{peers_ready} peer(s) serve the copy through Service {service}")
+    elif failed_seed:
+        status.update(
+            phase=PHASE_ORIGIN, message=f"the first copy (node {seed}) failed; the other nodes read the source"
+        )
+    elif timed_out:
+        status.update(
+            phase=PHASE_ORIGIN, message=f"no peer was ready within {wait_s}s; the other nodes read the source"
+        )
+    elif ready:
+        status.update(phase=PHASE_SEEDING, message=f"starting peers on the {len(ready)} node(s) with a copy")
+    else:
+        status.update(phase=PHASE_SEEDING, message=f"node {seed} reads the source once for {len(wanted)} nodes")
+    status["peersReady"] = peers_ready
+    status["waitingSince"] = waiting_since if not peers_ready else None
+    decision.status = status
+    return decision
+
+
+def _stable(
+    jobs: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    build: Callable[[str], JobBuilder],
+    fresh: Callable[[str], str],
+) -> JobBuilder:
+    """A node keeps the Job it has (live, or recorded in its state) whichever way that Job reads; a node without
+    one gets the way `fresh` says (a waiting node is never built)."""
+    before = {s["name"]: s.get("job") for s in previous.get("nodes") or []}
+
+    def builder(node: str, uid: str) -> tuple[str, dict[str, Any]]:
+        options = [build(how)(node, uid) for how in (ORIGIN, PEERS, "seed")]
+        for built in options:
+            name = built[1]["metadata"]["name"]
+            if name in jobs or before.get(node) == name:
+                return built
+        how = fresh(node)
+        return build(ORIGIN if how == WAIT else how)(node, uid)
+
+    return builder
+
+
+def _has_job(node: str, jobs: Mapping[str, Any], before: Mapping[str, Any], build: Callable[[str], JobBuilder],
+             wanted: Mapping[str, NodeInfo]) -> bool:  # fmt: skip
+    uid = wanted[node].uid
+    recorded = (before.get(node) or {}).get("job")
+    for how in (ORIGIN, PEERS, "seed"):
+        name = build(how)(node, uid)[1]["metadata"]["name"]
+        if name in jobs or recorded == name:
+            return True
+    return False
+
+
+def _ready_pods(
+    desired: Mapping[str, Any], live: Mapping[str, Any] | None, is_subset: Callable[[Any, Any], bool]
+) -> int:
+    """Ready peer pods of a DaemonSet that runs what we render now (an outdated one does not count)."""
+    if live is None or not is_subset(desired["spec"], live.get("spec")):
+        return 0
+    status = live.get("status") or {}
+    if status.get("observedGeneration") != (live.get("metadata") or {}).get("generation"):
+        return 0
+    return int(status.get("numberReady") or 0)
+
+
+def _parse(value: Any) -> datetime.datetime | None:
+    """A time this plan wrote into status; None for anything else (the wait then starts again)."""
+    try:
+        return datetime.datetime.strptime(str(value), TIME_FORMAT).replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,130 @@
+"""A TCP proxy on loopback in front of an origin (the S3 server fixture) that counts what the origin serves.
+
+It forwards bytes unchanged both ways and reads the requests as they pass (HTTP/1.1, kept-alive connections
+included): `range_bytes` sums the lengths of the `Range: bytes=a-b` headers of GETs, `response_bytes` counts
+every byte the origin sent back (bodies, headers, listings). Tests and benchmarks use it to show how often the
+origin was read; it adds no behaviour of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+from collections import Counter
+
+_RANGE = re.compile(rb"^range:\s*bytes=(\d+)-(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+_LENGTH = re.compile(rb"^content-length:\s*(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class CountingProxy:
+    """Listens on 127.0.0.1 (a free port) and forwards to `upstream_port` on 127.0.0.1."""
+
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._lock = threading.Lock()
+        self.range_bytes = 0
+        self.response_bytes = 0
+        self.gets = 0
+        self.unranged_gets = 0
+        self.range_bytes_by_path: Counter[str] = Counter()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._srv.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True, name="counting-proxy").start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self) -> None:
+        with self._lock:
+            self.range_bytes = self.response_bytes = self.gets = self.unranged_gets = 0
+            self.range_bytes_by_path.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._srv.close()
+
+    def __enter__(self) -> CountingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            up = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._responses, args=(up, client), daemon=True).start()
+        self._requests(client, up)
+
+    def _requests(self, src: socket.socket, dst: socket.socket) -> None:
+        """Forward requests, reading each header block (and skipping over a body of Content-Length bytes)."""
+        pending = b""
+        body_left = 0
+        try:
+            while chunk := src.recv(1 << 16):
+                dst.sendall(chunk)
+                pending += chunk
+                while True:
+                    if body_left:
+                        skip = min(body_left, len(pending))
+                        pending, body_left = pending[skip:], body_left - skip
+                        if body_left:
+                            break
+                    head, sep, rest = pending.partition(b"\r\n\r\n")
+                    if not sep:
+                        break
+                    self._count_request(head)
+                    m = _LENGTH.search(head)
+                    body_left = int(m.group(1)) if m else 0
+                    pending = rest
+        except OSError:
+            pass
+        finally:
+            _close_both(src, dst)
+
+    def _count_request(self, head: bytes) -> None:
+        line = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(line) < 2 or line[0] != b"GET":
+            return
+        path = line[1].split(b"?", 1)[0].decode(errors="replace")
+        m = _RANGE.search(head)
+        with self._lock:
+            self.gets += 1
+            if m:
+                n = int(m.group(2)) - int(m.group(1)) + 1
+                self.range_bytes += n
+                self.range_bytes_by_path[path] += n
+            elif "/" in path.strip("/"):  # an object, not a bucket listing
+                self.unranged_gets += 1
+
+    def _responses(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                dst.sendall(chunk)
+                with self._lock:
+                    self.response_bytes += len(chunk)
+        except OSError:
+            pass
+        finally:
+            _close_both(src, dst)
+
+
+def _close_both(a: socket.socket, b: socket.socket) -> None:
+    for s in (a, b):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            s.close()
