@@ -474,6 +474,12 @@ class ModelCacheStatus(CRDModel):
     resolved_revision: str | None = Field(
         default=None, description="The revision the preloader copied (for Hugging Face, the commit a branch named)."
     )
+    resolved_from: str | None = Field(
+        default=None,
+        description="NodeLocal: source.revision as it was when resolvedRevision was recorded; while the spec still "
+        "asks for it, nodes that start later copy resolvedRevision (a moving hf:// branch gives every node one "
+        "commit).",
+    )
     total_bytes: int | None = Field(default=None, description="Bytes of the model's copied files.")
     total_files: int | None = Field(default=None, description="Number of the model's copied files.")
     size: str | None = Field(default=None, description="totalBytes for humans (printer column).")

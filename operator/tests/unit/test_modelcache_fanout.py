@@ -209,3 +209,29 @@ def test_a_copy_ready_in_this_plan_asks_for_another_reconcile() -> None:
         "Service",
         "NetworkPolicy",
     ]
+
+
+def test_nodes_that_start_after_the_first_copy_copy_the_commit_an_hf_branch_resolved_to() -> None:
+    """A moving branch cannot give nodes different models: once the first copy recorded the commit `main` named,
+    the Jobs made later ask for that commit; the Ready node keeps its Job; a changed spec revision drops the pin."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    hub = ModelCacheSpec.model_validate(
+        {"source": {"uri": "hf://org/model", "revision": "main"}, "storage": SPEC.storage.to_k8s()}
+    )
+    seed = storage.node_preload(OWNER, hub, "gpu-a", NODES["gpu-a"].uid, adjust=fanout.as_seed)[1]
+    ready = {"name": "gpu-a", "job": seed["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2}
+    previous = {"nodes": [ready], "resolvedRevision": sha, "resolvedFrom": "main"}
+    peers = fanout.PeerObjects(daemonset=live_daemonset(ready=1), service=fanout.build_peer_service(OWNER))
+
+    def later_jobs(spec: ModelCacheSpec, previous: dict[str, Any]) -> dict[str, FetchRequest]:
+        result = plan(Observed(owner=OWNER, previous=previous, now=NOW, spec=spec, nodes=NODES, inputs_checked=True,
+                               peers=peers))  # fmt: skip
+        return {j["metadata"]["annotations"]["strata.dev/node"]: request_of(j) for j in applied(result, "Job")}
+
+    pinned = later_jobs(hub, previous)
+    assert set(pinned) == {"gpu-b", "gpu-c"}, "the Ready node's Job stays (no second copy there)"
+    assert {r.revision for r in pinned.values()} == {sha} and all(r.peers for r in pinned.values())
+    moved_on = later_jobs(hub.model_copy(update={"source": hub.source.model_copy(update={"revision": "v2"})}), previous)
+    assert {r.revision for r in moved_on.values()} == {"v2"}, "a new spec revision is resolved afresh"
+    s3 = later_jobs(SPEC, {"nodes": [ready_state("gpu-a", "seed")], "resolvedRevision": sha, "resolvedFrom": ""})
+    assert {r.revision for r in s3.values()} == {None}, "an S3 revision is only a label"

@@ -255,8 +255,10 @@ def decide(
 ) -> Decision:
     """How each wanted node reads, given the previous node states and the live Jobs and peer objects."""
 
-    def build(how: str) -> JobBuilder:
-        adjust = {ORIGIN: None, PEERS: from_peers(owner), "seed": as_seed}[how]
+    pin = st.pinned_revision(spec.source.uri, spec.source.revision, previous)
+
+    def build(how: str, pinned: bool = True) -> JobBuilder:
+        adjust = _pinned({ORIGIN: None, PEERS: from_peers(owner), "seed": as_seed}[how], pin if pinned else None)
         return lambda node, uid: storage.node_preload(owner, spec, node, uid, runtime, adjust=adjust)
 
     if not active(spec, wanted):
@@ -339,10 +341,25 @@ def decide(
     return decision
 
 
+Adjust = Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest]
+
+
+def _pinned(adjust: Adjust | None, revision: str | None) -> Adjust | None:
+    """`adjust`, then copy exactly `revision` (the commit the first copies resolved the spec's branch to)."""
+    if revision is None:
+        return adjust
+
+    def pinned(request: contract.FetchRequest, mounts: PodMounts) -> contract.FetchRequest:
+        request = adjust(request, mounts) if adjust is not None else request
+        return request.model_copy(update={"revision": revision})
+
+    return pinned
+
+
 def _stable(
     jobs: Mapping[str, Any],
     previous: Mapping[str, Any],
-    build: Callable[[str], JobBuilder],
+    build: Callable[..., JobBuilder],
     fresh: Callable[[str], str],
 ) -> JobBuilder:
     """A node keeps the Job it has (live, or recorded in its state) whichever way that Job reads; a node without
@@ -350,7 +367,8 @@ def _stable(
     before = {s["name"]: s.get("job") for s in previous.get("nodes") or []}
 
     def builder(node: str, uid: str) -> tuple[str, dict[str, Any]]:
-        options = [build(how)(node, uid) for how in (ORIGIN, PEERS, "seed")]
+        # (A Job made before the revision was pinned is still this node's Job.)
+        options = [build(how, pinned)(node, uid) for how in (ORIGIN, PEERS, "seed") for pinned in (True, False)]
         for built in options:
             name = built[1]["metadata"]["name"]
             if name in jobs or before.get(node) == name:

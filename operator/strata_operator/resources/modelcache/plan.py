@@ -578,6 +578,8 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
             totalFiles=done[0]["files"],
             size=st.human_bytes(done[0]["bytes"]),
             resolvedRevision=revisions[0] if revisions else observed.previous.get("resolvedRevision"),
+            # What the spec asked when that commit was resolved: later nodes copy the same commit (fanout).
+            resolvedFrom=(spec.source.revision or "") if revisions else observed.previous.get("resolvedFrom"),
         )
     if not wanted:
         message = f"no Ready node matches storage.nodeLocal.nodeSelector {local.node_selector or '{}'}"

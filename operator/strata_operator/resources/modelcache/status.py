@@ -126,6 +126,18 @@ def _resolved(source: str, revision: str, copied: str) -> bool:
     return source.startswith("hf://") and not _COMMIT.match(revision) and bool(_COMMIT.match(copied))
 
 
+def pinned_revision(source: str, asked: str | None, previous: Mapping[str, Any]) -> str | None:
+    """NodeLocal from an hf:// branch or tag: the commit the first copies resolved it to, which every node that
+    starts later copies too, so a branch that moves meanwhile cannot give nodes different models. Only while
+    the spec still asks for the revision that commit was resolved from (`resolvedFrom`); None otherwise."""
+    resolved = previous.get("resolvedRevision")
+    if not source.startswith("hf://") or not isinstance(resolved, str) or not _COMMIT.match(resolved):
+        return None
+    if asked == resolved or previous.get("resolvedFrom") != (asked or ""):
+        return None
+    return resolved
+
+
 def human_bytes(count: int | None) -> str | None:
     if count is None:
         return None
