@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
-from strata_kv.shared_memory import get_shared
+from strata_kv.shared_memory import get_shared_into
 from strata_testsupport.kvserver import running_kv_server, running_redis_server
 
 MiB = 1024**2
@@ -97,12 +97,9 @@ def _get(s: socket.socket, key: bytes, into: memoryview, line: bytearray) -> Non
 
 
 def _get_shared(s: socket.socket, key: bytes, into: memoryview) -> None:
-    """STRATA.GETFD with the project's client function, then one copy out of the mapped value into `into`."""
-    view = get_shared(s, key)
-    if not isinstance(view, memoryview) or view.nbytes != len(into) - 2:
-        raise RuntimeError(f"GETFD is not a shared hit of the expected size: {type(view).__name__}")
-    into[:-2] = view
-    view.release()
+    """STRATA.GETFD with the project's client function: one copy from the handed-over memory into `into`."""
+    if not get_shared_into(s, key, into[:-2]):
+        raise RuntimeError("GETFD missed: the key space was filled first")
 
 
 def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float, seed: int, out: list[Any]) -> None:

@@ -144,6 +144,44 @@ def get_shared(sock: socket.socket, key: bytes) -> memoryview | bytes | None:
                 os.close(fd)
 
 
+def get_shared_into(sock: socket.socket, key: bytes, dest: memoryview) -> bool:
+    """`STRATA.GETFD key` straight into `dest` (exactly the value's size): one copy, by `preadv` from the handed-over
+    memfd (no mapping to build and tear down), or from the socket for an inline reply. False on a miss."""
+    sock.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
+    data, fds = _read_header(sock)
+    try:
+        end = data.index(b"\r\n")
+        kind, line, rest = data[:1], data[1:end], data[end + 2 :]
+        target = dest.cast("B") if dest.format != "B" else dest
+        if kind == b":":
+            size = int(line)
+            if len(fds) != 1 or rest or size != target.nbytes:
+                raise SharedValueError(f"a shared value of {size} bytes for a buffer of {target.nbytes}")
+            done = 0
+            while done < size:
+                n = os.preadv(fds[0], [target[done:]], done)
+                if n == 0:
+                    raise SharedValueError(f"the shared value ended at byte {done} of {size}")
+                done += n
+            return True
+        if kind == b"$":
+            n = int(line)
+            if n < 0:
+                return False
+            if n != target.nbytes:
+                _read_rest(sock, bytearray(rest), n + 2)
+                raise SharedValueError(f"a value of {n} bytes for a buffer of {target.nbytes}")
+            target[:] = _read_rest(sock, bytearray(rest), n + 2)[:-2]
+            return True
+        if kind == b"-":
+            raise SharedValueError(line.decode(errors="replace"))
+        raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _read_header(sock: socket.socket) -> tuple[bytes, list[int]]:
     """Read until a reply line is complete, keeping any fd that comes with it."""
     data, fds = b"", []
