@@ -53,7 +53,7 @@ def test_a_full_queue_drops_and_counts_instead_of_growing() -> None:
 def test_events_are_off_unless_an_endpoint_is_given() -> None:
     cfg = KVServerConfig()
     assert cfg.events.publish is None
-    with pytest.raises(ValueError, match="events.publish"):
+    with pytest.raises(ValueError, match=r"events\.publish"):
         EventPublisher(cfg.events, 256)
     with pytest.raises(ValueError, match="medium"):
         KVServerConfig.model_validate({"events": {"publish": "tcp://*:5557", "medium": "GPU"}})
