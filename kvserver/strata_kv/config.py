@@ -333,10 +333,11 @@ class EventsConfig(_Model):
         description="Publish hashes as vLLM does by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): the low 64 "
         "bits of the big-endian hash as an unsigned int; false: the hash bytes",
     )
-    block_size: int | None = Field(
-        default=None,
-        ge=1,
-        description="`block_size` (tokens per block) in BlockStored events; unset: chunk_tokens",
+    block_size: int = Field(
+        default=0,
+        ge=0,
+        description="`block_size` in BlockStored events: 0 (unknown), as vLLM's own events for offloaded blocks "
+        "whose tokens it did not see; the server stores chunks, never tokens",
     )
     batch_max: int = Field(default=256, ge=1, le=65536, description="Most events in one KVEventBatch message")
     queue_max: int = Field(

@@ -19,8 +19,9 @@ and other RESP keys carry no vLLM block hash and produce no events.
 Fields: `block_hashes` are uint64 (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the big-endian hash's
 low 64 bits) or the hash bytes; `group_idx` is the KV group; `medium` is one value for every tier (`STORAGE` by
 default: vLLM's media are GPU, CPU and STORAGE, vLLM sees the Strata tier as a STORAGE secondary tier, and DRAM
-vs. disk inside the server is not a change a router acts on); `token_ids` is empty and `parent_block_hash` null
-(the server stores chunks, not tokens); `block_size` is the configured tokens per block.
+vs. disk inside the server is not a change a router acts on); `locality` is LOCAL (the publisher's own storage).
+Like vLLM's own events for an offloaded block whose tokens it did not see (its "placeholder" BlockStored),
+`token_ids` is empty, `parent_block_hash` null and `block_size` 0: the server stores chunks, never tokens.
 
 Never in the way: SETs only append to a bounded queue (past `queue_max` an event is dropped and counted); one
 thread encodes and sends. ZMQ itself drops messages for a subscriber past its high-water mark; the subscriber
@@ -85,11 +86,10 @@ class EventPublisher:
     """The bounded event queue and the thread that publishes it. Thread-safe: `stored`/`removed`/`cleared`
     may be called from the event loop and from L2 threads; none of them waits on ZMQ."""
 
-    def __init__(self, cfg: EventsConfig, block_size: int) -> None:
+    def __init__(self, cfg: EventsConfig) -> None:
         if not cfg.publish:
             raise ValueError("events.publish is not set: nothing to publish on")
         self.cfg = cfg
-        self.block_size = cfg.block_size or block_size
         self._queue: deque[tuple[bytes, dict[str, Any]]] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -126,11 +126,12 @@ class EventPublisher:
                 "block_hashes": [external_hash(block.block_hash, self.cfg.int_block_hashes)],
                 "parent_block_hash": None,
                 "token_ids": [],
-                "block_size": self.block_size,
+                "block_size": self.cfg.block_size,
                 "lora_id": None,
                 "medium": self.cfg.medium,
                 "lora_name": None,
                 "group_idx": block.group,
+                "locality": "LOCAL",
             },
         )
 
@@ -145,6 +146,7 @@ class EventPublisher:
                 "block_hashes": [external_hash(block.block_hash, self.cfg.int_block_hashes)],
                 "medium": self.cfg.medium,
                 "group_idx": block.group,
+                "locality": "LOCAL",
             },
         )
 

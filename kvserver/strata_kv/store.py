@@ -41,9 +41,7 @@ class TieredStore:
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
-        self.events: EventPublisher | None = (
-            EventPublisher(cfg.events, cfg.chunk_tokens) if cfg.events.publish else None
-        )
+        self.events: EventPublisher | None = EventPublisher(cfg.events) if cfg.events.publish else None
         """KV events for vLLM-tier blocks (stored, gone from every tier); None unless `events.publish`."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = False

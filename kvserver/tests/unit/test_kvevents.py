@@ -42,7 +42,7 @@ def test_hashes_are_published_like_vllm_does() -> None:
 
 def test_a_full_queue_drops_and_counts_instead_of_growing() -> None:
     """The queue alone, before a socket exists: producers never wait, past queue_max they drop."""
-    publisher = EventPublisher(EventsConfig(publish="tcp://127.0.0.1:*", queue_max=3), block_size=16)
+    publisher = EventPublisher(EventsConfig(publish="tcp://127.0.0.1:*", queue_max=3))
     for i in range(5):
         publisher.stored(NS + bytes([i]) * 32 + b"\0\0\0\0")
     publisher.stored(b"not a block")
@@ -54,6 +54,6 @@ def test_events_are_off_unless_an_endpoint_is_given() -> None:
     cfg = KVServerConfig()
     assert cfg.events.publish is None
     with pytest.raises(ValueError, match=r"events\.publish"):
-        EventPublisher(cfg.events, 256)
+        EventPublisher(cfg.events)
     with pytest.raises(ValueError, match="medium"):
         KVServerConfig.model_validate({"events": {"publish": "tcp://*:5557", "medium": "GPU"}})
