@@ -7,6 +7,7 @@ from the subscriber, so no test depends on how fast anything runs.
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import msgpack
@@ -41,6 +42,11 @@ def test_set_publishes_block_stored_with_the_hash_and_group(subscriber: Subscrib
     assert len(seq) == 8
     ts, _events, dp_rank = msgpack.unpackb(payload)
     assert isinstance(ts, float) and dp_rank is None
+    stats = subscriber.settled_stats()
+    with urllib.request.urlopen(f"{subscriber.server.metrics_url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert f"strata_kv_events_published_total {float(stats['events_published'])}" in metrics
+    assert "strata_kv_events_dropped_total 0.0" in metrics
 
 
 def test_del_publishes_block_removed_and_other_keys_publish_nothing(subscriber: Subscriber) -> None:
@@ -130,6 +136,24 @@ def test_a_stalled_subscriber_neither_blocks_sets_nor_starves_a_live_one(kv_serv
     assert sorted(received) == sorted(as_uint64(block_hash(i)) for i in range(3000))
     stalled.close()
     live.close()
+
+
+def test_a_full_event_queue_drops_and_counts_and_never_holds_a_set(kv_server_factory: KVServerFactory) -> None:
+    """A one-event queue: whatever the publisher thread does not take at once is dropped, every event counted."""
+    server = kv_server_factory({"events": {"publish": "tcp://127.0.0.1:*", "queue_max": 1}}, l2_fs=False)
+    client = server.client()
+    before = client.stats()
+    pipe = server.redis().pipeline(transaction=False)
+    for i in range(3000):
+        pipe.set(block_key(i), b"s")
+    assert all(pipe.execute())
+    after = client.stats()
+    accounted = (after["events_queued"] + after["events_dropped"]) - (
+        before["events_queued"] + before["events_dropped"]
+    )
+    assert accounted == 3000
+    assert after["events_queue_depth"] <= 1
+    client.close()
 
 
 def test_events_are_off_by_default(kv_server_factory: KVServerFactory) -> None:
