@@ -193,6 +193,7 @@ def config_values(state: ServerState) -> dict[str, str]:
         "strata.namespace": cfg.namespace.directory_name,
         "strata.l2-fs-root": cfg.l2.fs.root_dir if cfg.l2.fs else "",
         "strata.l2-s3-bucket": cfg.l2.s3.bucket if cfg.l2.s3 else "",
+        "strata.events-endpoint": state.store.events.endpoint if state.store.events else "",
     }
 
 

@@ -303,6 +303,54 @@ class WriteBehindConfig(_Model):
     drain_timeout_seconds: float = Field(default=30.0, ge=0)
 
 
+class EventsConfig(_Model):
+    """KV events for what the server holds, in vLLM's own wire format, so a prefix-aware router (llm-d's
+    indexer) learns which node's tier has a block. Off unless `publish` is set.
+
+    Only vLLM-tier keys (`<model>_<digest12>_r<rank>/` + block hash + 4-byte KV group, see
+    `strata_kv.vllm_tier`) produce events; LMCache keys and other RESP keys carry no vLLM block hash. No replay
+    socket (vLLM's ROUTER replay): a subscriber that sees a gap in the sequence numbers resynchronises from the
+    events that follow.
+    """
+
+    publish: str | None = Field(
+        default=None,
+        description="ZMQ endpoint the PUB socket binds, e.g. tcp://*:5557; unset: no events (pyzmq not needed)",
+    )
+    topic: str = Field(
+        default="",
+        max_length=256,
+        description="Topic frame of every message (vLLM's `topic`, default empty); `{namespace}` is replaced by "
+        "the block's namespace directory (`<model>_<digest12>_r<rank>`), so one subscriber can filter one model",
+    )
+    medium: Literal["STORAGE", "CPU"] = Field(
+        default="STORAGE",
+        description="Medium reported for every block held, L1 (DRAM) or L2 alike: vLLM sees the Strata tier as a "
+        "secondary tier of medium STORAGE, and a block moving between L1 and L2 is not a change a router needs",
+    )
+    int_block_hashes: bool = Field(
+        default=True,
+        description="Publish hashes as vLLM does by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): the low 64 "
+        "bits of the big-endian hash as an unsigned int; false: the hash bytes",
+    )
+    block_size: int = Field(
+        default=0,
+        ge=0,
+        description="`block_size` in BlockStored events: 0 (unknown), as vLLM's own events for offloaded blocks "
+        "whose tokens it did not see; the server stores chunks, never tokens",
+    )
+    batch_max: int = Field(default=256, ge=1, le=65536, description="Most events in one KVEventBatch message")
+    queue_max: int = Field(
+        default=65536,
+        ge=1,
+        description="Events waiting to be sent; past it new events are dropped and counted (a slow or absent "
+        "subscriber never blocks a SET or grows memory)",
+    )
+    send_hwm: int = Field(
+        default=1024, ge=1, description="ZMQ send high-water mark in messages per subscriber (ZMQ drops past it)"
+    )
+
+
 class KVServerConfig(_Model):
     """Complete configuration of one `strata-kv serve` process."""
 
@@ -316,6 +364,7 @@ class KVServerConfig(_Model):
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     metrics: MetricsConfig = Field(default_factory=lambda: MetricsConfig())
     write_behind: WriteBehindConfig = Field(default_factory=lambda: WriteBehindConfig())
+    events: EventsConfig = Field(default_factory=lambda: EventsConfig())
     log_level: str = "INFO"
 
     @property

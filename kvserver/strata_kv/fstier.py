@@ -19,6 +19,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from .blockfile import (
@@ -61,6 +62,7 @@ class FsTier:
         self.foreign_skipped = 0
         self.evictions = 0
         self.write_errors = 0
+        self.on_evict: Callable[[bytes], None] | None = None
 
     # -- paths ------------------------------------------------------------------------------------
     def relpath(self, key: bytes) -> str:
@@ -242,6 +244,24 @@ class FsTier:
     def delete(self, key: bytes) -> bool:
         return self._remove(self.relpath(key))
 
+    def holds(self, key: bytes) -> bool:
+        """In the index (written here, or seen since the last scan): what capacity eviction may remove."""
+        rel = self.relpath(key)
+        with self._lock:
+            return rel in self._index
+
+    def _stored_key(self, rel: str) -> bytes | None:
+        """The key a block file of ours records in its trailer (None for vLLM's own files or a damaged one):
+        eviction works on paths, and a vLLM-tier key's path is a hash of the key."""
+        try:
+            with open(self.root / rel, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                tail = os.pread(f.fileno(), TRAILER_SIZE, max(0, size - TRAILER_SIZE))
+                trailer = decode_trailer(tail, size)
+                return os.pread(f.fileno(), trailer.key_len, trailer.value_len)
+        except (OSError, ValueError):
+            return None
+
     @property
     def rescan_interval(self) -> float:
         return self.cfg.rescan_interval_seconds
@@ -287,9 +307,12 @@ class FsTier:
                     continue
                 self._pins.pop(rel, None)
                 self.used -= size
+            key = self._stored_key(rel) if self.on_evict is not None else None
             self._unlink_block(rel)
             removed += 1
             self.evictions += 1
+            if key is not None and self.on_evict is not None:
+                self.on_evict(key)
         return removed
 
     def stats(self) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -12,6 +13,8 @@ class L2Tier(Protocol):
     """Label in metrics, stats and `STRATA.LOCATE` replies (`fs`, `s3`)."""
     read_failure: type[Exception]
     """What a failing read raises (counted as an error and served as a miss)."""
+    on_evict: Callable[[bytes], None] | None
+    """Told (from the tier's thread) of each key its capacity eviction removed, for KV events; None: not asked."""
 
     @property
     def rescan_interval(self) -> float:
@@ -28,6 +31,10 @@ class L2Tier(Protocol):
         ...
 
     def put(self, key: bytes, value: bytes) -> None: ...
+
+    def holds(self, key: bytes) -> bool:
+        """Whether the tier's own bookkeeping says it holds `key`, without I/O (for KV events)."""
+        ...
 
     def delete(self, key: bytes) -> bool:
         """Removed; False when it was not there."""

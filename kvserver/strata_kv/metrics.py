@@ -94,6 +94,18 @@ class _StoreCollector(Collector):
             closed.add_metric([reason], n)
         yield closed
         yield CounterMetricFamily("strata_kv_commands", "Commands processed", value=self.state.commands_processed)
+        if "events_queued" in st:
+            queued = st["events_queued"]
+            yield CounterMetricFamily("strata_kv_events_queued", "KV events queued to publish", value=queued)
+            yield CounterMetricFamily(
+                "strata_kv_events_published", "KV events handed to the ZMQ PUB socket", value=st["events_published"]
+            )
+            yield CounterMetricFamily(
+                "strata_kv_events_dropped",
+                "KV events dropped: queue full (events.queue_max) or send failed",
+                value=st["events_dropped"],
+            )
+            yield GaugeMetricFamily("strata_kv_events_queue_depth", "KV events waiting", st["events_queue_depth"])
 
 
 class Metrics:

@@ -7,6 +7,7 @@ Blocking calls: run them in worker threads.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from .blockfile import CorruptBlock, ForeignBlock, KeyMismatch, decode_block, encode_trailer, locate
@@ -39,6 +40,12 @@ class S3Tier:
         )
         self.corrupt_removed = 0
         self.write_errors = 0
+        self.on_evict: Callable[[bytes], None] | None = None  # never called: Strata does not evict the bucket
+
+    def holds(self, key: bytes) -> bool:
+        """True without asking the bucket: Strata never evicts it, so a key L1 lets go (after write-behind) is
+        taken to be there. A bucket lifecycle rule deleting objects is not seen (no BlockRemoved for those)."""
+        return True
 
     def object_key(self, key: bytes) -> str:
         rel = locate(key, self.rank).relpath(self.namespace_dir)

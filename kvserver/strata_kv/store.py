@@ -9,6 +9,7 @@ from typing import Any
 
 from .config import KVServerConfig
 from .fstier import FsTier
+from .kvevents import EventPublisher
 from .l2 import L2Tier
 from .memory import MemoryTier
 from .policy import make_policy
@@ -40,6 +41,9 @@ class TieredStore:
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
+        self.events: EventPublisher | None = EventPublisher(cfg.events) if cfg.events.publish else None
+        """KV events for vLLM-tier blocks (stored, gone from every tier); None unless `events.publish`."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = False
         self._rescan_tasks: list[asyncio.Task[None]] = []
 
@@ -48,6 +52,13 @@ class TieredStore:
         return self.write_behind is not None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.events is not None:
+            self.events.start()
+            for tier in self.l2:
+                tier.on_evict = self._l2_evicted_threadsafe
+            if not self.l2:
+                self.events.cleared()  # a restarted server without L2 holds nothing a router may remember
         for tier in self.l2:
             await asyncio.to_thread(tier.prepare)
         if self.write_behind:
@@ -71,12 +82,33 @@ class TieredStore:
         self.ready = False
         for task in self._rescan_tasks:
             task.cancel()
-        if not self.write_behind:
-            return True
-        drained = await self.write_behind.close(self.cfg.write_behind.drain_timeout_seconds)
-        if not drained:
-            log.warning("shutdown: %d chunks were not written to L2 in time", self.write_behind.depth)
+        drained = True
+        if self.write_behind:
+            drained = await self.write_behind.close(self.cfg.write_behind.drain_timeout_seconds)
+            if not drained:
+                log.warning("shutdown: %d chunks were not written to L2 in time", self.write_behind.depth)
+        if self.events is not None:
+            await asyncio.to_thread(self.events.close)
         return drained
+
+    # -- KV events --------------------------------------------------------------------------------
+    def held(self, key: bytes) -> bool:
+        """Does any tier still hold `key` (L1, the write-behind queue, an L2 index)? No I/O."""
+        if key in self.l1 or (self.write_behind is not None and key in self.write_behind.pending):
+            return True
+        return any(tier.holds(key) for tier in self.l2)
+
+    def _dropped_from_l1(self, keys: list[bytes]) -> None:
+        """L1 evicted `keys`: a key no other tier holds is gone (one in L2 merely moved)."""
+        if self.events is not None:
+            for key in keys:
+                if not self.held(key):
+                    self.events.removed(key)
+
+    def _l2_evicted_threadsafe(self, key: bytes) -> None:
+        """An L2 tier evicted `key` (called from its thread): decide on the loop, where L1 lives."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._dropped_from_l1, [key])
 
     # -- reads ------------------------------------------------------------------------------------
     async def get(self, key: bytes) -> bytes | None:
@@ -110,7 +142,7 @@ class TieredStore:
 
     def _promote(self, key: bytes, value: bytes) -> None:
         try:
-            self.l1.put(key, value)
+            self._dropped_from_l1(self.l1.put(key, value))
             self.counters["promotions"] += 1
         except MemoryError:
             pass  # too large or L1 pinned full: serve it without caching
@@ -171,11 +203,15 @@ class TieredStore:
         self.counters["sets"] += 1
         self.counters["bytes_in"] += len(value)
         try:
-            self.l1.put(key, value, parent, force=not self.has_l2)  # no L2: nowhere else to keep it
+            evicted = self.l1.put(key, value, parent, force=not self.has_l2)  # no L2: nowhere else to keep it
         except MemoryError as e:
             if not self.write_behind:
                 raise StoreFull(str(e)) from e
             self.l1.delete(key)  # an older value must not shadow the new one
+            evicted = []
+        if self.events is not None:
+            self.events.stored(key)  # in L1, or about to be queued for L2
+            self._dropped_from_l1(evicted)
 
     def set_nowait(self, key: bytes, value: bytes, parent: bytes | None = None) -> bool:
         """SET without waiting; False (nothing done) when the write-behind queue is full."""
@@ -204,6 +240,8 @@ class TieredStore:
                 found = await asyncio.to_thread(tier.delete, key) or found
             except tier.read_failure as e:
                 log.warning("L2 %s delete failed: %s", tier.name, e)
+        if found and self.events is not None:
+            self.events.removed(key)
         return found
 
     def link(self, parent: bytes, child: bytes) -> None:
@@ -237,6 +275,8 @@ class TieredStore:
                 out[f"{name}_write_failing"] = int(self.write_behind.failing[name])
             out["l2_failing"] = int(any(self.write_behind.failing.values()))
             out["write_behind_last_error"] = self.write_behind.last_error
+        if self.events is not None:
+            out.update(self.events.stats())
         for tier in self.l2:  # write errors come from the write-behind counters above
             out.update({f"{tier.name}_{k}": v for k, v in tier.stats().items() if k != "write_errors"})
         return out

@@ -380,9 +380,41 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def decode_events(request: dict[str, Any]) -> dict[str, Any]:
+    """Decode published messages with vLLM's own `KVEventBatch` decoder, as vLLM's subscribers do, and say which
+    hash vLLM itself publishes for each offload key (`maybe_convert_block_hash` of the key's block hash)."""
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    batches = []
+    for topic, seq, payload in request["frames"]:
+        batch = decoder.decode(bytes.fromhex(payload))
+        events = [{"type": type(e).__name__, **msgspec.to_builtins(e)} for e in batch.events]
+        batches.append(
+            {
+                "topic": bytes.fromhex(topic).decode(),
+                "seq": int.from_bytes(bytes.fromhex(seq), "big"),
+                "ts": batch.ts,
+                "data_parallel_rank": batch.data_parallel_rank,
+                "events": events,
+            }
+        )
+    expected = [maybe_convert_block_hash(bytes.fromhex(k)[:-4]) for k in request.get("offload_keys", [])]
+    return {"batches": batches, "vllm_hashes": expected}
+
+
 def main() -> None:
     """Answer one JSON request per stdin line until stdin closes (vLLM is imported once for all of them)."""
-    modes = {"store": store, "load": load, "lookup": lookup, "schedule": schedule, "bench": bench}
+    modes = {
+        "store": store,
+        "load": load,
+        "lookup": lookup,
+        "schedule": schedule,
+        "bench": bench,
+        "decode_events": decode_events,
+    }
     for line in sys.stdin:
         if not line.strip():
             continue

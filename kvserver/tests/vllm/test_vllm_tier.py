@@ -18,6 +18,7 @@ import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_testsupport.kvevents import Subscriber, as_uint64
 from strata_testsupport.kvserver import KVServerFactory, KVServerProcess
 from strata_testsupport.vllm import VllmScript
 
@@ -198,3 +199,46 @@ def test_a_mounted_unix_socket_is_used_instead_of_the_service(
     tier["url"], tier["unix_socket"] = f"redis://127.0.0.1:{server.port}", str(tmp_path / "not-mounted.sock")
     loaded = engine(vllm_engine, "load", connection, json.dumps(transfer), tmp_path, chunks=3)
     assert loaded["equal"] == 3
+
+
+def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
+    vllm_engine: VllmScript,
+    kv_server_factory: KVServerFactory,
+    tmp_path: Path,
+) -> None:
+    """What vLLM's tier stores into a server with events on comes out as events vLLM's own decoder parses
+    (KVEventBatch via msgspec, in `engine.py`), with the hashes vLLM itself would publish for those blocks."""
+    server = kv_server_factory(
+        {"events": {"publish": "tcp://127.0.0.1:*", "topic": "kv@node-a@{namespace}"}}, l2_fs=False
+    )
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    sub = Subscriber(server)
+    sub.join()
+
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=6)
+    assert stored["stats"]["chunks_stored"] == 6
+    namespace = stored["namespace"].encode()
+    keys = [bytes.fromhex(k) for k in stored["keys"]]
+    sub.redis.delete(namespace + keys[0])  # the first block is gone again
+    sub.drain(marker_namespace=namespace)
+
+    decoded = vllm_engine.call(
+        {
+            "mode": "decode_events",
+            "workdir": str(tmp_path),
+            "frames": [[f.hex() for f in frames] for frames in sub.raw],
+            "offload_keys": stored["keys"],
+        }
+    )
+    batches = decoded["batches"]
+    assert [b["seq"] for b in batches] == list(range(batches[0]["seq"], batches[0]["seq"] + len(batches)))
+    assert {b["topic"] for b in batches} == {f"kv@node-a@{stored['namespace'].rstrip('/')}"}
+    marker = as_uint64(b"\xee" * 32)
+    events = [e for b in batches for e in b["events"] if e["block_hashes"] != [marker]]
+    stored_events = [e for e in events if e["type"] == "BlockStored"]
+    removed_events = [e for e in events if e["type"] == "BlockRemoved"]
+    assert [e["block_hashes"] for e in stored_events] == [[h] for h in decoded["vllm_hashes"]]
+    assert [e["block_hashes"] for e in removed_events] == [[decoded["vllm_hashes"][0]]]
+    assert {e["medium"] for e in events} == {"STORAGE"}  # StrataTier.medium: what the tier itself reports
+    assert all(e["group_idx"] == 0 and e["locality"] == "LOCAL" and e["token_ids"] == [] for e in stored_events)

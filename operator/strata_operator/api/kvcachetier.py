@@ -275,6 +275,25 @@ class ConnectorSpec(CRDModel):
     )
 
 
+class EventsSpec(CRDModel):
+    """KV events: each server publishes vLLM's own KV event stream (ZMQ PUB, msgpack `KVEventBatch`) for the
+    vLLM-tier blocks it holds, so a prefix-aware router (llm-d's indexer) sees which node's tier has a block."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Publish BlockStored / BlockRemoved (medium STORAGE) for what each server holds. Off by default.",
+    )
+    port: int = Field(
+        default=5557,
+        ge=1,
+        le=65535,
+        description="ZMQ PUB port of each server, in the pod and on the node-local Service (vLLM's default 5557).",
+    )
+
+
+EVENTS_PORT_CLASH = "events.port must differ from port and metricsPort"
+
+
 class UpdateStrategy(CRDModel):
     """How the DaemonSet replaces servers when the spec changes (its updateStrategy)."""
 
@@ -300,6 +319,11 @@ class KVCacheTierSpec(CRDModel):
 
     model_config = _rules(
         cel("self.port != self.metricsPort", "port and metricsPort must differ", field_path=".metricsPort"),
+        cel(
+            "!self.events.enabled || (self.events.port != self.port && self.events.port != self.metricsPort)",
+            EVENTS_PORT_CLASH,
+            field_path=".events.port",
+        ),
         cel(
             "!(has(self.tenancy) && has(self.tenancy.requireSalt) && self.tenancy.requireSalt && "
             "(!has(self.connector) || !has(self.connector.type) || self.connector.type == 'vllm'))",
@@ -370,6 +394,12 @@ class KVCacheTierSpec(CRDModel):
         json_schema_extra=_OBJECT_DEFAULT,
         description="The vLLM connector the connection ConfigMap renders: vllm (default) or lmcache.",
     )
+    events: EventsSpec = Field(
+        default_factory=EventsSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="KV events in vLLM's wire format for what the servers hold (for prefix-aware routers); off "
+        "by default.",
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = Field(
@@ -387,6 +417,8 @@ class KVCacheTierSpec(CRDModel):
     def _salt_needs_lmcache(self) -> KVCacheTierSpec:
         if self.tenancy.require_salt and self.connector.type == ConnectorType.VLLM:
             raise ValueError(SALT_NEEDS_LMCACHE)
+        if self.events.enabled and self.events.port in (self.port, self.metrics_port):
+            raise ValueError(EVENTS_PORT_CLASH)
         return self
 
 
@@ -396,6 +428,9 @@ class NodeEndpoint(CRDModel):
     node: str = Field(description="The node the server runs on.")
     pod: str = Field(description="The server's pod.")
     address: str | None = Field(default=None, description="host:port of the server's RESP listener.")
+    events: str | None = Field(
+        default=None, description="tcp://host:port of the server's KV event publisher (with events.enabled)."
+    )
     ready: bool = Field(default=False, description="Whether the pod is Ready (its probes pass).")
 
 

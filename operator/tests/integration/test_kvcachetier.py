@@ -116,6 +116,8 @@ def require_kwok(control_plane: Any) -> None:
         ),
         ({"l1": {"size": "0"}}, "l1.size must be greater than 0"),
         ({"port": 9121}, "port and metricsPort must differ"),
+        ({"events": {"enabled": True, "port": 6379}}, "events.port must differ from port and metricsPort"),
+        ({"events": {"enabled": True, "port": 0}}, "spec.events.port"),
         (
             {"auth": {"disabled": True, "secretRef": {"name": "t"}}},
             "auth.disabled and auth.secretRef exclude each other",
@@ -178,6 +180,7 @@ def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, nam
     assert spec["updateStrategy"] == {"type": "RollingUpdate"}
     assert (spec["chunkTokens"], spec["port"], spec["metricsPort"]) == (256, 6379, 9121)
     assert spec["connector"] == {"type": "vllm", "cpuBytes": "4Gi", "offloadPromptOnly": True}
+    assert spec["events"] == {"enabled": False, "port": 5557}
 
 
 def test_one_ready_server_per_gpu_node(

@@ -16,6 +16,7 @@ from strata_operator.resources.kvcachetier.config import build_config_map, hash_
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.daemonset import build_resources, memory_request_bytes
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef
+from strata_operator.resources.kvcachetier.status import endpoints
 from strata_operator.resources.runtime_image import RuntimeImage
 
 TIER = TierRef("kv", "serving", "0000-uid", 3)
@@ -330,3 +331,47 @@ def test_rendered_servers_never_close_idle_lmcache_connections() -> None:
     """LMCache's RESP workers connect once and never reconnect: a 300 s idle close broke them for good."""
     config = yaml.safe_load(build_children(spec_of(), TIER, RUNTIME).config_map["data"][CONFIG_FILE_NAME])
     assert KVServerConfig.model_validate(config).limits.idle_timeout_seconds == 0
+
+
+def test_kv_events_are_off_by_default_and_render_nothing() -> None:
+    spec = spec_of()
+    children = build_children(spec, TIER, RUNTIME)
+    config = KVServerConfig.from_yaml(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME])
+    assert config.events.publish is None
+    (container,) = children.daemonset["spec"]["template"]["spec"]["containers"]
+    assert [p["name"] for p in container["ports"]] == ["resp", "metrics"]
+    assert [p["name"] for p in children.service["spec"]["ports"]] == ["resp", "metrics"]
+    assert "STRATA_KV_EVENTS_URL" not in build_connection_config_map(spec, TIER)["data"]
+
+
+def test_kv_events_render_the_publisher_its_ports_and_the_endpoint() -> None:
+    spec = spec_of(events={"enabled": True, "port": 6000})
+    children = build_children(spec, TIER, RUNTIME)
+    config = KVServerConfig.from_yaml(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME])
+    assert config.events.publish == "tcp://*:6000"
+    assert config.events.medium == "STORAGE" and config.events.topic == ""
+    (container,) = children.daemonset["spec"]["template"]["spec"]["containers"]
+    assert {"name": "kv-events", "containerPort": 6000, "protocol": "TCP"} in container["ports"]
+    assert {"name": "kv-events", "port": 6000, "targetPort": "kv-events", "protocol": "TCP"} in children.service[
+        "spec"
+    ]["ports"]
+    connection = build_connection_config_map(spec, TIER)["data"]
+    assert connection["STRATA_KV_EVENTS_URL"] == "tcp://kv.serving.svc:6000"
+    assert build_config_map(spec, TIER)["data"] != build_config_map(spec_of(), TIER)["data"]  # rolls the pods
+
+
+def test_status_names_each_servers_event_endpoint() -> None:
+    pods = [
+        {"metadata": {"name": "kv-a"}, "spec": {"nodeName": "n1"}, "status": {"podIP": "10.0.0.7"}},
+        {"metadata": {"name": "kv-b"}, "spec": {"nodeName": "n2"}, "status": {}},  # no IP yet
+    ]
+    with_events = endpoints(pods, 6379, 5557)
+    assert [e.get("events") for e in with_events] == ["tcp://10.0.0.7:5557", None]
+    assert all("events" not in e for e in endpoints(pods, 6379))
+
+
+@pytest.mark.parametrize("port", [6379, 9121])
+def test_an_events_port_clashing_with_another_port_is_refused(port: int) -> None:
+    with pytest.raises(ValueError, match=r"events\.port must differ"):
+        spec_of(events={"enabled": True, "port": port})
+    spec_of(events={"enabled": False, "port": port})  # off: the port is never opened

@@ -8,6 +8,7 @@ from typing import Any
 from strata_kv.config import (
     CONFIG_FILE_NAME,
     AuthConfig,
+    EventsConfig,
     EvictionPolicyName,
     KVServerConfig,
     L1Config,
@@ -79,6 +80,14 @@ request), so after the server's default 300 s idle close that worker would fail 
 restarts. Idle slots stay bounded by AUTH (on by default) and `max_clients`."""
 
 
+def _events_config(spec: KVCacheTierSpec) -> EventsConfig:
+    """Off unless asked; bound on every interface of the pod (its loopback and its pod IP: the Service's target
+    and the address in status.endpoints[].events). The config file cannot name the pod IP the way `--bind` does."""
+    if not spec.events.enabled:
+        return EventsConfig()
+    return EventsConfig(publish=f"tcp://*:{spec.events.port}")
+
+
 def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     """The complete server configuration; credentials stay out (they come from mounted Secrets)."""
     return KVServerConfig(
@@ -94,6 +103,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
         auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if token_secret(spec, tier) else None),
         metrics=MetricsConfig(port=spec.metrics_port),
         limits=LimitsConfig(idle_timeout_seconds=IDLE_TIMEOUT_SECONDS),
+        events=_events_config(spec),
         log_level=spec.log_level.value,
     )
 

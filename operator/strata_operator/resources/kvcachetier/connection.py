@@ -18,7 +18,7 @@ from strata_operator.api.kvcachetier import ConnectorType, HashAlgorithm, KVCach
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
 from strata_operator.resources.kvcachetier.names import TierRef, byte_size, mebibytes
-from strata_operator.resources.kvcachetier.service import service_host
+from strata_operator.resources.kvcachetier.service import events_url, service_host
 
 KV_ROLE = "kv_both"
 """Every engine both stores into and loads from the shared tier."""
@@ -106,6 +106,8 @@ def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]
     }
     if needs_hash_seed(spec):
         env["PYTHONHASHSEED"] = hash_seed(spec, tier)
+    if (events := events_url(spec, tier)) is not None:
+        env["STRATA_KV_EVENTS_URL"] = events
     if (shm := client_shm_size(spec)) is not None:
         env["STRATA_KV_SHM_SIZE"] = shm
     if spec.connector.type == ConnectorType.LMCACHE:

@@ -15,6 +15,7 @@ from strata_operator.resources.kvcachetier.names import (
     AUTH_FILE,
     CONFIG_DIR,
     CONFIG_HASH_ANNOTATION,
+    EVENTS_PORT_NAME,
     L2_FS_ROOT,
     METRICS_PORT_NAME,
     RESP_PORT_NAME,
@@ -127,7 +128,12 @@ def _container(
         "ports": [
             {"name": RESP_PORT_NAME, "containerPort": spec.port, "protocol": "TCP"},
             {"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
-        ],
+        ]
+        + (
+            [{"name": EVENTS_PORT_NAME, "containerPort": spec.events.port, "protocol": "TCP"}]
+            if spec.events.enabled
+            else []
+        ),
         "env": env,
         "resources": build_resources(spec),
         "readinessProbe": _probe("/readyz", 5, 3),

@@ -20,6 +20,7 @@ AUTH_FILE = "token"
 L2_FS_ROOT = "/var/lib/strata-kv/l2"
 RESP_PORT_NAME = "resp"
 METRICS_PORT_NAME = "metrics"
+EVENTS_PORT_NAME = "kv-events"
 KIND = "KVCacheTier"
 
 

@@ -68,8 +68,9 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def endpoints(pods: Sequence[Mapping[str, Any]], port: int) -> list[dict[str, Any]]:
-    """One entry per node that runs a (non-terminating) server, sorted by node name."""
+def endpoints(pods: Sequence[Mapping[str, Any]], port: int, events_port: int | None = None) -> list[dict[str, Any]]:
+    """One entry per node that runs a (non-terminating) server, sorted by node name; with KV events on, each
+    server's publisher too (a router subscribes to every node's, not to the node-local Service)."""
     result = []
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
@@ -79,6 +80,8 @@ def endpoints(pods: Sequence[Mapping[str, Any]], port: int) -> list[dict[str, An
         ip = pod.get("status", {}).get("podIP")
         if ip:
             entry["address"] = f"{ip}:{port}"
+            if events_port is not None:
+                entry["events"] = f"tcp://{ip}:{events_port}"
         result.append(entry)
     return sorted(result, key=lambda e: (e["node"], e["pod"]))
 
@@ -183,7 +186,7 @@ def compute_status(
         "l2": l2_kinds(spec),
         "connectionConfigMap": tier.connection_config_map,
         "service": tier.service,
-        "endpoints": endpoints(observed.pods, spec.port),
+        "endpoints": endpoints(observed.pods, spec.port, spec.events.port if spec.events.enabled else None),
         "conditions": conditions,
     }
     if observed.config_hash:

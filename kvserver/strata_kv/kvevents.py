@@ -1,0 +1,234 @@
+"""KV events for the blocks the server holds, in vLLM 0.33's own wire format (`vllm/distributed/kv_events.py`).
+
+A prefix-aware router (llm-d's indexer) learns which GPU and CPU blocks each vLLM instance holds from that
+instance's event stream, but nothing tells it which node's storage tier holds a block (llm-d-kv-cache #520).
+The server publishes, per node, the same stream for what it holds: ZMQ PUB messages of three frames
+`(topic, 8-byte big-endian sequence number, msgpack KVEventBatch)`, where a `KVEventBatch` is the array
+`[ts, events, data_parallel_rank]` and each event a map tagged `"type"`:
+
+- `BlockStored` when a vLLM-tier block is SET (every SET: a subscriber that joined late learns blocks as they
+  are written again; the router's index is idempotent);
+- `BlockRemoved` when a block is gone from every tier: DEL, or an eviction from L1 or L2 that leaves no other
+  copy. A block that moves from L1 to L2 (or back) produces nothing: it is still held;
+- `AllBlocksCleared` when a server without L2 starts (everything a previous process held is gone).
+
+Which keys are blocks: the vLLM tier's keys, `<model>_<digest12>_r<rank>/` + vLLM's offload key (the chunk's last
+block hash, 8, 16 or 32 bytes, then a 4-byte big-endian KV-group index); see `strata_kv.vllm_tier`. LMCache keys
+and other RESP keys carry no vLLM block hash and produce no events.
+
+Fields: `block_hashes` are uint64 (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the big-endian hash's
+low 64 bits) or the hash bytes; `group_idx` is the KV group; `medium` is one value for every tier (`STORAGE` by
+default: vLLM's media are GPU, CPU and STORAGE, vLLM sees the Strata tier as a STORAGE secondary tier, and DRAM
+vs. disk inside the server is not a change a router acts on); `locality` is LOCAL (the publisher's own storage).
+Like vLLM's own events for an offloaded block whose tokens it did not see (its "placeholder" BlockStored),
+`token_ids` is empty, `parent_block_hash` null and `block_size` 0: the server stores chunks, never tokens.
+
+Never in the way: SETs only append to a bounded queue (past `queue_max` an event is dropped and counted); one
+thread encodes and sends. ZMQ itself drops messages for a subscriber past its high-water mark; the subscriber
+sees the gap in the sequence numbers. No replay socket.
+
+pyzmq and msgpack are imported only when events are on (`strata[runtime]` carries them).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from .config import EventsConfig
+
+log = logging.getLogger(__name__)
+
+_BLOCK_KEY = re.compile(rb"^(?P<ns>[^/]+_[0-9a-f]{12}_r(?:0|[1-9][0-9]{0,5}))/(?P<rest>.+)$", re.DOTALL)
+"""`<model with "/" as "_">_<digest12>_r<rank>/<offload key>`: what `strata_kv.vllm_tier.namespace_prefix` builds."""
+BLOCK_HASH_SIZES = (8, 16, 32)
+"""vLLM's block hash sizes (xxhash 64/128 bits, sha256)."""
+GROUP_BYTES = 4
+
+
+@dataclass(frozen=True)
+class BlockKey:
+    """A vLLM-tier key read back: which namespace, block hash and KV group it stores."""
+
+    namespace: str
+    block_hash: bytes
+    group: int
+
+
+def parse_block_key(key: bytes) -> BlockKey | None:
+    """The block a vLLM-tier key names, or None for any other key (LMCache's, arbitrary RESP keys)."""
+    m = _BLOCK_KEY.match(key)
+    if m is None:
+        return None
+    rest = m.group("rest")
+    if len(rest) - GROUP_BYTES not in BLOCK_HASH_SIZES:
+        return None
+    try:
+        namespace = m.group("ns").decode()
+    except UnicodeDecodeError:
+        return None
+    return BlockKey(namespace, rest[:-GROUP_BYTES], int.from_bytes(rest[-GROUP_BYTES:], "big"))
+
+
+def external_hash(block_hash: bytes, as_int: bool) -> int | bytes:
+    """The hash as vLLM publishes it (`maybe_convert_block_hash`)."""
+    if as_int:
+        return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
+    return block_hash
+
+
+class EventPublisher:
+    """The bounded event queue and the thread that publishes it. Thread-safe: `stored`/`removed`/`cleared`
+    may be called from the event loop and from L2 threads; none of them waits on ZMQ."""
+
+    def __init__(self, cfg: EventsConfig) -> None:
+        if not cfg.publish:
+            raise ValueError("events.publish is not set: nothing to publish on")
+        self.cfg = cfg
+        self._queue: deque[tuple[bytes, dict[str, Any]]] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self.counts: Counter[str] = Counter()
+        self.endpoint = ""
+        """Where the PUB socket is bound (a `tcp://*:0` endpoint resolved to its port)."""
+        self._socket: Any = None
+        self._context: Any = None
+
+    # -- producers (any thread, never blocking) -------------------------------------------------------
+    def _topic(self, namespace: str) -> bytes:
+        return self.cfg.topic.replace("{namespace}", namespace).encode()
+
+    def _put(self, topic: bytes, event: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._queue) >= self.cfg.queue_max:
+                self.counts["dropped"] += 1
+                return
+            self._queue.append((topic, event))
+            self.counts["queued"] += 1
+        self._wake.set()
+
+    def stored(self, key: bytes) -> None:
+        block = parse_block_key(key)
+        if block is None:
+            return
+        self._put(
+            self._topic(block.namespace),
+            {
+                "type": "BlockStored",
+                "block_hashes": [external_hash(block.block_hash, self.cfg.int_block_hashes)],
+                "parent_block_hash": None,
+                "token_ids": [],
+                "block_size": self.cfg.block_size,
+                "lora_id": None,
+                "medium": self.cfg.medium,
+                "lora_name": None,
+                "group_idx": block.group,
+                "locality": "LOCAL",
+            },
+        )
+
+    def removed(self, key: bytes) -> None:
+        block = parse_block_key(key)
+        if block is None:
+            return
+        self._put(
+            self._topic(block.namespace),
+            {
+                "type": "BlockRemoved",
+                "block_hashes": [external_hash(block.block_hash, self.cfg.int_block_hashes)],
+                "medium": self.cfg.medium,
+                "group_idx": block.group,
+                "locality": "LOCAL",
+            },
+        )
+
+    def cleared(self) -> None:
+        """Everything is gone (a start without L2). Sent on the topic with `{namespace}` left empty."""
+        self._put(self._topic(""), {"type": "AllBlocksCleared"})
+
+    # -- the publishing thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind the PUB socket (a bad endpoint fails the start, naming the setting) and start the thread."""
+        import msgpack
+        import zmq
+
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._context = zmq.Context.instance()
+        sock = self._context.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, self.cfg.send_hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(self.cfg.publish)
+        except zmq.ZMQError as e:
+            sock.close()
+            raise ValueError(f"events.publish {self.cfg.publish!r}: cannot bind: {e}") from None
+        self._socket = sock
+        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._thread = threading.Thread(target=self._run, name="strata-kv-events", daemon=True)
+        self._thread.start()
+        log.info("KV events published on %s", self.endpoint)
+
+    def _take(self) -> tuple[bytes, list[dict[str, Any]]] | None:
+        """The next batch: up to batch_max queued events that share a topic."""
+        with self._lock:
+            if not self._queue:
+                return None
+            topic, first = self._queue.popleft()
+            events = [first]
+            while self._queue and len(events) < self.cfg.batch_max and self._queue[0][0] == topic:
+                events.append(self._queue.popleft()[1])
+            return topic, events
+
+    def _run(self) -> None:
+        import zmq
+
+        while True:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            while (batch := self._take()) is not None:
+                topic, events = batch
+                payload = self._packer.pack([time.time(), events, None])
+                seq = self._seq
+                self._seq += 1
+                try:
+                    self._socket.send_multipart((topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
+                except zmq.ZMQError as e:  # PUB drops rather than blocks (zmq.Again only on other transports)
+                    if not isinstance(e, zmq.Again):
+                        log.warning("KV event send failed: %s", e)
+                    with self._lock:
+                        self.counts["send_failed"] += len(events)
+                    continue
+                with self._lock:
+                    self.counts["published"] += len(events)
+                    self.counts["batches"] += 1
+            if self._stop.is_set():
+                return
+
+    def close(self) -> None:
+        """Send what is queued (the thread empties the queue before it looks at the stop flag), then close."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "events_queued": self.counts["queued"],
+                "events_published": self.counts["published"],
+                "events_batches": self.counts["batches"],
+                "events_dropped": self.counts["dropped"] + self.counts["send_failed"],
+                "events_queue_depth": len(self._queue),
+                "events_pending": self.counts["queued"] - self.counts["published"] - self.counts["send_failed"],
+            }
