@@ -157,6 +157,10 @@ class KVClient:
         pages for a large value (copy out of it, then `release()` it), its bytes for a small one, None on a miss."""
         return shared_memory.get_shared(self._sock, key)
 
+    def get_shared_into(self, key: bytes, dest: memoryview) -> bool:
+        """Like `get_shared`, copied once into `dest` (exactly the value's size); False on a miss."""
+        return shared_memory.get_shared_into(self._sock, key, dest)
+
     def exists(self, *keys: bytes | str) -> int:
         return int(self.call("EXISTS", *keys))
 

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 from strata_kv.client import KVClient, KVError
-from strata_kv.shared_memory import GETFD
+from strata_kv.shared_memory import GETFD, SharedValueError
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,14 @@ def test_a_large_value_comes_as_memory_with_the_bytes_a_tcp_get_returns(kv_serve
         assert local.get_shared(b"small") == small, "a small value comes inline"
         assert local.get_shared(b"missing") is None
         assert local.get(b"big") == big, "the connection stays in step after a shared reply"
-        assert local.stats()["shared_replies"] == 1
+        into = memoryview(bytearray(len(big)))
+        assert local.get_shared_into(b"big", into) and into == big, "one copy into the caller's buffer"
+        small_into = memoryview(bytearray(len(small)))
+        assert local.get_shared_into(b"small", small_into) and small_into == small
+        assert not local.get_shared_into(b"missing", small_into)
+        with pytest.raises(SharedValueError, match="buffer of 10"):
+            local.get_shared_into(b"big", memoryview(bytearray(10)))
+        assert local.stats()["shared_replies"] == 3
 
 
 def test_handed_over_memory_cannot_be_written_resized_or_reopened_writable(kv_server_factory) -> None:
