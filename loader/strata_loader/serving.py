@@ -114,7 +114,7 @@ def select_files(source: str, options: LoaderOptions, rank: int, tp_size: int) -
             raise FileNotFoundError(
                 f"--load-format strata: sharded=require but {_join(source, sub)} has no complete set of parts for "
                 f"tensor-parallel size {tp_size} (found {have or 'none'}); re-run the preloader with "
-                f"shard.tensorParallelSize={tp_size}, or set sharded to 'auto'"
+                f"preload.shard.tensorParallelSize={tp_size}, or set sharded to 'auto'"
             )
     files = [n for n in names if "/" not in n and n.endswith(".safetensors") and not n.startswith("model-rank-")]
     if not files:

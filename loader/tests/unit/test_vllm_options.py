@@ -91,5 +91,5 @@ def test_an_incomplete_set_of_parts_is_not_used(tmp_path: Path) -> None:
 
 def test_a_directory_without_weights_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no .safetensors files in"):
+    with pytest.raises(FileNotFoundError, match=r"no \.safetensors files in"):
         select_files(str(tmp_path / "empty"), LoaderOptions(), 0, 1)
