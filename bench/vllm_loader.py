@@ -2,13 +2,13 @@
 weight loading, post-processing) for a small random-weight Llama on CPU, both in the same vLLM process and run.
 
 vLLM 0.33 runs in its own venv (hack/build-vllm-venv.sh); the plugin is found through its entry point. Each round
-loads the same files with both loaders (Strata first, then vLLM's own) and checks that every parameter is
-bit-identical. The files were just written, so both read from the page cache unless `--drop-caches` (root) empties
-it before each round (then Strata, reading first, pays the disk reads: the ratio then favours vLLM's loader). CPU
+loads the same files with both loaders, alternating which goes first (the first pays first-time costs and, with
+`--drop-caches`, the disk reads), and checks that every parameter is bit-identical. The files were just written,
+so without `--drop-caches` (root; empties the page cache before each round) both read from the page cache. CPU
 tensors go to CPU parameters, so this measures read + copy paths, not host-to-GPU transfer. Best of `--repeat`;
 read the ratio, not the absolutes.
 
-    .venv/bin/python bench/vllm_loader.py [--layers 8] [--repeat 3] [--drop-caches] [--output FILE.json]
+    .venv/bin/python bench/vllm_loader.py [--layers 8] [--repeat 4] [--drop-caches] [--output FILE.json]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--drop-caches", action="store_true")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
@@ -55,11 +55,12 @@ def main() -> None:
         script = loader_script(work / "site", work)
         rounds = []
         try:
-            for _ in range(args.repeat):
+            for n in range(args.repeat):
                 if args.drop_caches:
                     subprocess.run(["sync"], check=True)
                     Path("/proc/sys/vm/drop_caches").write_text("3\n")
-                (rank,) = script.call({"mode": "load", "model_dir": str(model), "reference_dir": str(model)})["ranks"]
+                request = {"mode": "load", "model_dir": str(model), "reference_dir": str(model)}
+                (rank,) = script.call({**request, "reference_first": n % 2 == 1})["ranks"]
                 if rank["differ"]:
                     raise SystemExit(f"parameters differ between the loaders: {rank['differ'][:5]}")
                 rounds.append({"strata_s": rank["strata_s"], "safetensors_s": rank["safetensors_s"]})

@@ -110,8 +110,11 @@ def load_one(request: dict[str, Any], rank: int) -> dict[str, Any]:
     tp = request.get("tp_size", 1)
     port = request.get("port")
     model_dir = request["model_dirs"][rank] if "model_dirs" in request else request["model_dir"]
+    if request.get("reference_first"):  # the bench alternates which loader pays first-time costs
+        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
     strata, loader, strata_s = build(model_dir, "strata", request.get("extra", {}), tp, rank, port)
-    reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
+    if not request.get("reference_first"):
+        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
     compared, file_differ = file_differences(strata, request["reference_dir"]) if tp == 1 else (0, [])
     return {
         "file_compared": compared,
