@@ -12,6 +12,7 @@ Modes:
   from `reference_dir`; reports any parameter that differs, each loader's time and what the plugin read. With
   `tp_size` > 1 every rank runs in its own process (`worker`), each with its own `model_dir` (`model_dirs`).
 - `error`: what building the loader and loading with `extra` raises.
+- `filtered`: whether the loader is registered in a fresh process under each `VLLM_PLUGINS` value.
 """
 
 from __future__ import annotations
@@ -177,11 +178,38 @@ def plugins(request: dict[str, Any]) -> dict[str, Any]:
     return {"entry_points": found, "loader_class": f"{type(loader).__module__}.{type(loader).__qualname__}"}
 
 
+FILTERED = """
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader import get_model_loader
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+try:
+    get_model_loader(LoadConfig(load_format="strata"))
+    print("REGISTERED yes")
+except ValueError:
+    print("REGISTERED no")
+"""
+
+
+def filtered(request: dict[str, Any]) -> dict[str, Any]:
+    """Whether `--load-format strata` exists in a fresh process with `VLLM_PLUGINS` set to each of `values`
+    (vLLM loads its general plugins once per process, so each value needs its own)."""
+    out = {}
+    for value in request["values"]:
+        env = {**os.environ, "VLLM_PLUGINS": value}
+        run = subprocess.run([sys.executable, "-c", FILTERED], env=env, capture_output=True, text=True, timeout=300)
+        lines = [x for x in run.stdout.splitlines() if x.startswith("REGISTERED ")]
+        if not lines:
+            raise RuntimeError(f"VLLM_PLUGINS={value}: exit {run.returncode}\n{run.stderr[-3000:]}")
+        out[value] = lines[-1] == "REGISTERED yes"
+    return {"registered": out}
+
+
 def answer(mode: str, request: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     try:
         if mode == "worker":
             return load_one(request, rank)
-        return {"load": load, "error": error, "plugins": plugins}[mode](request)
+        return {"load": load, "error": error, "plugins": plugins, "filtered": filtered}[mode](request)
     except Exception:
         return {"error": traceback.format_exc()}
 

@@ -37,6 +37,12 @@ def test_vllm_finds_the_loader_through_the_entry_point(vllm_loader: VllmScript) 
     assert answer["loader_class"] == "strata_loader.vllm_plugin.StrataModelLoader"
 
 
+def test_vllm_plugins_filters_by_the_entry_point_name(vllm_loader: VllmScript) -> None:
+    """What loader/README.md tells users: keep `strata` in `VLLM_PLUGINS` when it is set."""
+    answer = vllm_loader.call({"mode": "filtered", "values": ["strata", "another_plugin"]})
+    assert answer["registered"] == {"strata": True, "another_plugin": False}
+
+
 def test_a_tiny_llama_loads_bit_exact(vllm_loader: VllmScript, tmp_path: Path) -> None:
     model = write_model(tmp_path / "model")
     answer = vllm_loader.call(
