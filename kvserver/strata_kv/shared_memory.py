@@ -31,6 +31,7 @@ import mmap
 import os
 import socket
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; Python names it from 3.12
@@ -116,6 +117,44 @@ def get_shared(sock: socket.socket, key: bytes) -> memoryview | bytes | None:
     The view keeps the mapping alive; release it (`view.release()`, then drop it) when done, so the server's
     memory is given back once L1 drops the value.
     """
+    with _asked(sock, key) as reply:
+        if reply.size < 0:
+            return None
+        if reply.fd is not None:
+            return memoryview(mmap.mmap(reply.fd, reply.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ))
+        return _read_rest(sock, reply.rest, reply.size + 2)[:-2]
+
+
+def get_shared_into(sock: socket.socket, key: bytes, dest: memoryview) -> bool:
+    """`STRATA.GETFD key` straight into `dest` (exactly the value's size): one copy out of the handed-over memfd,
+    mapped read-only (here 3-4 GB/s at 16-64 MiB; `preadv` from a memfd fell to 1.6 GB/s from 32 MiB), or from the
+    socket for an inline reply. False on a miss."""
+    target = dest.cast("B") if dest.format != "B" else dest
+    with _asked(sock, key) as reply:
+        if reply.size < 0:
+            return False
+        if reply.size != target.nbytes:
+            if reply.fd is None:
+                _read_rest(sock, reply.rest, reply.size + 2)  # the connection stays in step
+            raise SharedValueError(f"a value of {reply.size} bytes for a buffer of {target.nbytes}")
+        if reply.fd is not None:
+            with mmap.mmap(reply.fd, reply.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
+                target[:] = mapped
+        else:
+            target[:] = _read_rest(sock, reply.rest, reply.size + 2)[:-2]
+        return True
+
+
+@dataclass(frozen=True)
+class _Reply:
+    fd: int | None  # the value's memfd, or None: its bytes follow inline
+    size: int  # -1: a miss
+    rest: bytearray  # bytes of an inline value read along with the header
+
+
+@contextlib.contextmanager
+def _asked(sock: socket.socket, key: bytes) -> Iterator[_Reply]:
+    """Send `STRATA.GETFD key` and read its reply's header; every descriptor that came is closed afterwards."""
     sock.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
     data, fds = _read_header(sock)
     try:
@@ -124,55 +163,13 @@ def get_shared(sock: socket.socket, key: bytes) -> memoryview | bytes | None:
         if kind == b":":
             if len(fds) != 1 or rest:
                 raise SharedValueError(f"a shared reply came with {len(fds)} fds and {len(rest)} extra bytes")
-            size = int(line)
-            fd = fds.pop()
-            try:
-                return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ))
-            finally:
-                os.close(fd)
-        if kind == b"$":
-            n = int(line)
-            if n < 0:
-                return None
-            return _read_rest(sock, bytearray(rest), n + 2)[:-2]
-        if kind == b"-":
+            yield _Reply(fds[0], int(line), bytearray())
+        elif kind == b"$":
+            yield _Reply(None, int(line), bytearray(rest))
+        elif kind == b"-":
             raise SharedValueError(line.decode(errors="replace"))
-        raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
-    finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def get_shared_into(sock: socket.socket, key: bytes, dest: memoryview) -> bool:
-    """`STRATA.GETFD key` straight into `dest` (exactly the value's size): one copy out of the handed-over memfd,
-    mapped read-only (here 3-4 GB/s at 16-64 MiB; `preadv` from a memfd fell to 1.6 GB/s from 32 MiB), or from the
-    socket for an inline reply. False on a miss."""
-    sock.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
-    data, fds = _read_header(sock)
-    try:
-        end = data.index(b"\r\n")
-        kind, line, rest = data[:1], data[1:end], data[end + 2 :]
-        target = dest.cast("B") if dest.format != "B" else dest
-        if kind == b":":
-            size = int(line)
-            if len(fds) != 1 or rest or size != target.nbytes:
-                raise SharedValueError(f"a shared value of {size} bytes for a buffer of {target.nbytes}")
-            with mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
-                target[:] = mapped
-            return True
-        if kind == b"$":
-            n = int(line)
-            if n < 0:
-                return False
-            if n != target.nbytes:
-                _read_rest(sock, bytearray(rest), n + 2)
-                raise SharedValueError(f"a value of {n} bytes for a buffer of {target.nbytes}")
-            target[:] = _read_rest(sock, bytearray(rest), n + 2)[:-2]
-            return True
-        if kind == b"-":
-            raise SharedValueError(line.decode(errors="replace"))
-        raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
+        else:
+            raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
