@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_testsupport.processes import stop_process
+from strata_testsupport.processes import serve_for_session, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-olah.sh"
@@ -176,25 +176,10 @@ def running_hub_server(host: str = "127.0.0.1") -> Iterator[HubServer]:
             log.close()
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"Hub server unavailable under CI: {reason}")
-    pytest.skip(f"Hub server unavailable: {reason}")
-
-
 @pytest.fixture(scope="session")
 def hub_server() -> Iterator[HubServer]:
     """A real Hub-compatible server for the whole session."""
-    try:
-        cm = running_hub_server()
-        server = cm.__enter__()
-    except RuntimeError as e:
-        _unavailable(str(e))
-        return
-    try:
-        yield server
-    finally:
-        cm.__exit__(None, None, None)
+    yield from serve_for_session("Hub server", running_hub_server)
 
 
 @pytest.fixture

@@ -25,15 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
-from strata_testsupport.processes import stop_process
+from strata_testsupport.processes import stop_process, unavailable
 
 _READY = re.compile(r"strata-kv ready tcp=\S+:(\d+) unix=(\S+) metrics=(-?\d+)")
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (required under CI=true)")
-    pytest.skip(reason)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +254,7 @@ def running_redis_server(maxmemory: str = "0", extra_args: list[str] | None = No
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     if shutil.which("redis-server") is None:
-        _unavailable("redis-server is not installed (apt-get install -y redis-server)")
+        unavailable("redis-server is not installed (apt-get install -y redis-server)")
     with running_redis_server() as server:
         yield server
 
@@ -270,6 +264,6 @@ def redis_benchmark() -> str:
     """Path of Debian's redis-benchmark (redis-tools)."""
     path = shutil.which("redis-benchmark")
     if path is None:
-        _unavailable("redis-benchmark is not installed (apt-get install -y redis-tools)")
+        unavailable("redis-benchmark is not installed (apt-get install -y redis-tools)")
     assert path is not None
     return path

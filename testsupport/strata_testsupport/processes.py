@@ -6,6 +6,36 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def unavailable(reason: str) -> None:
+    """A real peer the tests need cannot run: under CI that fails the test (a tier must never be skipped there
+    in silence); elsewhere it skips with the reason."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (required under CI=true)")
+    pytest.skip(reason)
+
+
+def serve_for_session(what: str, start: Callable[[], AbstractContextManager[T]]) -> Iterator[T]:
+    """The body of a session fixture around a real server: started once, stopped at the end, `unavailable`
+    (with `what` and the reason) when it cannot start."""
+    try:
+        running = start()
+        server = running.__enter__()
+    except RuntimeError as error:
+        unavailable(f"{what} unavailable: {error}")
+        return
+    try:
+        yield server
+    finally:
+        running.__exit__(None, None, None)
 
 
 def stop_process(

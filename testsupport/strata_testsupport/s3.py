@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from strata_testsupport.processes import stop_process
+from strata_testsupport.processes import serve_for_session, stop_process
 
 ACCESS_KEY = "strata-test"
 SECRET_KEY = "strata-test-secret"
@@ -75,12 +75,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"S3 server unavailable under CI: {reason}")
-    pytest.skip(f"S3 server unavailable: {reason}")
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str | None:
@@ -160,16 +154,7 @@ def _with_iam_user(server: S3Server) -> S3Server:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """A real S3-compatible server for the whole session."""
-    try:
-        cm = running_s3_server()
-        server = cm.__enter__()
-    except RuntimeError as e:
-        _unavailable(str(e))
-        return
-    try:
-        yield server
-    finally:
-        cm.__exit__(None, None, None)
+    yield from serve_for_session("S3 server", running_s3_server)
 
 
 @pytest.fixture
