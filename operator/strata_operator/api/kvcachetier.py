@@ -291,7 +291,34 @@ class EventsSpec(CRDModel):
     )
 
 
+class NodeSocketSpec(CRDModel):
+    """A Unix socket each server shares with the serving pods on its node, through an ephemeral inline CSI
+    volume (the chart's `kvSocketDriver`), so that restricted pods reach the node-local fast path without
+    hostPath or hostIPC."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Serve on a Unix socket in a node directory the CSI driver publishes into the servers and, "
+        "through the admission webhook, into the serving pods wired to this tier. Needs the chart's "
+        "kvSocketDriver.enabled. Off by default.",
+    )
+    shared_memory: bool = Field(
+        default=False,
+        description="Over that socket, hand values of 1 MiB or more to clients as sealed, read-only memory "
+        "(memfd) instead of copying them through the socket. A client that keeps a value mapped holds its "
+        "memory past the L1 bound until it lets go, so it is off by default.",
+    )
+    driver: str = Field(
+        default="kv.strata.dev",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The CSI driver that publishes the socket directory (the chart's kvSocketDriver.name).",
+    )
+
+
 EVENTS_PORT_CLASH = "events.port must differ from port and metricsPort"
+SHARED_MEMORY_NEEDS_SOCKET = "nodeSocket.sharedMemory hands memory over the node socket: set nodeSocket.enabled"
 
 
 class UpdateStrategy(CRDModel):
@@ -323,6 +350,12 @@ class KVCacheTierSpec(CRDModel):
             "!self.events.enabled || (self.events.port != self.port && self.events.port != self.metricsPort)",
             EVENTS_PORT_CLASH,
             field_path=".events.port",
+        ),
+        cel(
+            "!has(self.nodeSocket) || !has(self.nodeSocket.sharedMemory) || !self.nodeSocket.sharedMemory || "
+            "(has(self.nodeSocket.enabled) && self.nodeSocket.enabled)",
+            SHARED_MEMORY_NEEDS_SOCKET,
+            field_path=".nodeSocket.sharedMemory",
         ),
         cel(
             "!(has(self.tenancy) && has(self.tenancy.requireSalt) && self.tenancy.requireSalt && "
@@ -400,6 +433,11 @@ class KVCacheTierSpec(CRDModel):
         description="KV events in vLLM's wire format for what the servers hold (for prefix-aware routers); off "
         "by default.",
     )
+    node_socket: NodeSocketSpec = Field(
+        default_factory=NodeSocketSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="A node-local Unix socket (and shared memory) for serving pods on the same node; off by default.",
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = Field(
@@ -419,6 +457,8 @@ class KVCacheTierSpec(CRDModel):
             raise ValueError(SALT_NEEDS_LMCACHE)
         if self.events.enabled and self.events.port in (self.port, self.metrics_port):
             raise ValueError(EVENTS_PORT_CLASH)
+        if self.node_socket.shared_memory and not self.node_socket.enabled:
+            raise ValueError(SHARED_MEMORY_NEEDS_SOCKET)
         return self
 
 

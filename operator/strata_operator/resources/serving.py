@@ -21,6 +21,7 @@ from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, client_shm_size
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.node_socket import SOCKET_GROUP, node_socket_mount, node_socket_volume
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.volume import build_volume_snippet
@@ -183,6 +184,9 @@ def _wire_kv_tier(
     if shm_size:
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}
         _add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")
+    if tier_spec.node_socket.enabled:
+        _add_named(spec, "volumes", node_socket_volume(tier_spec, ref, read_only=True), "spec.volumes", whose)
+        _add_supplemental_group(spec, SOCKET_GROUP)
     for container in containers:
         field = f"spec.containers[{container.get('name')}]"
         sources = container.setdefault("envFrom", [])
@@ -190,6 +194,8 @@ def _wire_kv_tier(
             sources.append({"configMapRef": {"name": config_map}})
         if shm_size:
             _add_mount(container, {"name": SHM_VOLUME, "mountPath": SHM_PATH}, field, "the /dev/shm for the KV tier")
+        if tier_spec.node_socket.enabled:
+            _add_mount(container, node_socket_mount(read_only=True), field, f"{whose}'s node socket")
         if token is not None:
             # The tier's AUTH token, for Strata's vLLM tier (it reads TOKEN_ENV); the value never enters the spec.
             secret_env = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}
@@ -251,6 +257,14 @@ def _add_mount(container: dict[str, Any], mount: dict[str, Any], field: str, who
     mounts.append(mount)
 
 
+def _add_supplemental_group(spec: dict[str, Any], gid: int) -> None:
+    """The socket is the server's (mode 0660, its group): the pod's processes join that group to connect. A
+    pod-level supplemental group is allowed under `restricted` and adds to, never replaces, what the pod set."""
+    groups = spec.setdefault("securityContext", {}).setdefault("supplementalGroups", [])
+    if gid not in groups:
+        groups.append(gid)
+
+
 def _require_node_label(spec: dict[str, Any], key: str, value: str) -> None:
     """Add `key In [value]` to every required node selector term (terms are ORed, so each must carry it)."""
     requirement = {"key": key, "operator": "In", "values": [value]}
@@ -269,7 +283,7 @@ def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str,
     """One `add` per top-level spec field (and per container) that changed: `add` on an existing member replaces
     it, so the patch is exact whether or not the field was there."""
     ops: list[dict[str, Any]] = []
-    for key in ("volumes", "affinity", "schedulingGates"):
+    for key in ("volumes", "affinity", "schedulingGates", "securityContext"):
         if _changed(before, after, key):
             ops.append({"op": "add", "path": f"/spec/{key}", "value": after[key]})
     old_containers = before.get("containers") or []

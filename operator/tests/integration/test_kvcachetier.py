@@ -118,6 +118,8 @@ def require_kwok(control_plane: Any) -> None:
         ({"port": 9121}, "port and metricsPort must differ"),
         ({"events": {"enabled": True, "port": 6379}}, "events.port must differ from port and metricsPort"),
         ({"events": {"enabled": True, "port": 0}}, "spec.events.port"),
+        ({"nodeSocket": {"sharedMemory": True}}, "nodeSocket.sharedMemory hands memory over the node socket"),
+        ({"nodeSocket": {"enabled": True, "driver": "Not_A_Driver"}}, "spec.nodeSocket.driver"),
         (
             {"auth": {"disabled": True, "secretRef": {"name": "t"}}},
             "auth.disabled and auth.secretRef exclude each other",

@@ -35,9 +35,9 @@ def ready_shared_cache(k8s: DynamicClient, namespace: str) -> str:
     return name
 
 
-def kv_tier(k8s: DynamicClient, namespace: str) -> str:
+def kv_tier(k8s: DynamicClient, namespace: str, spec: dict[str, Any] | None = None) -> str:
     name = unique("kv")
-    body = {"apiVersion": API_VERSION, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": {}}
+    body = {"apiVersion": API_VERSION, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": spec or {}}
     resource(k8s, API_VERSION, "KVCacheTier").create(body=body, namespace=namespace)
     return name
 
@@ -136,6 +136,32 @@ def test_a_pod_wired_twice_is_unchanged(
     second = create_pod(k8s, namespace, again, dry_run="All")
     assert second["spec"]["volumes"] == first["spec"]["volumes"]
     assert second["spec"]["containers"] == first["spec"]["containers"]
+
+
+def test_a_restricted_pod_wired_to_a_node_socket_is_admitted_under_restricted_pod_security(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    """The node socket's inline CSI volume and supplemental group pass the API server's own `restricted` Pod
+    Security check, which runs after the webhook's mutation: the socket needs no hostPath and no privilege."""
+    patch = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    resource(k8s, "v1", "Namespace").patch(body=patch, name=namespace, content_type="application/merge-patch+json")
+    tier = kv_tier(k8s, namespace, {"nodeSocket": {"enabled": True}})
+    body = pod_body(
+        "restricted",
+        {"strata.dev/kv-cache-tier": tier},
+        securityContext={
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
+    stored = create_pod(k8s, namespace, body)["spec"]
+    volume = next(v for v in stored["volumes"] if v["name"] == "strata-kv-socket")
+    assert volume["csi"] == {"driver": "kv.strata.dev", "readOnly": True, "volumeAttributes": {"tier": tier}}
+    (vllm,) = stored["containers"]
+    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": True} in vllm["volumeMounts"]
+    assert stored["securityContext"]["supplementalGroups"] == [65532]
 
 
 def test_conflicts_and_missing_caches_are_refused_by_name(

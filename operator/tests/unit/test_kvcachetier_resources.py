@@ -375,3 +375,37 @@ def test_an_events_port_clashing_with_another_port_is_refused(port: int) -> None
     with pytest.raises(ValueError, match=r"events\.port must differ"):
         spec_of(events={"enabled": True, "port": port})
     spec_of(events={"enabled": False, "port": port})  # off: the port is never opened
+
+
+def test_the_node_socket_is_off_by_default() -> None:
+    spec = spec_of()
+    pod = pod_spec(spec)
+    assert all("csi" not in volume for volume in pod["volumes"])
+    config = KVServerConfig.model_validate(yaml.safe_load(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME]))
+    assert config.listen.unix_socket is None and config.listen.shared_memory is False
+    assert "STRATA_KV_SOCKET" not in build_connection_config_map(spec, TIER)["data"]
+
+
+def test_the_node_socket_reaches_the_server_its_config_and_the_clients_connection() -> None:
+    """The server mounts the driver's directory read-write and listens there, mode 0660; the vLLM tier and
+    RESP clients are told the path (the tier uses it when mounted, else the Service)."""
+    spec = spec_of(nodeSocket={"enabled": True, "sharedMemory": True})
+    pod = pod_spec(spec)
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "strata-kv-socket"]
+    assert volume["csi"] == {"driver": "kv.strata.dev", "readOnly": False, "volumeAttributes": {"tier": "kv"}}
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": False} in mounts
+    config = KVServerConfig.model_validate(yaml.safe_load(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME]))
+    assert (config.listen.unix_socket, config.listen.unix_socket_mode) == ("/run/strata-kv/kv.sock", 0o660)
+    assert config.listen.shared_memory is True
+    data = build_connection_config_map(spec, TIER)["data"]
+    assert data["STRATA_KV_SOCKET"] == "/run/strata-kv/kv.sock"
+    (strata_tier,) = json.loads(data["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]["secondary_tiers"]
+    assert strata_tier["unix_socket"] == "/run/strata-kv/kv.sock"
+    assert strata_tier["url"].startswith("redis://")
+
+
+def test_a_node_socket_driver_of_the_users_choice_is_rendered() -> None:
+    pod = pod_spec(spec_of(nodeSocket={"enabled": True, "driver": "sockets.example.com"}))
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "strata-kv-socket"]
+    assert volume["csi"]["driver"] == "sockets.example.com"

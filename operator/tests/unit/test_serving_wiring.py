@@ -177,6 +177,29 @@ def test_kv_tier_with_lmcache_and_no_auth_only_adds_env_from() -> None:
     assert out["spec"] == {"containers": [{"name": "vllm", "envFrom": [{"configMapRef": {"name": "kv-connection"}}]}]}
 
 
+def test_a_tier_with_a_node_socket_mounts_it_read_only_and_joins_the_sockets_group() -> None:
+    """Read-only is enough to connect to a Unix socket and keeps a client from replacing it; the socket is
+    mode 0660 in the server's group, which the pod joins as a supplemental group (kept beside the user's)."""
+    p = pod(containers=[{"name": "vllm"}, {"name": "proxy"}], securityContext={"supplementalGroups": [1000]})
+    out = wired(p, kv_tier=tier(spec={"nodeSocket": {"enabled": True}}))
+    assert {
+        "name": "strata-kv-socket",
+        "csi": {"driver": "kv.strata.dev", "readOnly": True, "volumeAttributes": {"tier": "kv"}},
+    } in out["spec"]["volumes"]
+    for container in out["spec"]["containers"]:
+        assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+    assert out["spec"]["securityContext"]["supplementalGroups"] == [1000, 65532]
+    assert build_pod_patch(out, kv_tier=tier(spec={"nodeSocket": {"enabled": True}})) == []
+
+
+def test_a_volume_of_the_sockets_name_the_user_set_is_a_conflict() -> None:
+    p = pod(containers=[{"name": "vllm"}], volumes=[{"name": "strata-kv-socket", "emptyDir": {}}])
+    with pytest.raises(WiringConflict, match=r"spec.volumes\[strata-kv-socket\] is already set"):
+        build_pod_patch(p, kv_tier=tier(spec={"nodeSocket": {"enabled": True}}))
+
+
 def test_a_tier_with_an_invalid_spec_is_named() -> None:
     with pytest.raises(WiringConflict, match="KVCacheTier kv has an invalid spec"):
         build_pod_patch(pod(containers=[{"name": "vllm"}]), kv_tier=tier(spec={"connector": {"cpuBytes": "1.5Gi"}}))

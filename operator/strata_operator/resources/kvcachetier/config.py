@@ -32,6 +32,7 @@ from strata_operator.resources.kvcachetier.names import (
     TierRef,
     byte_size,
 )
+from strata_operator.resources.kvcachetier.node_socket import NODE_SOCKET_MODE, NODE_SOCKET_PATH
 
 
 def hash_seed(spec: KVCacheTierSpec, tier: TierRef) -> str:
@@ -88,10 +89,22 @@ def _events_config(spec: KVCacheTierSpec) -> EventsConfig:
     return EventsConfig(publish=f"tcp://*:{spec.events.port}")
 
 
+def _listen_config(spec: KVCacheTierSpec) -> ListenConfig:
+    """TCP on the spec's port (bound to the pod IP by the DaemonSet's args), and the node socket when asked."""
+    if not spec.node_socket.enabled:
+        return ListenConfig(port=spec.port)
+    return ListenConfig(
+        port=spec.port,
+        unix_socket=NODE_SOCKET_PATH,
+        unix_socket_mode=NODE_SOCKET_MODE,
+        shared_memory=spec.node_socket.shared_memory,
+    )
+
+
 def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     """The complete server configuration; credentials stay out (they come from mounted Secrets)."""
     return KVServerConfig(
-        listen=ListenConfig(port=spec.port),  # bound to the pod IP by the DaemonSet's args
+        listen=_listen_config(spec),
         l1=L1Config(
             size=byte_size(spec.l1.size),
             eviction_policy=EvictionPolicyName(spec.l1.eviction_policy.value),

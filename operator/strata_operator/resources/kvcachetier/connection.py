@@ -18,6 +18,7 @@ from strata_operator.api.kvcachetier import ConnectorType, HashAlgorithm, KVCach
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
 from strata_operator.resources.kvcachetier.names import TierRef, byte_size, mebibytes
+from strata_operator.resources.kvcachetier.node_socket import NODE_SOCKET_PATH
 from strata_operator.resources.kvcachetier.service import events_url, service_host
 
 KV_ROLE = "kv_both"
@@ -46,6 +47,8 @@ def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any
         "module_path": VLLM_TIER_MODULE,
         "url": remote_url(spec, tier),
     }
+    if spec.node_socket.enabled:
+        strata_tier["unix_socket"] = NODE_SOCKET_PATH  # used when mounted (the webhook does), else the url
     if token_secret(spec, tier) is not None:
         strata_tier["token_env"] = TOKEN_ENV
     extra = {
@@ -106,6 +109,8 @@ def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]
     }
     if needs_hash_seed(spec):
         env["PYTHONHASHSEED"] = hash_seed(spec, tier)
+    if spec.node_socket.enabled:
+        env["STRATA_KV_SOCKET"] = NODE_SOCKET_PATH
     if (events := events_url(spec, tier)) is not None:
         env["STRATA_KV_EVENTS_URL"] = events
     if (shm := client_shm_size(spec)) is not None:

@@ -24,6 +24,7 @@ from strata_operator.resources.kvcachetier.names import (
     mebibytes,
     quantity_bytes,
 )
+from strata_operator.resources.kvcachetier.node_socket import node_socket_mount, node_socket_volume
 from strata_operator.resources.runtime_image import RuntimeImage
 from strata_operator.resources.security import container_security_context, pod_security_context
 
@@ -68,7 +69,8 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Volumes and their mounts: config (read-only), scratch /tmp, the auth token, the L2 filesystem."""
+    """Volumes and their mounts: config (read-only), scratch /tmp, the auth token, the L2 filesystem, the node
+    socket's directory."""
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": tier.config_map}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -90,6 +92,9 @@ def _volumes(spec: KVCacheTierSpec, tier: TierRef) -> tuple[list[dict[str, Any]]
             claim = fs.pvc.claim_name or tier.created_pvc
             volumes.append({"name": "l2", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "l2", "mountPath": L2_FS_ROOT})
+    if spec.node_socket.enabled:
+        volumes.append(node_socket_volume(spec, tier, read_only=False))
+        mounts.append(node_socket_mount(read_only=False))
     return volumes, mounts
 
 
