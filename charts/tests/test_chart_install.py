@@ -162,6 +162,7 @@ NEEDED_CLUSTER_WIDE = [
     ("patch", "", "nodes", ""),
     ("list", "", "nodes", ""),
     ("get", "storage.k8s.io", "storageclasses", ""),
+    ("get", "storage.k8s.io", "csidrivers", ""),  # KVCacheTier spec.nodeSocket: is its driver installed?
     ("list", "strata.dev", "nodecachepolicies", ""),  # node budgets, read when a NodeLocal Job is created
 ]
 # Never: what a compromised operator must not be able to do.

@@ -66,7 +66,8 @@ class Outcome:
 
 
 def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
-    """Selected nodes, referenced Secrets' keys and the existing L2 claim, as validation needs them."""
+    """Selected nodes, referenced Secrets' keys, the existing L2 claim and the node socket's CSIDriver, as
+    validation needs them."""
     nodes = kube.list_objects("v1", "Node", label_selector=label_selector(spec.node_selector))
     facts = ClusterFacts(nodes=[n for n in nodes if node_selected(spec, n)])
     refs = []
@@ -82,6 +83,9 @@ def gather_facts(spec: KVCacheTierSpec, tier: TierRef) -> ClusterFacts:
     if fs is not None and fs.pvc is not None and fs.pvc.claim_name is not None:
         facts.existing_claim = kube.read("v1", "PersistentVolumeClaim", fs.pvc.claim_name, tier.namespace)
         facts.claim_checked = True
+    if spec.node_socket.enabled:
+        facts.socket_driver = kube.read("storage.k8s.io/v1", "CSIDriver", spec.node_socket.driver, None)
+        facts.socket_driver_checked = True
     return facts
 
 

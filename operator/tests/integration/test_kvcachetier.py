@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -406,6 +407,53 @@ def test_missing_secret_then_fixed_spec(
     )
     wait_condition(k8s, namespace, "kv", "ConfigValid", ("True", "Valid"))
     wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=30, what="DaemonSet once valid")
+
+
+def test_a_node_socket_waits_for_its_csi_driver_then_reaches_the_daemonset(
+    k8s: DynamicClient, operator: Any, namespace: str, gpu_pool: dict[str, str]
+) -> None:
+    """No DaemonSet whose pods could only wait in ContainerCreating: first the condition says which driver to
+    install, then an unfit one is named, then a fit one lets the servers mount the socket's directory."""
+    driver = f"kv-{uuid.uuid4().hex[:8]}.test.strata.dev"
+    drivers = resource(k8s, "storage.k8s.io/v1", "CSIDriver")
+
+    def install(name: str, **spec: Any) -> None:
+        drivers.create(
+            body={
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "CSIDriver",
+                "metadata": {"name": name},
+                "spec": {"attachRequired": False, **spec},
+            }
+        )
+
+    def use(name: str) -> None:
+        resource(k8s, API, KIND).patch(
+            body={"spec": {"nodeSocket": {"driver": name}}},
+            name="kv",
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
+
+    create_tier(k8s, namespace, tier_body("kv", gpu_pool, nodeSocket={"enabled": True, "driver": driver}))
+    try:
+        wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "SocketDriverMissing"))
+        assert daemonset(k8s, namespace, "kv") is None
+        install(f"unfit-{driver}", podInfoOnMount=False, volumeLifecycleModes=["Ephemeral"])
+        use(f"unfit-{driver}")
+        wait_condition(k8s, namespace, "kv", "ConfigValid", ("False", "SocketDriverUnsuitable"))
+        install(driver, podInfoOnMount=True, volumeLifecycleModes=["Ephemeral"])
+        use(driver)
+        wait_condition(k8s, namespace, "kv", "ConfigValid", ("True", "Valid"))
+        found = wait_for(lambda: daemonset(k8s, namespace, "kv"), timeout=30, what="DaemonSet once valid")
+        volumes = found.to_dict()["spec"]["template"]["spec"]["volumes"]
+        assert {
+            "name": "strata-kv-socket",
+            "csi": {"driver": driver, "readOnly": False, "volumeAttributes": {"tier": "kv"}},
+        } in volumes
+    finally:
+        for name in (driver, f"unfit-{driver}"):
+            delete_quietly(k8s, "storage.k8s.io/v1", "CSIDriver", name, None)
 
 
 def test_existing_claim_that_is_not_read_write_many_is_reported(

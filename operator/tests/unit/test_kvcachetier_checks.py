@@ -295,3 +295,19 @@ def test_a_client_shm_smaller_than_vllms_cpu_tier_is_refused_by_name() -> None:
     assert validate(spec_of(clientShmSize="9Gi", connector={"cpuBytes": "8Gi"}, auth={"disabled": True}), facts) == []
     lmcache = spec_of(clientShmSize="2Gi", connector={"type": "lmcache", "cpuBytes": "8Gi"}, auth={"disabled": True})
     assert validate(lmcache, facts) == []
+
+
+def socket_driver(pod_info: bool = True, modes: tuple[str, ...] = ("Ephemeral",)) -> dict[str, Any]:
+    return {"metadata": {"name": "kv.strata.dev"}, "spec": {"podInfoOnMount": pod_info, "volumeLifecycleModes": modes}}
+
+
+def test_a_node_socket_needs_its_csi_driver_installed_and_fit_for_inline_per_namespace_volumes() -> None:
+    spec = spec_of(nodeSocket={"enabled": True})
+    nodes = [node("gpu-1")]
+    (missing,) = validate(spec, ClusterFacts(nodes=nodes, socket_driver_checked=True))
+    assert missing.reason == "SocketDriverMissing" and "kvSocketDriver.enabled=true" in missing.message
+    for unsuitable in (socket_driver(pod_info=False), socket_driver(modes=("Persistent",))):
+        facts = ClusterFacts(nodes=nodes, socket_driver=unsuitable, socket_driver_checked=True)
+        assert [p.reason for p in validate(spec, facts)] == ["SocketDriverUnsuitable"]
+    assert validate(spec, ClusterFacts(nodes=nodes, socket_driver=socket_driver(), socket_driver_checked=True)) == []
+    assert validate(spec_of(), ClusterFacts(nodes=nodes, socket_driver_checked=True)) == [], "socket off: no check"

@@ -29,6 +29,9 @@ class ClusterFacts:
     """Secret name -> its `data` keys (values blanked), None when the Secret does not exist."""
     existing_claim: Mapping[str, Any] | None = None
     claim_checked: bool = False
+    socket_driver: Mapping[str, Any] | None = None
+    """The CSIDriver `spec.nodeSocket.driver` names, None when there is none."""
+    socket_driver_checked: bool = False
 
 
 def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
@@ -202,6 +205,29 @@ def check_client_shm(spec: KVCacheTierSpec) -> Problem | None:
     )
 
 
+def check_socket_driver(spec: KVCacheTierSpec, facts: ClusterFacts) -> Problem | None:
+    """Without the CSI driver every server pod would wait in ContainerCreating with a kubelet event nobody reads;
+    without `podInfoOnMount` the driver cannot learn the pod's namespace, which is what keeps one namespace's pods
+    off another's socket; without the Ephemeral mode the API server cannot use it inline."""
+    if not spec.node_socket.enabled or not facts.socket_driver_checked:
+        return None
+    name = spec.node_socket.driver
+    if facts.socket_driver is None:
+        return Problem(
+            "SocketDriverMissing",
+            f"spec.nodeSocket.driver {name} is not installed (no CSIDriver of that name): install the chart with "
+            "kvSocketDriver.enabled=true, or set spec.nodeSocket.enabled false",
+        )
+    driver_spec = facts.socket_driver.get("spec") or {}
+    if not driver_spec.get("podInfoOnMount") or "Ephemeral" not in (driver_spec.get("volumeLifecycleModes") or []):
+        return Problem(
+            "SocketDriverUnsuitable",
+            f"CSIDriver {name} must have podInfoOnMount: true and volumeLifecycleModes [Ephemeral] to publish a "
+            "per-namespace socket directory inline: use the chart's kvSocketDriver, or another driver name",
+        )
+    return None
+
+
 def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     """Every problem, in a stable order (the first one names the ConfigValid reason).
 
@@ -209,6 +235,11 @@ def validate(spec: KVCacheTierSpec, facts: ClusterFacts) -> list[Problem]:
     """
     if shape := [p for p in (check_resources(spec), check_affinity(spec)) if p]:
         return shape
-    checks = (check_node_memory(spec, facts.nodes), check_existing_claim(spec, facts), check_client_shm(spec))
+    checks = (
+        check_node_memory(spec, facts.nodes),
+        check_existing_claim(spec, facts),
+        check_client_shm(spec),
+        check_socket_driver(spec, facts),
+    )
     problems = [p for p in checks if p]
     return problems + check_secrets(spec, facts)
