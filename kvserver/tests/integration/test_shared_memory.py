@@ -61,6 +61,25 @@ def test_a_large_value_comes_as_memory_with_the_bytes_a_tcp_get_returns(kv_serve
         assert local.stats()["shared_replies"] == 3
 
 
+def test_aligned_and_unaligned_buffers_get_the_same_bytes_by_either_copy(kv_server_factory) -> None:
+    """`copy_from_memfd` reads an aligned buffer with preadv and an unaligned one through a mapping; both must give
+    exactly the value, and a read-only buffer is refused before anything is asked."""
+    server = _shared_server(kv_server_factory, name="shared-aligned")
+    big = _value(3, 8 * MiB)
+    with KVClient(unix_socket=server.unix_socket) as local:
+        local.set("big", big)
+        arena = mmap.mmap(-1, len(big) + 4096)
+        for offset in (0, 64, 16, 1):  # page- and 64-aligned: preadv; 16 and 1 bytes off: the mapping
+            into = memoryview(arena)[offset : offset + len(big)]
+            into[:] = b"\0" * len(big)
+            assert local.get_shared_into(b"big", into) and into == big, f"buffer {offset} bytes past a page"
+            into.release()
+        with pytest.raises(TypeError, match="writable"):
+            local.get_shared_into(b"big", memoryview(big))
+        assert local.get(b"big") == big, "the connection stays in step"
+        arena.close()
+
+
 def test_handed_over_memory_cannot_be_written_resized_or_reopened_writable(kv_server_factory) -> None:
     server = _shared_server(kv_server_factory)
     value = _value(2, 4 * MiB)
