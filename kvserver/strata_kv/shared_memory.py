@@ -38,6 +38,8 @@ from dataclasses import dataclass
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; Python names it from 3.12
 EXPORT_SEALS = F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 GETFD = b"STRATA.GETFD"
+OFF_PREFIXES = ("ERR STRATA.GETFD is off", "ERR STRATA.GETFD answers only on the Unix socket")
+"""The server's refusals that mean "never here" (commands.cmd_strata_getfd), as opposed to one failed call."""
 MAX_HEADER = 64
 SHARED_FROM = 1024 * 1024
 """Values of at least this size are memfd-backed (two fds each: the memfd and the mapping's own); smaller ones
@@ -108,7 +110,16 @@ def send_with_fd(sock: socket.socket, data: bytes, fd: int) -> bool:
 
 # -- the client side ----------------------------------------------------------------------------------
 class SharedValueError(Exception):
-    """The server answered `STRATA.GETFD` with an error, or out of step."""
+    """The server answered `STRATA.GETFD` with an error, or a value of another size than the buffer; the
+    connection is still in step."""
+
+
+class SharedMemoryOff(SharedValueError):
+    """The server runs without `listen.shared_memory` (or this is not its Unix socket): use GET."""
+
+
+class OutOfStep(SharedValueError):
+    """The reply did not parse as one: the connection must be closed."""
 
 
 def get_shared(sock: socket.socket, key: bytes) -> memoryview | bytes | None:
@@ -193,14 +204,15 @@ def _asked(sock: socket.socket, key: bytes) -> Iterator[_Reply]:
         kind, line, rest = data[:1], data[1:end], data[end + 2 :]
         if kind == b":":
             if len(fds) != 1 or rest:
-                raise SharedValueError(f"a shared reply came with {len(fds)} fds and {len(rest)} extra bytes")
+                raise OutOfStep(f"a shared reply came with {len(fds)} fds and {len(rest)} extra bytes")
             yield _Reply(fds[0], int(line), bytearray())
         elif kind == b"$":
             yield _Reply(None, int(line), bytearray(rest))
         elif kind == b"-":
-            raise SharedValueError(line.decode(errors="replace"))
+            message = line.decode(errors="replace")
+            raise (SharedMemoryOff if message.startswith(OFF_PREFIXES) else SharedValueError)(message)
         else:
-            raise SharedValueError(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
+            raise OutOfStep(f"unexpected reply {data[:32]!r}: the connection is out of step; reconnect")
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
@@ -219,7 +231,7 @@ def _read_header(sock: socket.socket) -> tuple[bytes, list[int]]:
             raise ConnectionError("server closed the connection")
         data += chunk
         if len(data) > MAX_HEADER and b"\r\n" not in data:
-            raise SharedValueError("reply header too long: the connection is out of step; reconnect")
+            raise OutOfStep("reply header too long: the connection is out of step; reconnect")
     return data, fds
 
 

@@ -80,6 +80,27 @@ def test_aligned_and_unaligned_buffers_get_the_same_bytes_by_either_copy(kv_serv
         arena.close()
 
 
+def test_get_into_on_the_unix_socket_takes_the_memory_where_the_server_offers_it(kv_server_factory) -> None:
+    """What the vLLM tier's loads call: memory from a server that offers it, plain GET (after one refusal) from
+    one that does not; a value of the wrong size stays a KVError on a connection still in step."""
+    big = _value(5, 4 * MiB)
+    offering = _shared_server(kv_server_factory, name="shared-get-into")
+    plain = kv_server_factory({"l1": {"size": "64MiB"}}, l2_fs=False, name="plain-get-into")
+    for server, handed_over in ((offering, 1), (plain, 0)):
+        with KVClient(unix_socket=server.unix_socket) as local:
+            local.set("big", big)
+            into = memoryview(mmap.mmap(-1, len(big)))
+            for _ in range(2):
+                into[:] = b"\0" * len(big)
+                assert local.get_into(b"big", into) and into == big
+            assert not local.get_into(b"missing", into)
+            with pytest.raises(KVError, match=r"buffer of 10|buffer for it 10"):
+                local.get_into(b"big", memoryview(bytearray(10)))
+            assert local.get(b"big") == big, "the connection stays in step"
+            shared = local.stats().get("shared_replies", 0)
+            assert shared == 3 * handed_over, f"{shared} values handed over (two GETs, one refused size)"
+
+
 def test_handed_over_memory_cannot_be_written_resized_or_reopened_writable(kv_server_factory) -> None:
     server = _shared_server(kv_server_factory)
     value = _value(2, 4 * MiB)

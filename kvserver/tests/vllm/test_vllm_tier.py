@@ -201,6 +201,25 @@ def test_a_mounted_unix_socket_is_used_instead_of_the_service(
     assert loaded["equal"] == 3
 
 
+def test_over_the_node_socket_loads_take_the_servers_memory_and_are_bit_exact(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """A tier with `nodeSocket.sharedMemory`: 1 MiB chunks (1024 tokens of this model's 1 KiB) stored over the
+    socket come back into vLLM's CPU tier as the server's memory (STRATA.GETFD), bit-exact."""
+    server = kv_server_factory({"listen": {"shared_memory": True}}, l2_fs=False)
+    spec = {**SMALL_TIER, "chunkTokens": 1024, "connector": {"cpuBytes": "16Mi"}}
+    connection = rendered_connection({**spec, "nodeSocket": {"enabled": True, "sharedMemory": True}})
+    transfer = json.loads(pointed_at(connection, server))
+    tier = transfer["kv_connector_extra_config"]["secondary_tiers"][0]
+    assert tier["unix_socket"] == "/run/strata-kv/kv.sock"
+    tier["unix_socket"] = server.unix_socket  # where the CSI volume would mount it
+    stored = engine(vllm_engine, "store", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert stored["stats"]["chunks_stored"] == 3
+    loaded = engine(vllm_engine, "load", connection, json.dumps(transfer), tmp_path, chunks=3)
+    assert loaded["equal"] == 3
+    assert int(server.client().stats()["shared_replies"]) == 3, "every chunk came as the server's memory"
+
+
 def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
     vllm_engine: VllmScript,
     kv_server_factory: KVServerFactory,
