@@ -77,6 +77,16 @@ class BlockLocation:
         return f"{self.namespace or namespace_dir}_r{self.rank}"
 
 
+def split_vllm_tier_key(key: bytes) -> tuple[str, int, bytes] | None:
+    """(namespace directory `<model>_<digest12>`, rank, what follows the `/`) of a key with a vLLM-tier prefix whose
+    namespace is safe as a directory name; None for any other key. The one reading of that prefix: the L2 layout
+    and KV events (`strata_kv.kvevents`) both take it from here."""
+    m = _VLLM_TIER_KEY.match(key)
+    if m is None:
+        return None
+    return m.group("dir").decode(), int(m.group("rank")), m.group("rest")
+
+
 def _offload_key(rest: bytes, max_kv_groups: int) -> tuple[str, int] | None:
     """(hash hex, group) of a vLLM offload key: 8/16/32 hash bytes + 4-byte big-endian group < max_kv_groups."""
     if len(rest) - 4 not in _VLLM_HASH_SIZES:
@@ -118,12 +128,11 @@ def locate(
     so keys cannot spray directories; the namespace directories vLLM-tier keys name are bounded by the tier
     (`l2.fs.max_namespaces`).
     """
-    m = _VLLM_TIER_KEY.match(key)
-    if m is not None:
-        rank = int(m.group("rank"))
-        offload = _offload_key(m.group("rest"), max_kv_groups)
+    if (tier_key := split_vllm_tier_key(key)) is not None:
+        namespace, rank, rest = tier_key
+        offload = _offload_key(rest, max_kv_groups)
         if offload is not None and rank < max_ranks:
-            return BlockLocation(rank, offload[1], offload[0], namespace=m.group("dir").decode(), vllm=True)
+            return BlockLocation(rank, offload[1], offload[0], namespace=namespace, vllm=True)
         return _raw_location(key, default_rank)
     m = _LMCACHE_KEY.match(key)
     if m is not None:
