@@ -334,6 +334,24 @@ def test_a_vllm_tier_key_maps_to_vllms_own_path_in_its_namespace(tmp_path: Path)
     assert t.relpath(vllm_key(b"blk", namespace=local)).startswith(f"{local}_r0/")
 
 
+def test_vllm_tier_keys_that_differ_in_any_part_never_share_a_file(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    keys = [
+        vllm_key(b"a"),
+        vllm_key(b"b"),
+        vllm_key(b"a", group=1),
+        vllm_key(b"a", rank=1),
+        vllm_key(b"a", namespace="Qwen_Qwen3-0.6B_0123456789ac"),
+        vllm_key(b"a", namespace="Qwen_Qwen3-0.6B_r1_0123456789ab"),  # `_r` inside the model part
+        f"{VLLM_DIR}_r0/".encode() + hashlib.sha256(b"a").digest()[:16] + bytes(4),  # a 16-byte hash
+        hashlib.sha256(b"a").digest() + bytes(4),  # the bare offload key: the server's own namespace
+    ]
+    assert len({t.relpath(k) for k in keys}) == len(keys)
+    for i, k in enumerate(keys):
+        t.put(k, b"%d" % i)
+    assert [t.get(k) for k in keys] == [b"%d" % i for i in range(len(keys))]
+
+
 HOSTILE_KEYS = [
     pytest.param(b"../../etc_0123456789ab_r0/", id="dot-dot"),
     pytest.param(b"a/b_0123456789ab_r0/", id="slash-in-model"),
