@@ -122,6 +122,20 @@ class L2FsConfig(_Model):
         ge=0,
         description="Rescan the directory this often so chunks other nodes wrote count against capacity; 0 = never",
     )
+    min_rescan_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="Over the high watermark with no indexed block left to evict (files a vLLM `fs` tier wrote "
+        "since the last scan), rescan the directory at once, but at most this often",
+    )
+    max_namespaces: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Most vLLM namespace directories (`<model>_<digest12>_r<rank>`, one per model, KV layout and "
+        "rank) under root_dir that vLLM-tier keys may use; a write that would create one more is refused (a miss "
+        "later, counted in fs_namespaces_refused). Directories already there, vLLM's own included, count too",
+    )
     fsync: bool = Field(default=False, description="fsync each block file before the rename (durability over speed)")
     max_ranks: int = Field(
         default=64,

@@ -5,6 +5,22 @@ because every write goes to a unique temp file and is renamed into place (rename
 filesystems and NFS), and a reader verifies the checksum of what it opened. The in-memory index
 only serves capacity accounting; lookups always go to the file, so chunks other servers wrote are
 seen at once.
+
+Sharing the root with vLLM's own `fs` tier (`vllm/v1/kv_offload/tiering/fs`): a vLLM-tier key names the namespace
+directory vLLM uses for its model and layout (`blockfile.locate`), so the server reads and writes exactly the
+files that tier does. What each side reads of the other's:
+- vLLM reads `block_size` bytes from offset 0 and ignores the rest, so our value + key + trailer is its block.
+- We serve vLLM's raw file (no trailer, no checksum) whole, to a key in vLLM's form only. vLLM writes a temp file
+  and renames it, so a visible `.bin` is complete; a file that changes size while we read it is a miss.
+- Neither overwrites the other: vLLM skips a block file that exists, and so do we for keys in vLLM's form (the
+  block of one hash is the same bytes whoever computed it).
+- config.json is vLLM's: it writes `<namespace>/config.json` when its tier starts, if absent, and never reads it.
+  The server writes one only for its configured namespace; for a namespace it learns from a key it cannot rebuild
+  vLLM's fields, and a missing one costs vLLM nothing.
+- Capacity: the watermarks cover every namespace directory under the root, vLLM's files included (found by the
+  scan at start, the periodic rescan, and an on-demand rescan when the index runs dry over the high watermark).
+  A file we evict after vLLM's lookup and before its load is a failed load for vLLM, which recomputes those
+  blocks (`kv_load_failure_policy: recompute`, what the operator renders); the request does not fail.
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from pathlib import Path
 
 from .blockfile import (
     TRAILER_SIZE,
+    VLLM_RANK_DIR,
+    BlockLocation,
     CorruptBlock,
     ForeignBlock,
     KeyMismatch,
@@ -48,8 +66,10 @@ class FsTier:
     read_failure: type[Exception] = OSError
     """One namespace's block files under `root_dir`, with an LRU-ordered index for eviction."""
 
-    def __init__(self, cfg: L2FsConfig, namespace: NamespaceConfig) -> None:
+    def __init__(self, cfg: L2FsConfig, namespace: NamespaceConfig, max_value_size: int = 0) -> None:
+        """`max_value_size`: the largest vLLM block file served (the server's `limits.max_value_size`; 0: any)."""
         self.cfg = cfg
+        self.max_value_size = max_value_size
         self.root = Path(cfg.root_dir)
         self.namespace = namespace
         self.namespace_dir = namespace.directory_name
@@ -60,13 +80,24 @@ class FsTier:
         self.used = 0
         self.corrupt_removed = 0
         self.foreign_skipped = 0
+        self.foreign_served = 0
+        self.namespaces_refused = 0
+        self._namespaces: set[str] = set()  # rank directories of vLLM namespaces under the root
+        self._last_scan = float("-inf")
         self.evictions = 0
         self.write_errors = 0
         self.on_evict: Callable[[bytes], None] | None = None
 
     # -- paths ------------------------------------------------------------------------------------
+    def location(self, key: bytes) -> BlockLocation:
+        return locate(key, self.cfg.rank, self.cfg.max_ranks, self.cfg.max_kv_groups)
+
     def relpath(self, key: bytes) -> str:
-        return locate(key, self.cfg.rank, self.cfg.max_ranks, self.cfg.max_kv_groups).relpath(self.namespace_dir)
+        return self.location(key).relpath(self.namespace_dir)
+
+    def _is_block_dir(self, name: str) -> bool:
+        """A top-level directory of block files: our namespace's rank directories, or any vLLM namespace's."""
+        return name.startswith(f"{self.namespace_dir}_r") or VLLM_RANK_DIR.match(name) is not None
 
     def path(self, key: bytes) -> Path:
         return self.root / self.relpath(key)
@@ -85,16 +116,21 @@ class FsTier:
         self.rebuild_index(startup=True)
 
     def rebuild_index(self, startup: bool = False) -> None:
-        """Scan every block file of this namespace (all ranks), oldest first; drop stale temp files.
+        """Scan every block file of this namespace (all ranks) and of every vLLM namespace under the root (a vLLM
+        `fs` tier's own files included), oldest first; drop stale temp files.
 
-        At start-up our own temp files are leftovers of a killed process; later they are writes in flight.
+        At start-up our own temp files are leftovers of a killed process; later they are writes in flight
+        (vLLM's, `<h>.bin_<n>.tmp`, are removed only once stale).
         """
         entries: list[tuple[float, str, int]] = []
         now = time.time()
-        prefix = f"{self.namespace_dir}_r"
+        self._last_scan = time.monotonic()
+        namespaces: set[str] = set()
         for top in self.root.iterdir() if self.root.exists() else ():
-            if not top.name.startswith(prefix) or not top.is_dir():
+            if not self._is_block_dir(top.name) or not top.is_dir():
                 continue
+            if VLLM_RANK_DIR.match(top.name):
+                namespaces.add(top.name)
             for dirpath, _dirs, files in os.walk(top):
                 for name in files:
                     full = os.path.join(dirpath, name)
@@ -113,6 +149,7 @@ class FsTier:
         with self._lock:
             self._index = OrderedDict((rel, size) for _t, rel, size in entries)
             self.used = sum(size for _t, _rel, size in entries)
+            self._namespaces |= namespaces
         log.info("L2 fs index rebuilt: %d block files, %d bytes under %s", len(entries), self.used, self.root)
 
     def _orphaned(self, tmp_name: str) -> bool:
@@ -137,14 +174,27 @@ class FsTier:
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
-        """The value, or None on a miss. A corrupt file is removed and reported as a miss."""
-        rel = self.relpath(key)
+        """The value, or None on a miss. A corrupt file is removed and reported as a miss; vLLM's own block file
+        (no trailer) is the value for a key in vLLM's form, and a miss for any other."""
+        loc = self.location(key)
+        rel = loc.relpath(self.namespace_dir)
         full = self.root / rel
         try:
             with open(full, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 f.seek(max(0, size - TRAILER_SIZE))
-                trailer = decode_trailer(f.read(TRAILER_SIZE), size)  # lengths checked before allocating
+                try:
+                    trailer = decode_trailer(f.read(TRAILER_SIZE), size)  # lengths checked before allocating
+                except ForeignBlock:
+                    if not loc.vllm or (self.max_value_size and size > self.max_value_size):
+                        raise
+                    f.seek(0)
+                    value = f.read(size)
+                    if len(value) != size or f.read(1):  # renamed over or cut while we read: not one block
+                        return None
+                    self.foreign_served += 1
+                    self._touch(rel, size)
+                    return value
                 if trailer.key_len != len(key):
                     raise KeyMismatch("block file holds a key of another length")
                 f.seek(0)
@@ -158,7 +208,7 @@ class FsTier:
                 raise CorruptBlock(f"block checksum mismatch ({full})")
         except (FileNotFoundError, NotADirectoryError, KeyMismatch):
             return None
-        except ForeignBlock:  # vLLM's own block in the shared directory: not ours to serve or remove
+        except ForeignBlock:  # vLLM's own block, asked for by a key not in vLLM's form: not ours to serve or remove
             self.foreign_skipped += 1
             return None
         except CorruptBlock as e:
@@ -188,8 +238,22 @@ class FsTier:
 
     # -- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes, value: bytes) -> None:
-        """Write atomically; on a full disk, evict to the low watermark and retry once."""
-        rel = self.relpath(key)
+        """Write atomically; on a full disk, evict to the low watermark and retry once.
+
+        A key in vLLM's form whose block file exists is not written again (vLLM's `fs` tier does the same: one
+        hash, one block), and one that would need a vLLM namespace directory past `max_namespaces` is refused."""
+        loc = self.location(key)
+        rel = loc.relpath(self.namespace_dir)
+        if loc.namespace is not None and not self._namespace_allowed(loc.top(self.namespace_dir)):
+            return
+        if loc.vllm:
+            try:
+                size = os.stat(self.root / rel).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            else:
+                self._touch(rel, size)
+                return
         trailer = encode_trailer(key, value)
         self.make_room(len(value) + len(trailer))
         try:
@@ -212,6 +276,27 @@ class FsTier:
             old = self._index.pop(rel, 0)
             self._index[rel] = len(value) + len(trailer)
             self.used += len(value) + len(trailer) - old
+
+    def _namespace_allowed(self, top: str) -> bool:
+        """A vLLM namespace's rank directory may be used: known, already on disk, or still within the limit."""
+        with self._lock:
+            if top in self._namespaces:
+                return True
+        if (self.root / top).is_dir() or len(self._namespaces) < self.cfg.max_namespaces:
+            with self._lock:
+                self._namespaces.add(top)
+            return True
+        self.namespaces_refused += 1
+        if self.namespaces_refused == 1 or self.namespaces_refused % 1000 == 0:
+            log.warning(
+                "L2 fs: not storing chunks of vLLM namespace %s: %d namespace directories already under %s "
+                "(l2.fs.max_namespaces); %d writes refused so far",
+                top,
+                len(self._namespaces),
+                self.root,
+                self.namespaces_refused,
+            )
+        return False
 
     def _write(self, rel: str, value: bytes, trailer: bytes) -> None:
         final = self.root / rel
@@ -296,10 +381,20 @@ class FsTier:
         """Remove least recently used block files until usage is at or below `target` bytes."""
         removed = 0
         skipped = 0
+        rescanned = False
         while self._fill() > target:
             with self._lock:
-                if not self._index or skipped >= len(self._index):
+                dry = not self._index or skipped >= len(self._index)
+            if dry:
+                # Over target with nothing indexed left: files we have not seen (a vLLM `fs` tier's) fill the disk.
+                if rescanned or time.monotonic() - self._last_scan < self.cfg.min_rescan_seconds:
                     break
+                self.rebuild_index()
+                rescanned, skipped = True, 0
+                continue
+            with self._lock:
+                if not self._index:
+                    continue
                 rel, size = self._index.popitem(last=False)
                 if self._pins.get(rel, 0.0) > time.monotonic():  # EXISTS said yes moments ago: keep it
                     self._index[rel] = size
@@ -323,6 +418,9 @@ class FsTier:
             "evictions": self.evictions,
             "corrupt_removed": self.corrupt_removed,
             "foreign_skipped": self.foreign_skipped,
+            "foreign_served": self.foreign_served,
+            "namespaces": len(self._namespaces),
+            "namespaces_refused": self.namespaces_refused,
             "write_errors": self.write_errors,
         }
 

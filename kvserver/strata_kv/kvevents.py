@@ -33,19 +33,17 @@ pyzmq and msgpack are imported only when events are on (`strata[runtime]` carrie
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
+from .blockfile import split_vllm_tier_key
 from .config import EventsConfig
 
 log = logging.getLogger(__name__)
 
-_BLOCK_KEY = re.compile(rb"^(?P<ns>[^/]+_[0-9a-f]{12}_r(?:0|[1-9][0-9]{0,5}))/(?P<rest>.+)$", re.DOTALL)
-"""`<model with "/" as "_">_<digest12>_r<rank>/<offload key>`: what `strata_kv.vllm_tier.namespace_prefix` builds."""
 BLOCK_HASH_SIZES = (8, 16, 32)
 """vLLM's block hash sizes (xxhash 64/128 bits, sha256)."""
 GROUP_BYTES = 4
@@ -62,17 +60,13 @@ class BlockKey:
 
 def parse_block_key(key: bytes) -> BlockKey | None:
     """The block a vLLM-tier key names, or None for any other key (LMCache's, arbitrary RESP keys)."""
-    m = _BLOCK_KEY.match(key)
-    if m is None:
+    tier_key = split_vllm_tier_key(key)  # `<model>_<digest12>_r<rank>/`: what vllm_tier.namespace_prefix builds
+    if tier_key is None:
         return None
-    rest = m.group("rest")
+    namespace, rank, rest = tier_key
     if len(rest) - GROUP_BYTES not in BLOCK_HASH_SIZES:
         return None
-    try:
-        namespace = m.group("ns").decode()
-    except UnicodeDecodeError:
-        return None
-    return BlockKey(namespace, rest[:-GROUP_BYTES], int.from_bytes(rest[-GROUP_BYTES:], "big"))
+    return BlockKey(f"{namespace}_r{rank}", rest[:-GROUP_BYTES], int.from_bytes(rest[-GROUP_BYTES:], "big"))
 
 
 def external_hash(block_hash: bytes, as_int: bool) -> int | bytes:

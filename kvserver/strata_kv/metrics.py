@@ -65,6 +65,16 @@ class _StoreCollector(Collector):
                 "Corrupt L2 block files removed",
                 value=st["fs_corrupt_removed"],
             )
+            yield CounterMetricFamily(
+                "strata_kv_fs_namespaces_refused",
+                "L2 fs writes refused: their vLLM namespace directory would pass l2.fs.max_namespaces",
+                value=st["fs_namespaces_refused"],
+            )
+            yield CounterMetricFamily(
+                "strata_kv_fs_vllm_blocks_served",
+                "L2 fs reads served from block files a vLLM fs tier wrote (no Strata trailer)",
+                value=st["fs_foreign_served"],
+            )
         yield used
         yield cap
         yield evictions

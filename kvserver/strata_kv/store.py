@@ -34,7 +34,7 @@ class TieredStore:
         )
         self.l2: list[L2Tier] = []  # nearest first
         if cfg.l2.fs:
-            self.l2.append(FsTier(cfg.l2.fs, cfg.namespace))
+            self.l2.append(FsTier(cfg.l2.fs, cfg.namespace, int(cfg.limits.max_value_size)))
         if cfg.l2.s3:
             self.l2.append(S3Tier(cfg.l2.s3, cfg.namespace, cfg.l2.fs.rank if cfg.l2.fs else 0))
         sinks: list[tuple[str, Sink]] = [(tier.name, tier.put) for tier in self.l2]

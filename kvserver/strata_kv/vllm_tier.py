@@ -12,7 +12,9 @@ the server on a few I/O threads; vLLM's scheduler thread only queues work and co
 
 Keys: vLLM's offload key (block hash + 4-byte big-endian KV group) behind the namespace vLLM's own `FileMapper`
 derives from the model and KV layout (`<model>_<digest12>_r<rank>/`), so instances of one model and layout hit each
-other's chunks and different models or layouts never do (block hashes alone do not name the model).
+other's chunks and different models or layouts never do (block hashes alone do not name the model). The
+server's L2 files each chunk where vLLM's own `fs` tier files that block (`strata_kv.blockfile.locate`), so an
+engine running vLLM's `fs` tier on the server's L2 directory shares these chunks too.
 
 Failure: every server call is bounded by a timeout and a circuit breaker (`strata_kv.engine_link`). A lookup that
 fails is a miss, a store that fails or finds the store queue full is dropped, a load that fails makes vLLM

@@ -232,3 +232,36 @@ def test_two_servers_racing_on_the_same_keys_leave_only_whole_blocks(kv_server_f
         assert c.get(k) in (value_for(k + "/0", 48 * 1024), value_for(k + "/1", 48 * 1024))
     assert not list((tmp_path / "race-l2").rglob("*.tmp"))
     assert c.stats()["hits_fs"] == len(keys)
+
+
+def test_vllm_tier_keys_land_in_vllms_namespace_directories_and_their_number_is_bounded(
+    kv_server_factory, tmp_path: Path
+) -> None:
+    """Over RESP: a key with a vLLM namespace prefix is filed at vLLM's own path in that namespace; a raw block a
+    vLLM `fs` tier wrote there is served to its key; past `l2.fs.max_namespaces` a write is refused and counted."""
+    root = tmp_path / "vllm-l2"
+    server = kv_server_factory({"l2": {"fs": {"root_dir": str(root), "max_namespaces": 2}}})  # the server's + one
+    c = server.client()
+    block_hash = hashlib.sha256(b"tokens").digest()
+    h = block_hash.hex()
+    ours = b"m1_111111111111_r0/" + block_hash + bytes(4)
+    c.set(ours, value_for("ours"))
+    path = root / "m1_111111111111_r0" / h[:3] / f"{h[3:5]}_g0" / f"{h}.bin"
+    assert wait_until(path.exists)
+    assert path.read_bytes()[: 64 * 1024] == value_for("ours")  # what vLLM's load_block reads
+
+    vllm_written = hashlib.sha256(b"vllm wrote it").digest()
+    vh = vllm_written.hex()
+    raw = root / "m1_111111111111_r0" / vh[:3] / f"{vh[3:5]}_g0" / f"{vh}.bin"
+    raw.parent.mkdir(parents=True)
+    raw.write_bytes(value_for("raw"))  # no trailer: vLLM's own block file
+    assert c.get(b"m1_111111111111_r0/" + vllm_written + bytes(4)) == value_for("raw")
+
+    c.set(b"m2_222222222222_r0/" + block_hash + bytes(4), value_for("refused"))
+    assert wait_until(lambda: c.stats()["write_behind_depth"] == 0)
+    assert not (root / "m2_222222222222_r0").exists()
+    stats = c.stats()
+    assert stats["fs_namespaces_refused"] == 1 and stats["fs_foreign_served"] == 1
+    metrics = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+    assert "strata_kv_fs_namespaces_refused_total 1.0" in metrics
+    assert "strata_kv_fs_vllm_blocks_served_total 1.0" in metrics

@@ -168,15 +168,36 @@ def test_block_of_another_key_at_the_same_path_is_a_miss_not_a_deletion(tmp_path
     assert other.exists()
 
 
-def test_block_written_by_vllm_is_neither_served_nor_removed(tmp_path: Path) -> None:
+def test_block_written_by_vllm_is_served_to_its_key_and_never_removed(tmp_path: Path) -> None:
     t = make(tmp_path)
     key = hashlib.sha256(b"vllm block").digest() + (0).to_bytes(4, "big")
     path = t.path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(os.urandom(4096))  # vLLM writes raw KV bytes, no header
-    assert t.get(key) is None
-    assert path.exists() and t.foreign_skipped == 1
+    block = os.urandom(4096)
+    path.write_bytes(block)  # vLLM writes raw KV bytes, no header
+    assert t.get(key) == block  # a key in vLLM's form: the file is vLLM's block for that hash, whole
+    assert path.exists() and t.foreign_served == 1
     assert t.contains(key)  # it still counts for capacity and prefix lookups
+
+
+def test_a_raw_file_is_never_served_to_a_key_not_in_vllms_form(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    for key in (b"plain-key", b"llama@2@1@deadbeef01@bfloat16"):
+        path = t.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(4096))  # no trailer, no checksum: nothing says it is this key's value
+        assert t.get(key) is None
+        assert path.exists()
+    assert t.foreign_skipped == 2 and t.foreign_served == 0
+
+
+def test_a_vllm_block_larger_than_the_largest_value_is_a_miss(tmp_path: Path) -> None:
+    t = FsTier(L2FsConfig(root_dir=str(tmp_path)), NS, max_value_size=4096)
+    t.prepare()
+    key = hashlib.sha256(b"big").digest() + bytes(4)
+    t.path(key).parent.mkdir(parents=True, exist_ok=True)
+    t.path(key).write_bytes(os.urandom(4097))
+    assert t.get(key) is None and t.path(key).exists()
 
 
 def test_block_of_a_longer_key_at_the_same_path_is_kept(tmp_path: Path) -> None:
@@ -294,3 +315,146 @@ def test_a_hostile_key_spray_creates_a_bounded_set_of_directories(tmp_path: Path
     assert len(rank_dirs) <= 4
     groups = {p.name.split("_g")[1] for p in _dirs_below_ranks(tmp_path) if "_g" in p.name}
     assert groups <= {"0", "1"}
+
+
+# -- one directory with vLLM's own `fs` tier -------------------------------------------------------------------
+VLLM_DIR = "Qwen_Qwen3-0.6B_0123456789ab"
+
+
+def vllm_key(name: bytes, group: int = 0, namespace: str = VLLM_DIR, rank: int = 0) -> bytes:
+    """What StrataTier sends: `<model>_<digest12>_r<rank>/` + vLLM's offload key."""
+    return f"{namespace}_r{rank}/".encode() + hashlib.sha256(name).digest() + group.to_bytes(4, "big")
+
+
+def test_a_vllm_tier_key_maps_to_vllms_own_path_in_its_namespace(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    h = hashlib.sha256(b"blk").hexdigest()
+    assert t.path(vllm_key(b"blk", 2, rank=3)) == tmp_path / f"{VLLM_DIR}_r3" / h[:3] / f"{h[3:5]}_g2" / f"{h}.bin"
+    local = "_models_llama-3.1+fp8_v2_0123456789ab"  # `--model /models/llama-3.1+fp8.v2`, "/" as "_"
+    assert t.relpath(vllm_key(b"blk", namespace=local)).startswith(f"{local}_r0/")
+
+
+def test_vllm_tier_keys_that_differ_in_any_part_never_share_a_file(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    keys = [
+        vllm_key(b"a"),
+        vllm_key(b"b"),
+        vllm_key(b"a", group=1),
+        vllm_key(b"a", rank=1),
+        vllm_key(b"a", namespace="Qwen_Qwen3-0.6B_0123456789ac"),
+        vllm_key(b"a", namespace="Qwen_Qwen3-0.6B_r1_0123456789ab"),  # `_r` inside the model part
+        f"{VLLM_DIR}_r0/".encode() + hashlib.sha256(b"a").digest()[:16] + bytes(4),  # a 16-byte hash
+        hashlib.sha256(b"a").digest() + bytes(4),  # the bare offload key: the server's own namespace
+    ]
+    assert len({t.relpath(k) for k in keys}) == len(keys)
+    for i, k in enumerate(keys):
+        t.put(k, b"%d" % i)
+    assert [t.get(k) for k in keys] == [b"%d" % i for i in range(len(keys))]
+
+
+HOSTILE_KEYS = [
+    pytest.param(b"../../etc_0123456789ab_r0/", id="dot-dot"),
+    pytest.param(b"a/b_0123456789ab_r0/", id="slash-in-model"),
+    pytest.param(b".hidden_0123456789ab_r0/", id="leading-dot"),
+    pytest.param(b"m\x00_0123456789ab_r0/", id="nul"),
+    pytest.param(b"m od_0123456789ab_r0/", id="space"),
+    pytest.param(b"m@4@1_0123456789ab_r0/", id="at-sign"),
+    pytest.param(b"m_0123456789AB_r0/", id="upper-case-digest"),
+    pytest.param(b"m_0123456789a_r0/", id="short-digest"),
+    pytest.param(b"m_0123456789ab_r01/", id="rank-leading-zero"),
+    pytest.param(b"m_0123456789ab_r64/", id="rank-past-max-ranks"),
+    pytest.param(b"m_0123456789ab_r/", id="no-rank"),
+    pytest.param(b"m_0123456789ab/", id="no-rank-suffix"),
+    pytest.param(b"x" * 201 + b"_0123456789ab_r0/", id="model-too-long"),
+    pytest.param("mödel_0123456789ab_r0/".encode(), id="non-ascii"),
+]
+
+
+@pytest.mark.parametrize("prefix", HOSTILE_KEYS)
+def test_a_hostile_namespace_in_a_key_is_stored_under_a_hash_of_the_key(tmp_path: Path, prefix: bytes) -> None:
+    t = make(tmp_path)
+    key = prefix + hashlib.sha256(b"blk").digest() + bytes(4)
+    loc = t.location(key)
+    assert loc.namespace is None and not loc.vllm and loc.hash_hex.endswith("_k")
+    t.put(key, b"v")
+    assert t.get(key) == b"v"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [NS.directory_name, f"{NS.directory_name}_r0"]
+
+
+@pytest.mark.parametrize("rest", [bytes(35), bytes(32) + (16).to_bytes(4, "big")], ids=["hash-size", "group"])
+def test_a_valid_namespace_with_no_offload_key_behind_it_is_stored_under_a_hash(tmp_path: Path, rest: bytes) -> None:
+    key = f"{VLLM_DIR}_r0/".encode() + rest
+    loc = make(tmp_path).location(key)
+    assert loc.namespace is None and loc.hash_hex.endswith("_k")
+
+
+def test_namespace_directories_are_bounded_and_a_refusal_is_counted(tmp_path: Path) -> None:
+    t = make(tmp_path, max_namespaces=3)  # the server's own namespace is one of them
+    (tmp_path / "vllm-made_aaaaaaaaaaaa_r0").mkdir()  # a vLLM fs tier created this one itself
+    t.rebuild_index()
+    t.put(vllm_key(b"1", namespace="m1_111111111111"), b"one")
+    t.put(vllm_key(b"2", namespace="m2_222222222222"), b"two")  # a fourth directory: refused
+    assert t.get(vllm_key(b"1", namespace="m1_111111111111")) == b"one"
+    assert t.get(vllm_key(b"2", namespace="m2_222222222222")) is None
+    assert not (tmp_path / "m2_222222222222_r0").exists()
+    assert t.stats()["namespaces_refused"] == 1 and t.stats()["namespaces"] == 3
+    (tmp_path / "m3_333333333333_r0").mkdir()  # directories vLLM made are always used
+    t.put(vllm_key(b"3", namespace="m3_333333333333"), b"three")
+    assert t.get(vllm_key(b"3", namespace="m3_333333333333")) == b"three"
+    t.put(vllm_key(b"kept", namespace="vllm-made_aaaaaaaaaaaa"), b"x")
+    assert t.get(vllm_key(b"kept", namespace="vllm-made_aaaaaaaaaaaa")) == b"x"
+
+
+def test_a_block_vllm_wrote_is_not_overwritten_by_a_set_of_its_key(tmp_path: Path) -> None:
+    t = make(tmp_path)
+    key = vllm_key(b"both wrote it")
+    path = t.path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(8192)
+    path.write_bytes(block)
+    t.put(key, os.urandom(8192))  # vLLM skips an existing block file, and so does the server
+    assert path.read_bytes() == block
+    assert t.get(key) == block and t.holds(key)
+    other = b"plain"  # a key not in vLLM's form is a plain SET: written again
+    t.put(other, b"1")
+    t.put(other, b"2")
+    assert t.get(other) == b"2"
+
+
+def test_the_watermarks_evict_blocks_vllm_wrote_in_its_own_namespace(tmp_path: Path) -> None:
+    blocks = []
+    for i in range(12):  # a vLLM fs tier's files, written before the server starts
+        path = tmp_path / make(tmp_path).relpath(vllm_key(b"%d" % i))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(5_000))
+        blocks.append(path)
+    t = make(tmp_path, capacity=60_000, high_watermark=0.9, low_watermark=0.5)  # the start-up scan finds them
+    assert t.used == 12 * 5_000
+    t.make_room(0)
+    assert t.used <= 30_000 and t.evictions >= 6
+    assert sum(p.exists() for p in blocks) == len(t._index)
+
+
+def test_over_the_high_watermark_with_nothing_indexed_the_tier_rescans(tmp_path: Path) -> None:
+    """A vLLM fs tier filling the disk between rescans: the server finds its files at once, without waiting for
+    `rescan_interval_seconds`. `capacity: 0` means the filesystem's size, so a small tmpfs (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        t = make(mnt, min_rescan_seconds=0, high_watermark=0.9, low_watermark=0.5)
+        for i in range(240):  # vLLM writes ~940 KiB of the 1 MiB; the server has not seen any of it
+            path = mnt / t.relpath(vllm_key(b"%d" % i))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(4_096))
+        st = os.statvfs(mnt)
+        assert (st.f_blocks - st.f_bavail) / st.f_blocks > 0.9
+        assert t.used == 0
+        t.put(b"ours", b"v" * 4_096)
+        assert t.evictions > 0 and t.get(b"ours") == b"v" * 4_096
+        st = os.statvfs(mnt)
+        assert (st.f_blocks - st.f_bavail) / st.f_blocks <= 0.9
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -16,6 +16,10 @@ Modes:
 - `lookup`: looks keys up for at most `steps` scheduler steps and reports what vLLM decided (the dead-server test).
 - `schedule`: a real v1 Scheduler with the OffloadingConnector schedules a prompt whose chunks the tier holds.
 - `bench`: `store` then `load`, timed, for whichever secondary tier the config names (bench/vllm_tier.py).
+
+`store`, `load` and `schedule` work with whichever one secondary tier the config names: Strata's, or vLLM's own
+`fs` tier (the shared-directory tests). `schedule` can make the server evict between vLLM's lookup and its load
+(`evict_before_load`).
 """
 
 from __future__ import annotations
@@ -167,6 +171,56 @@ def strata_tier(manager: Any) -> Any:
     return tier
 
 
+def secondary_tier(manager: Any) -> Any:
+    """The one secondary tier the config names: Strata's, or vLLM's own `fs` tier."""
+    (tier,) = manager.secondary_tiers
+    return tier
+
+
+def tier_namespace(tier: Any) -> str:
+    """`<model>_<digest12>_r<rank>/`: the StrataTier's key prefix, or the directory vLLM's fs tier writes into."""
+    if hasattr(tier, "namespace"):
+        return str(tier.namespace.decode())
+    mapper = tier.file_mapper
+    return f"{os.path.basename(mapper.base_path)}_r{mapper.rank}/"
+
+
+def tier_stats(tier: Any) -> dict[str, int]:
+    return dict(tier.stats()) if hasattr(tier, "stats") else {}
+
+
+def evict_before_load(tier: Any, request: dict[str, Any], report: dict[str, Any]) -> None:
+    """Make the first load of vLLM's fs tier wait until the Strata server has evicted the files it is about to read.
+
+    A stand-in for timing only: the test cannot otherwise place the server's eviction between vLLM's lookup (the
+    files existed) and its load. The eviction itself is the server's own: this SETs new chunks into it until its
+    watermark removes the oldest block files (the ones vLLM wrote), then lets vLLM's load run against what is
+    left."""
+    from strata_kv.client import KVClient
+
+    ask = request["evict_before_load"]
+    original = tier.submit_load
+
+    def submit_load(job: Any) -> None:
+        if "evicted" not in report:
+            paths = [tier.file_mapper.get_file_name(k) for k in job.keys]
+            client = KVClient("127.0.0.1", ask["port"])
+            try:
+                deadline, i = time.monotonic() + 120, 0
+                while any(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+                    client.set(b"pressure-%d" % i, bytes(ask["value_bytes"]))
+                    i += 1
+                    time.sleep(0.05)
+            finally:
+                client.close()
+            report["evicted"] = sum(not os.path.exists(p) for p in paths)
+            report["looked_up"] = len(paths)
+            report["pressure_sets"] = i
+        original(job)
+
+    tier.submit_load = submit_load
+
+
 def primary_bytes(manager: Any) -> np.ndarray:
     view = manager.primary_tier.get_kv_memoryview()
     return np.frombuffer(view.cast("B"), dtype=np.uint8).reshape(view.shape[0], -1)
@@ -179,7 +233,7 @@ def step(manager: Any) -> None:
 
 def store(request: dict[str, Any]) -> dict[str, Any]:
     config, _spec, manager = build_manager(request, "store")
-    tier = strata_tier(manager)
+    tier = secondary_tier(manager)
     if "prompt" in request:
         keys = prompt_keys(config, request["prompt"])
     else:
@@ -201,10 +255,10 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
     with manager.lock:
         manager.on_request_finished(ctx)
         events = [e for e in manager.take_events() if e.ownership is not None or e.medium.name == "STORAGE"]
-    stats = tier.stats()
+    stats = tier_stats(tier)
     close(manager)
     return {
-        "namespace": tier.namespace.decode(),
+        "namespace": tier_namespace(tier),
         "storage_events": [
             {"medium": e.medium.name, "removed": e.removed, "keys": [bytes(k).hex() for k in e.keys]} for e in events
         ],
@@ -230,7 +284,7 @@ def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int, 
 
 def load(request: dict[str, Any]) -> dict[str, Any]:
     _config, _spec, manager = build_manager(request, "load")
-    tier = strata_tier(manager)
+    tier = secondary_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="load-1")
     with manager.lock:
@@ -250,10 +304,10 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
             manager.complete_load(hits, ctx)
     with manager.lock:
         manager.on_request_finished(ctx)
-    stats = tier.stats()
+    stats = tier_stats(tier)
     close(manager)
     return {
-        "namespace": tier.namespace.decode(),
+        "namespace": tier_namespace(tier),
         "verdicts": verdicts,
         "equal": equal,
         "sources": sources,
@@ -284,6 +338,11 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
     scheduler = Scheduler(config, kv_cache_config(model), StructuredOutputManager(config), GPU_BLOCK_TOKENS)
     _OPEN.append(scheduler)
     req = prompt_request(config, "prompt-1", request["prompt"])
+    manager = scheduler.connector.connector_scheduler.manager
+    tier = secondary_tier(manager)
+    evictions: dict[str, Any] = {}
+    if "evict_before_load" in request:
+        evict_before_load(tier, request, evictions)
     scheduler.add_request(req)
     load_jobs: list[Any] = []
     steps = scheduled_tokens = 0
@@ -295,8 +354,6 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
         if load_jobs or scheduled_tokens:
             break
         time.sleep(0.01)
-    manager = scheduler.connector.connector_scheduler.manager
-    tier = strata_tier(manager)
     expected = prompt_keys(config, request["prompt"])
     jobs = [job for job in load_jobs if job.req_id == req.request_id]
     src_chunks = [int(c) for job in jobs for c in np.asarray(job.src_spec.block_ids).ravel()]
@@ -315,7 +372,8 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
         "equal": equal,
         "sources": sources,
         "scheduled_tokens": scheduled_tokens,
-        "stats": tier.stats(),
+        "stats": tier_stats(tier),
+        "evictions": evictions,
     }
     close(scheduler)
     return result

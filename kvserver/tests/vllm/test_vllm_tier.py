@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,112 @@ def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
     assert [e["block_hashes"] for e in removed_events] == [[decoded["vllm_hashes"][0]]]
     assert {e["medium"] for e in events} == {"STORAGE"}  # StrataTier.medium: what the tier itself reports
     assert all(e["group_idx"] == 0 and e["locality"] == "LOCAL" and e["token_ids"] == [] for e in stored_events)
+
+
+# -- one directory shared with vLLM's own `fs` tier ---------------------------------------------------------------
+TRAILER_BYTES = 24  # strata_kv.blockfile.TRAILER_SIZE
+
+
+def with_vllm_fs_tier(connection: dict[str, str], root: Path) -> str:
+    """The rendered --kv-transfer-config with vLLM's own `fs` tier on `root` in place of Strata's tier: what a
+    serving pod that mounts the tier's L2 directory could run instead (same CPU tier, chunk size, hash)."""
+    transfer = json.loads(connection["KV_TRANSFER_CONFIG"])
+    transfer["kv_connector_extra_config"]["secondary_tiers"] = [{"type": "fs", "root_dir": str(root)}]
+    return json.dumps(transfer)
+
+
+def block_files(root: Path, namespace: str) -> list[Path]:
+    return sorted((root / namespace.rstrip("/")).rglob("*.bin"))
+
+
+def wait_until(predicate: Any, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def test_the_strata_tier_loads_bit_exact_what_vllms_own_fs_tier_wrote(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """Engine A runs vLLM's `fs` tier on the server's L2 directory; engine B (same model and layout) the Strata tier.
+    B's chunks miss the server's DRAM and come from vLLM's raw block files, bit-exact."""
+    l2 = tmp_path / "l2"
+    server = kv_server_factory({"l2": {"fs": {"root_dir": str(l2)}}})
+    connection = rendered_connection(SMALL_TIER)
+    stored = engine(vllm_engine, "store", connection, with_vllm_fs_tier(connection, l2), tmp_path, chunks=6)
+    files = block_files(l2, stored["namespace"])
+    assert len(files) == 6 and {f.stat().st_size for f in files} == {stored["chunk_bytes"]}  # raw: no trailer
+
+    loaded = engine(vllm_engine, "load", connection, pointed_at(connection, server), tmp_path, chunks=6)
+    assert loaded["namespace"] == stored["namespace"]  # both sides name the same directory
+    assert loaded["verdicts"] == ["HIT"] * 6
+    assert loaded["equal"] == 6, "a chunk read from vLLM's block file differs from what vLLM stored"
+    stats = server.client().stats()
+    assert stats["hits_fs"] == 6 and stats["fs_foreign_served"] == 6
+    assert block_files(l2, stored["namespace"]) == files  # read, never rewritten or removed
+
+
+def test_vllms_own_fs_tier_loads_bit_exact_what_the_strata_tier_stored(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """The reverse: the Strata tier stores, the server writes its block files (value, key, trailer) at vLLM's paths,
+    and an engine with vLLM's own `fs` tier on that directory reads them as its own blocks (`block_size` bytes from
+    offset 0)."""
+    l2 = tmp_path / "l2"
+    server = kv_server_factory({"l2": {"fs": {"root_dir": str(l2)}}})
+    connection = rendered_connection(SMALL_TIER)
+    stored = engine(vllm_engine, "store", connection, pointed_at(connection, server), tmp_path, chunks=6)
+    assert stored["stats"]["chunks_stored"] == 6
+    assert wait_until(lambda: len(block_files(l2, stored["namespace"])) == 6), "write-behind never reached L2"
+    files = block_files(l2, stored["namespace"])
+    key_bytes = len(stored["namespace"]) + 36
+    assert {f.stat().st_size for f in files} == {stored["chunk_bytes"] + key_bytes + TRAILER_BYTES}
+    config = l2 / stored["namespace"].rstrip("/").rsplit("_r", 1)[0] / "config.json"
+    assert not config.exists()  # the server cannot rebuild vLLM's fields from a key: vLLM writes it
+
+    loaded = engine(vllm_engine, "load", connection, with_vllm_fs_tier(connection, l2), tmp_path, chunks=6)
+    assert loaded["namespace"] == stored["namespace"]
+    assert loaded["verdicts"] == ["HIT"] * 6
+    assert loaded["equal"] == 6, "vLLM's fs tier read something else than the Strata tier stored"
+    assert loaded["sources"] == ["DISK"] * 6
+    assert config.is_file()  # vLLM's own, written when its tier started
+
+
+def test_strata_evicting_vllms_files_costs_vllm_a_recompute_never_a_failed_request(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """vLLM's `fs` tier writes a prompt's chunks; the server, started on that directory with a small capacity, counts
+    them; a real Scheduler with vLLM's fs tier looks them up (present), and before its load the server's watermark
+    evicts them. vLLM's load finds them gone and recomputes the prompt: the request is scheduled, nothing fails."""
+    l2 = tmp_path / "l2"
+    connection = rendered_connection(SMALL_TIER)
+    fs_transfer = with_vllm_fs_tier(connection, l2)
+    prompt = [(11 * i) % 1000 + 1 for i in range(4 * 64 + 10)]  # four full 64-token chunks and a tail
+    stored = engine(vllm_engine, "store", connection, fs_transfer, tmp_path, prompt=prompt)
+    files = block_files(l2, stored["namespace"])
+    assert len(files) == 4
+    chunk = stored["chunk_bytes"]
+    server = kv_server_factory(
+        {"l1": {"size": "2MiB"}, "l2": {"fs": {"root_dir": str(l2), "capacity": 10 * chunk, "low_watermark": 0.3}}}
+    )
+    assert server.client().stats()["fs_files"] == 4  # the start-up scan found vLLM's files
+
+    intact = engine(vllm_engine, "schedule", connection, fs_transfer, tmp_path, prompt=prompt)
+    assert (intact["load_jobs"], intact["equal"]) == (1, 4)  # untouched, they are loadable
+
+    evicted = engine(
+        vllm_engine,
+        "schedule",
+        connection,
+        fs_transfer,
+        tmp_path,
+        prompt=prompt,
+        evict_before_load={"port": server.port, "value_bytes": chunk},
+    )
+    assert evicted["evictions"]["evicted"] == evicted["evictions"]["looked_up"] == 4
+    assert not any(f.exists() for f in files)
+    assert evicted["load_jobs"] == 0 and evicted["scheduled_tokens"] == len(prompt)  # recomputed, scheduled
+    assert server.client().stats()["fs_evictions"] >= 4
