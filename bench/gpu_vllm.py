@@ -605,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("nvidia-smi") is None:
         print("gpu_vllm: no nvidia-smi: this bench needs one NVIDIA GPU (use --dry-run without one)", file=sys.stderr)
         return 2
+    if not Path(args.vllm).exists():
+        print(f"gpu_vllm: no `vllm` beside {args.vllm_python}: give --vllm-python a venv's python", file=sys.stderr)
+        return 2
     if args.generated_model and not (args.model / "config.json").exists():
         subprocess.run([args.vllm_python, __file__, "make-model", str(args.model), "--shape", args.shape], check=True)
     args.workdir.mkdir(parents=True, exist_ok=True)
