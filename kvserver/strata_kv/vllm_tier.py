@@ -20,6 +20,9 @@ Failure: every server call is bounded by a timeout and a circuit breaker (`strat
 fails is a miss, a store that fails or finds the store queue full is dropped, a load that fails makes vLLM
 recompute those blocks; each is counted in `stats()`. No request waits on a dead server for more than one timeout.
 
+Metrics: `build_metric_definitions`/`get_stats` put those counters into vLLM's own metrics (Prometheus
+`vllm:kv_offload_strata_*` on the frontend's /metrics and the "KV Transfer metrics" log line), as vLLM's tiers do.
+
 Imports: vLLM, the standard library and `strata_kv.engine_link`/`strata_kv.client` (stdlib only), nothing of the
 server's dependencies.
 """
@@ -36,11 +39,15 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingCounterMetadata,
     OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -155,6 +162,7 @@ class StrataTier(SecondaryTierManager):
         self._store_keys: dict[int, list[OffloadKey]] = {}
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        self._reported: dict[str, int] = {}
         self.events: list[OffloadingEvent] | None = None
         if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self.events = []
@@ -234,13 +242,15 @@ class StrataTier(SecondaryTierManager):
         job_id = job_metadata.job_id
         nbytes = len(keys) * self.block_size_bytes
         with self._pending_lock:
-            admitted = self._link.breaker.would_allow() and (
+            reachable = self._link.breaker.would_allow()
+            admitted = reachable and (
                 self._pending_store_bytes + nbytes <= self._max_pending_store_bytes or self._pending_store_bytes == 0
             )
             if admitted:
                 self._pending_store_bytes += nbytes
         if not admitted:
-            self._count(stores_dropped=len(keys))
+            dropped = "stores_dropped_unavailable" if not reachable else "stores_dropped_queue_full"
+            self._count(store_jobs=1, stores_dropped=len(keys), **{dropped: len(keys)})
             self._finished.put((JobResult(job_id, success=False, transfer_bytes=0), None))
             return
         if self.events is not None:
@@ -265,7 +275,7 @@ class StrataTier(SecondaryTierManager):
                 with self._pending_lock:
                     self._pending_store_bytes -= nbytes
             size = done * self.block_size_bytes
-            self._count(chunks_stored=done, bytes_stored=size)
+            self._count(store_jobs=1, chunks_stored=done, bytes_stored=size)
             result = JobResult(job_id, done == len(keys), None, time.monotonic() - start, size)
             self._finished.put((result, None))
 
@@ -293,7 +303,7 @@ class StrataTier(SecondaryTierManager):
                 if not isinstance(e, ServerUnavailable):
                     log.warning("Strata KV tier: load of %d chunks stopped after %d: %s", len(keys), done, e)
             size = done * self.block_size_bytes
-            self._count(chunks_loaded=done, bytes_loaded=size, loads_failed=len(keys) - done)
+            self._count(load_jobs=1, chunks_loaded=done, bytes_loaded=size, loads_failed=len(keys) - done)
             ok = done == len(keys)
             successful = None if ok else tuple(keys[:done]) or None
             result = JobResult(job_id, ok, successful, time.monotonic() - start, size)
@@ -344,3 +354,86 @@ class StrataTier(SecondaryTierManager):
 
     def config_info(self) -> dict[str, str]:
         return {"kv_server": str(self.endpoint)}
+
+    # -- vLLM's metrics -------------------------------------------------------------------------------
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """The series `get_stats()` feeds (vLLM's frontend registers exactly these, with its model and engine
+        labels, and rejects a payload naming any other). Always on: one dict of deltas per scheduler step."""
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            METRIC_PREFIX + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+            for name, (doc, labels) in _COUNTERS.items()
+        }
+        metrics[METRIC_PREFIX + "pending_store_bytes"] = OffloadingGaugeMetadata(
+            documentation="Chunk bytes queued for storing into the strata-kv server (max_pending_store_bytes caps it)."
+        )
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """What the counters of `stats()` gained since the last call, as vLLM's metric payload.
+
+        vLLM's scheduler takes this through the TieringOffloadingManager every step and sends it to the frontend,
+        which adds it to the Prometheus series of `build_metric_definitions` and to its periodic "KV Transfer
+        metrics" log line, next to what vLLM itself counts per tier (`kv_offload_tiering_*`, tier `<n>:StrataTier`).
+        `stats()` keeps the totals. Called from the scheduler thread only (under the manager's lock)."""
+        counts = self.stats()
+        counts["lookup_misses"] = counts.get("lookups", 0) - counts.get("lookup_hits", 0)
+        stats = OffloadingConnectorStats()
+        for key, metric, labelvalues in _REPORTED:
+            delta = counts.get(key, 0) - self._reported.get(key, 0)
+            if delta:
+                stats.increase_counter(METRIC_PREFIX + metric, delta, labelvalues)
+                self._reported[key] = counts.get(key, 0)
+        with self._pending_lock:
+            pending = self._pending_store_bytes
+        stats.set_gauge(METRIC_PREFIX + "pending_store_bytes", pending)
+        return stats
+
+
+METRIC_PREFIX = "vllm:kv_offload_strata_"
+"""Next to vLLM's own `vllm:kv_offload_*` series; Prometheus shows counters with a `_total` suffix."""
+
+_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "store_bytes": ("Chunk bytes stored into the strata-kv server.", ()),
+    "load_bytes": ("Chunk bytes loaded from the strata-kv server into the CPU tier.", ()),
+    "store_chunks": ("Chunks stored into the strata-kv server.", ()),
+    "load_chunks": ("Chunks loaded from the strata-kv server.", ()),
+    "store_jobs": ("Store jobs vLLM handed to the Strata tier, dropped ones included.", ()),
+    "load_jobs": ("Load jobs vLLM handed to the Strata tier.", ()),
+    "lookup_chunks": (
+        "Chunks the Strata tier looked up on the server, by result: hit, miss, or error (server down or slow: "
+        "a miss for vLLM).",
+        ("result",),
+    ),
+    "stores_dropped_chunks": (
+        "Chunks not stored, by reason: unavailable (the circuit breaker is open: server down or stalled) or "
+        "queue_full (max_pending_store_bytes reached: server slower than vLLM offloads). vLLM keeps them in its "
+        "CPU tier.",
+        ("reason",),
+    ),
+    "store_failed_chunks": ("Chunks whose store was tried and failed (error or timeout).", ()),
+    "load_failed_chunks": ("Chunks a load job did not bring back (vLLM recomputes them).", ()),
+    "load_missing_chunks": ("Loads that found a chunk gone from the server (evicted since the lookup).", ()),
+    "breaker_opens": ("Times the circuit breaker to the strata-kv server opened.", ()),
+    "connects": ("Connections opened to the strata-kv server.", ()),
+}
+
+_REPORTED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # stats() key, metric (after METRIC_PREFIX), label values
+    ("bytes_stored", "store_bytes", ()),
+    ("bytes_loaded", "load_bytes", ()),
+    ("chunks_stored", "store_chunks", ()),
+    ("chunks_loaded", "load_chunks", ()),
+    ("store_jobs", "store_jobs", ()),
+    ("load_jobs", "load_jobs", ()),
+    ("lookup_hits", "lookup_chunks", ("hit",)),
+    ("lookup_misses", "lookup_chunks", ("miss",)),
+    ("lookup_errors", "lookup_chunks", ("error",)),
+    ("stores_dropped_unavailable", "stores_dropped_chunks", ("unavailable",)),
+    ("stores_dropped_queue_full", "stores_dropped_chunks", ("queue_full",)),
+    ("stores_failed", "store_failed_chunks", ()),
+    ("loads_failed", "load_failed_chunks", ()),
+    ("loads_missing", "load_missing_chunks", ()),
+    ("breaker_opens", "breaker_opens", ()),
+    ("connects", "connects", ()),
+)

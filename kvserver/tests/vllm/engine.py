@@ -16,6 +16,8 @@ Modes:
 - `lookup`: looks keys up for at most `steps` scheduler steps and reports what vLLM decided (the dead-server test).
 - `schedule`: a real v1 Scheduler with the OffloadingConnector schedules a prompt whose chunks the tier holds.
 - `bench`: `store` then `load`, timed, for whichever secondary tier the config names (bench/vllm_tier.py).
+- `metrics`: one engine stores a prompt's chunks in jobs, a second (a real Scheduler) loads them; both engines'
+  stats payloads go through vLLM's own Prometheus metrics and log-line aggregation, as the frontend does.
 
 `store`, `load` and `schedule` work with whichever one secondary tier the config names: Strata's, or vLLM's own
 `fs` tier (the shared-directory tests). `schedule` can make the server evict between vLLM's lookup and its load
@@ -25,6 +27,7 @@ Modes:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -438,6 +441,117 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def store_in_jobs(manager: Any, keys: list[bytes], sizes: list[int]) -> list[Any]:
+    """Store `keys` as one request (and so one store job into the secondary tier) per entry of `sizes`, each
+    drained and collected before the next, as a worker's successive offloads would come. Returns the manager's
+    stats payload after each job (vLLM's scheduler takes one every step)."""
+    payloads = []
+    memory = primary_bytes(manager)
+    tier = strata_tier(manager)
+    start = 0
+    for i, size in enumerate(sizes):
+        job_keys, start = keys[start : start + size], start + size
+        ctx = ReqContext(req_id=f"store-{i}")
+        with manager.lock:
+            manager.on_new_request(ctx)
+            out = manager.prepare_store(job_keys, ctx)
+            assert out is not None and list(out.keys_to_store) == job_keys, "the primary tier refused the store"
+            for key, chunk_id in zip(job_keys, out.store_spec.chunk_ids, strict=True):
+                memory[chunk_id][:] = content(key, memory.shape[1])  # the GPU→CPU copy
+            manager.complete_store(job_keys, ctx)
+        tier.drain_jobs()
+        step(manager)
+        step(manager)
+        with manager.lock:
+            manager.on_request_finished(ctx)
+            payloads.append(manager.get_stats())
+    return payloads
+
+
+def prometheus_samples(config: Any, payloads: list[tuple[int, Any]]) -> dict[str, float]:
+    """vLLM's frontend side: `KVConnectorProm` (the OffloadingConnector's `OffloadPromMetrics`, whose series come
+    from the spec's and so the tiers' `build_metric_definitions`) observes each engine's payload; read back from
+    a registry of this call's own (vLLM's default is the process-global one)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    registry = CollectorRegistry()
+
+    class Prom(KVConnectorProm):
+        _gauge_cls = functools.partial(Gauge, registry=registry)
+        _counter_cls = functools.partial(Counter, registry=registry)
+        _histogram_cls = functools.partial(Histogram, registry=registry)
+
+    engines = {i: ["tiny", str(i)] for i, _ in payloads}
+    prom = Prom(config, ["model_name", "engine"], engines)
+    for engine_idx, payload in payloads:
+        if payload is not None:
+            prom.observe(payload.data, engine_idx)
+    samples = {}
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if not sample.name.startswith(("vllm:kv_offload_strata_", "vllm:kv_offload_tiering_")):
+                continue
+            if sample.name.endswith("_created"):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def logged_metrics(config: Any, payloads: list[tuple[int, Any]]) -> str:
+    """vLLM's "KV Transfer metrics" log line (`KVConnectorLogging`) over both engines' payloads."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+
+    logging = KVConnectorLogging(config.kv_transfer_config)
+    for _engine_idx, payload in payloads:
+        if payload is not None:
+            logging.observe(payload.data)
+    lines: list[str] = []
+    logging.log(log_fn=lambda fmt, *args: lines.append(fmt % args))
+    return "\n".join(lines)
+
+
+def metrics(request: dict[str, Any]) -> dict[str, Any]:
+    """Engine 0 stores the prompt's chunks in jobs of `store_jobs` chunks; engine 1, a real v1 Scheduler with the
+    OffloadingConnector, schedules the prompt (promoting what the tier holds). The stats payloads are what vLLM's
+    scheduler sends its frontend: the manager's `get_stats()` after each store job (engine 0 has no connector
+    around it) and the connector's `get_kv_connector_stats()` (engine 1)."""
+    writer_config, _spec, writer = build_manager(request, "metrics-store")
+    keys = prompt_keys(writer_config, request["prompt"])
+    payloads = [(0, payload) for payload in store_in_jobs(writer, keys, request["store_jobs"])]
+    writer_stats = strata_tier(writer).stats()
+    chunk_bytes = int(primary_bytes(writer).shape[1])
+    close(writer)
+
+    config = vllm_config(request, f"metrics-load-{next(_ENGINES)}")
+    model = json.loads(Path(request["model_dir"], "config.json").read_text())
+    scheduler = Scheduler(config, kv_cache_config(model), StructuredOutputManager(config), GPU_BLOCK_TOKENS)
+    _OPEN.append(scheduler)
+    req = prompt_request(config, "prompt-1", request["prompt"])
+    scheduler.add_request(req)
+    for _ in range(request.get("steps", 2000)):
+        out = scheduler.schedule()
+        if out.kv_connector_metadata.load_jobs or out.num_scheduled_tokens.get(req.request_id, 0):
+            break
+        time.sleep(0.01)
+    manager = scheduler.connector.connector_scheduler.manager
+    tier = strata_tier(manager)
+    tier.drain_jobs()
+    step(manager)  # collects the finished load jobs
+    payloads.append((1, scheduler.connector.get_kv_connector_stats()))
+    reader_stats = tier.stats()
+    close(scheduler)
+    return {
+        "chunk_bytes": chunk_bytes,
+        "keys": len(keys),
+        "writer_stats": writer_stats,
+        "reader_stats": reader_stats,
+        "prometheus": prometheus_samples(config, payloads),
+        "log": logged_metrics(config, payloads),
+    }
+
+
 def decode_events(request: dict[str, Any]) -> dict[str, Any]:
     """Decode published messages with vLLM's own `KVEventBatch` decoder, as vLLM's subscribers do, and say which
     hash vLLM itself publishes for each offload key (`maybe_convert_block_hash` of the key's block hash)."""
@@ -471,6 +585,7 @@ def main() -> None:
         "lookup": lookup,
         "schedule": schedule,
         "bench": bench,
+        "metrics": metrics,
         "decode_events": decode_events,
     }
     for line in sys.stdin:

@@ -371,3 +371,63 @@ def test_strata_evicting_vllms_files_costs_vllm_a_recompute_never_a_failed_reque
     assert not any(f.exists() for f in files)
     assert evicted["load_jobs"] == 0 and evicted["scheduled_tokens"] == len(prompt)  # recomputed, scheduled
     assert server.client().stats()["fs_evictions"] >= 4
+
+
+PROMPT = [(7 * i) % 1000 + 1 for i in range(4 * 64 + 10)]  # four full 64-token chunks and a tail
+
+
+def test_the_tiers_counters_reach_vllms_prometheus_metrics_and_log_line(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """Engine 0 stores a prompt's four chunks in two jobs, engine 1 (a real Scheduler) promotes them; vLLM's own
+    frontend metrics (`KVConnectorProm`, series from the tier's `build_metric_definitions`) and log line report the
+    tier's counters per engine, and agree with what vLLM itself counts for the tier."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    out = engine(vllm_engine, "metrics", connection, transfer, tmp_path, prompt=PROMPT, store_jobs=[2, 2])
+    prom, chunk = out["prometheus"], out["chunk_bytes"]
+    assert out["keys"] == 4 and chunk == 64 * 2 * 2 * 2 * 64 * 2
+
+    strata = "vllm:kv_offload_strata_"
+    assert prom[strata + "store_bytes_total{engine=0}"] == 4 * chunk
+    assert prom[strata + "store_chunks_total{engine=0}"] == 4
+    assert prom[strata + "store_jobs_total{engine=0}"] == 2
+    assert prom[strata + "load_bytes_total{engine=1}"] == 4 * chunk
+    assert prom[strata + "load_chunks_total{engine=1}"] == 4
+    assert prom[strata + "lookup_chunks_total{engine=1,result=hit}"] == 4
+    assert prom.get(strata + "lookup_chunks_total{engine=1,result=miss}", 0) == 0
+    assert prom[strata + "connects_total{engine=0}"] >= 1
+    assert prom[strata + "pending_store_bytes{engine=0}"] == 0
+    assert not [k for k in prom if "dropped" in k or "failed" in k or "missing" in k or "breaker" in k]
+    assert f"{strata}store_bytes={4 * chunk}" in out["log"] and f"{strata}load_bytes={4 * chunk}" in out["log"]
+    # What vLLM counts for the tier (label `<n>:<type>`) agrees with what the tier counts.
+    assert prom["vllm:kv_offload_tiering_write_bytes_total{engine=0,tier=1:StrataTier}"] == 4 * chunk
+    assert prom["vllm:kv_offload_tiering_read_bytes_total{engine=1,tier=1:StrataTier}"] == 4 * chunk
+
+
+def test_a_killed_server_shows_in_vllms_metrics_as_failed_then_dropped_stores(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """With the server gone, the first store job fails (and opens the breaker: threshold 1 here, and no probe
+    for an hour), the second is dropped without a try, and the second engine's lookups are errors (misses for
+    vLLM, which then computes the prompt)."""
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = json.loads(pointed_at(connection, server))
+    transfer["kv_connector_extra_config"]["secondary_tiers"][0].update(failure_threshold=1, reset_after_s=3600)
+    server.kill()
+    out = engine(vllm_engine, "metrics", connection, json.dumps(transfer), tmp_path, prompt=PROMPT, store_jobs=[2, 2])
+    prom = out["prometheus"]
+
+    strata = "vllm:kv_offload_strata_"
+    assert prom[strata + "store_jobs_total{engine=0}"] == 2
+    assert prom[strata + "store_failed_chunks_total{engine=0}"] == 2
+    assert prom[strata + "stores_dropped_chunks_total{engine=0,reason=unavailable}"] == 2
+    assert prom.get(strata + "stores_dropped_chunks_total{engine=0,reason=queue_full}", 0) == 0
+    assert prom[strata + "breaker_opens_total{engine=0}"] == 1
+    assert prom.get(strata + "store_bytes_total{engine=0}", 0) == 0
+    assert prom[strata + "lookup_chunks_total{engine=1,result=error}"] == out["reader_stats"]["lookup_errors"] == 4
+    assert prom.get(strata + "lookup_chunks_total{engine=1,result=hit}", 0) == 0
+    assert f"{strata}stores_dropped_chunks:('unavailable',)=2" in out["log"]
+    assert prom["vllm:kv_offload_tiering_cascade_job_failures_total{engine=0,tier=1:StrataTier}"] == 2

@@ -1,0 +1,55 @@
+"""What of `bench/gpu_vllm.sh` runs without a GPU: the driver's dry run (the operator's ConfigMap turned into the
+three `vllm serve` lines) and vLLM's own `vllm serve` parser and engine config over those lines with the generated
+model directory (config and tokenizer; vLLM's python, on CPU). The GPU part (serving, TTFT) needs one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from strata_testsupport.vllm import vllm_env, vllm_python
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).resolve().parents[3] / "bench" / "gpu_vllm.py"
+
+
+def run(python: str | Path, *args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [str(python), str(DRIVER), *args], capture_output=True, text=True, timeout=600, env=env, check=False
+    )
+    assert done.returncode == 0, f"{args[0]} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def test_the_three_setups_differ_only_in_what_the_bench_compares_and_vllm_accepts_them(tmp_path: Path) -> None:
+    run(vllm_python(), "make-model", str(tmp_path / "model-llama3.2-1b"), "--shape", "llama3.2-1b", env=vllm_env())
+    out = run(sys.executable, "--dry-run", "--shape", "llama3.2-1b", "--workdir", str(tmp_path), "--rounds", "2")
+    commands = json.loads((tmp_path / "commands.json").read_text())
+    assert list(commands) == ["none", "cpu", "strata"]
+
+    def transfer(cmd: list[str]) -> dict[str, object] | None:
+        return json.loads(cmd[cmd.index("--kv-transfer-config") + 1]) if "--kv-transfer-config" in cmd else None
+
+    none, cpu, strata = (transfer(commands[m]) for m in ("none", "cpu", "strata"))
+    assert none is None
+    assert strata is not None and cpu is not None
+    strata_extra, cpu_extra = strata["kv_connector_extra_config"], cpu["kv_connector_extra_config"]
+    assert isinstance(strata_extra, dict) and isinstance(cpu_extra, dict)
+    (tier,) = strata_extra["secondary_tiers"]
+    assert tier == {"type": "StrataTier", "module_path": "strata_kv.vllm_tier", "url": "redis://127.0.0.1:6379"}
+    # vLLM's CPU offloading: the same connector, CPU tier, chunk and failure policy, without the Strata tier.
+    assert {k: v for k, v in strata_extra.items() if k not in ("spec_name", "secondary_tiers")} == cpu_extra
+    assert {k: v for k, v in strata.items() if k != "kv_connector_extra_config"} == {
+        k: v for k, v in cpu.items() if k != "kv_connector_extra_config"
+    }
+    rest = [[a for a in commands[m] if not a.startswith("{")] for m in ("none", "cpu", "strata")]
+    assert rest[1] == rest[2] == [*rest[0], "--kv-transfer-config"]
+    assert "2 rounds x 2 requests of 5000 + 16 tokens" in out
+
+    checked = run(vllm_python(), "check-args", str(tmp_path / "commands.json"), env=vllm_env())
+    assert "strata: ok" in checked and "tiers ['StrataTier']" in checked, checked
+    assert checked.count(": ok (") == 3
