@@ -234,6 +234,18 @@ def step(manager: Any) -> None:
         manager.on_schedule_end(ScheduleEndContext((), ()))
 
 
+def write_and_offload(manager: Any, keys: list[bytes], ctx: ReqContext, memory: np.ndarray) -> None:
+    """One request's store: the primary tier takes `keys`, each chunk's bytes are written where a worker's
+    GPU→CPU copy would put them, and the store completes (which cascades it into the secondary tier)."""
+    with manager.lock:
+        manager.on_new_request(ctx)
+        out = manager.prepare_store(keys, ctx)
+        assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
+        for key, chunk_id in zip(keys, out.store_spec.chunk_ids, strict=True):
+            memory[chunk_id][:] = content(key, memory.shape[1])  # the GPU→CPU copy
+        manager.complete_store(keys, ctx)
+
+
 def store(request: dict[str, Any]) -> dict[str, Any]:
     config, _spec, manager = build_manager(request, "store")
     tier = secondary_tier(manager)
@@ -243,13 +255,7 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
         keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="store-1")
     memory = primary_bytes(manager)
-    with manager.lock:
-        manager.on_new_request(ctx)
-        out = manager.prepare_store(keys, ctx)
-        assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
-        for key, chunk_id in zip(keys, out.store_spec.chunk_ids, strict=True):
-            memory[chunk_id][:] = content(key, memory.shape[1])  # the GPU→CPU copy
-        manager.complete_store(keys, ctx)
+    write_and_offload(manager, keys, ctx, memory)
     start = time.monotonic()
     tier.drain_jobs()
     elapsed = time.monotonic() - start
@@ -452,13 +458,7 @@ def store_in_jobs(manager: Any, keys: list[bytes], sizes: list[int]) -> list[Any
     for i, size in enumerate(sizes):
         job_keys, start = keys[start : start + size], start + size
         ctx = ReqContext(req_id=f"store-{i}")
-        with manager.lock:
-            manager.on_new_request(ctx)
-            out = manager.prepare_store(job_keys, ctx)
-            assert out is not None and list(out.keys_to_store) == job_keys, "the primary tier refused the store"
-            for key, chunk_id in zip(job_keys, out.store_spec.chunk_ids, strict=True):
-                memory[chunk_id][:] = content(key, memory.shape[1])  # the GPU→CPU copy
-            manager.complete_store(job_keys, ctx)
+        write_and_offload(manager, job_keys, ctx, memory)
         tier.drain_jobs()
         step(manager)
         step(manager)
