@@ -3,8 +3,8 @@
 Over a Unix socket a GET of a large value costs two copies (into the kernel and out of it), which here
 moves about 0.4x of one thread's memcpy bandwidth at best. With `listen.shared_memory`, large values
 are received into memfd-backed mappings instead of anonymous ones, and `STRATA.GETFD key` answers a
-client on the Unix socket with `:<size>` and the value's memfd attached (SCM_RIGHTS): the client maps
-it read-only and copies once, or reads it where it lies.
+client on the Unix socket with `:<size>` and the value's memfd attached (SCM_RIGHTS): the client copies
+it once (`copy_from_memfd`), or maps it read-only and reads it where it lies.
 
 Safety of what is handed over:
 - Before its first export a value's memfd is sealed (`F_SEAL_FUTURE_WRITE`, `F_SEAL_SHRINK`,
