@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -70,7 +72,7 @@ class CSIPluginProcess:
 
     def target(self, pod: str = "", volume: str = "kv") -> Path:
         """A target path where the kubelet puts one: <kubelet-dir>/pods/<uid>/volumes/kubernetes.io~csi/<vol>/mount."""
-        pod = pod or str(uuid.uuid4())
+        pod = pod or uuid.uuid4().hex[:8]  # short: a socket's path inside it must fit in 107 bytes
         parent = self.kubelet_dir / "pods" / pod / "volumes" / "kubernetes.io~csi" / volume
         parent.mkdir(parents=True, exist_ok=True)
         return parent / "mount"
@@ -126,12 +128,15 @@ def unmount_under(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_csi_plugin(root: Path) -> Iterator[CSIPluginProcess]:
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o755)  # unprivileged test clients walk to their targets through it
+def running_csi_plugin() -> Iterator[CSIPluginProcess]:
+    """A plugin in a fresh short directory under /tmp (Unix socket paths are limited to 107 bytes), which
+    unprivileged test clients may walk through; unmounted and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
+    os.chmod(root, 0o755)
     plugin = CSIPluginProcess(root)
     try:
         yield plugin.start()
     finally:
         plugin.stop()
         unmount_under(root)
+        shutil.rmtree(root, ignore_errors=True)

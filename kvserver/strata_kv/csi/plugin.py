@@ -195,7 +195,12 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
 def _listen(path: str) -> grpc.Server:
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise SystemExit(f"strata-kv-csi: socket path {path} is over {UNIX_PATH_MAX} bytes; choose a shorter one")
     os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
     if os.path.lexists(path):
         os.unlink(path)  # a socket left by a previous run: nobody listens on it any more
