@@ -153,6 +153,7 @@ SCRIPTS = [
     REPO / "hack" / "go-build.sh",
     REPO / "hack" / "node" / "build-images.sh",
     REPO / "hack" / "images" / "build-base.sh",
+    REPO / "hack" / "csi-protos.sh",
     REPO / "e2e" / "gpu-node-setup.sh",
 ]
 

@@ -19,7 +19,7 @@ POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # Namespaces and KVCacheTier names are both DNS-1123 labels; a label can never be "." or ".." or hold a "/".
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` would let "kv\n" through
 DNS1123_LABEL_MAX = 63
 
 
@@ -49,7 +49,7 @@ def _label(attribute: str, value: str, what: str) -> str:
         raise VolumeRequestError(
             attribute, f"is {len(value)} characters; a {what} is a DNS-1123 label of at most {DNS1123_LABEL_MAX}"
         )
-    if not _DNS1123_LABEL.match(value):
+    if not _DNS1123_LABEL.fullmatch(value):
         raise VolumeRequestError(
             attribute,
             f"{value!r} is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a "

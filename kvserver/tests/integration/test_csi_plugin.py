@@ -129,13 +129,14 @@ def test_another_namespace_gets_another_directory(plugin, tmp_path):
         ("a", "k" * 300, {}, "tier"),
         ("a", "KV", {}, "tier"),
         ("a", "-kv", {}, "tier"),
+        ("a", "kv\n", {}, "tier"),
         ("a", None, {}, "tier"),
         ("a", "kv", {"namespace": "b"}, "namespace"),
         ("a", "kv", {"path": "/etc"}, "path"),
         (None, "kv", {}, "csi.storage.k8s.io/pod.namespace"),
         ("..", "kv", {}, "csi.storage.k8s.io/pod.namespace"),
     ],
-    ids=["dotdot", "slash", "empty", "300-chars", "upper", "leading-dash", "no-tier", "namespace-attr",
+    ids=["dotdot", "slash", "empty", "300-chars", "upper", "leading-dash", "newline", "no-tier", "namespace-attr",
          "path-attr", "no-pod-namespace", "dotdot-namespace"],
 )  # fmt: skip
 def test_hostile_requests_are_refused_naming_the_attribute(plugin, namespace, tier, attributes, named):

@@ -36,6 +36,8 @@ def test_the_directory_is_the_pods_namespace_and_the_tier():
         ({**POD}, "tier"),
         ({**POD, "tier": "a" * 64}, "tier"),
         ({**POD, "tier": "kv."}, "tier"),
+        ({**POD, "tier": "kv\n"}, "tier"),  # a regex ending in `$` accepts a trailing newline
+        ({**POD, "csi.storage.k8s.io/pod.namespace": "team-a\n", "tier": "kv"}, "csi.storage.k8s.io/pod.namespace"),
         ({**POD, "csi.storage.k8s.io/pod.namespace": "", "tier": "kv"}, "csi.storage.k8s.io/pod.namespace"),
     ],
 )
@@ -54,6 +56,7 @@ def test_whatever_tier_is_accepted_stays_one_path_component(tier):
     path = wanted.path("/state")
     assert os.path.dirname(path) == "/state/team-a" and os.path.normpath(path) == path
     assert len(tier) <= 63 and tier not in (".", "..")
+    assert tier.isascii() and tier.isprintable() and tier == tier.strip()
 
 
 @pytest.mark.parametrize(
