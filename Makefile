@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
 	@echo "make test    set up and run unit + integration tests"
-	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models"
+	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
 	@echo "make bench   run the benchmarks in bench/;  make e2e  kind + GPU end-to-end suite"
 
 $(STAMP): pyproject.toml
