@@ -9,12 +9,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check bench images e2e clean
+.PHONY: help setup venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check csi-protos bench images e2e clean
 
 help:
 	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
 	@echo "make test    set up and run unit + integration tests"
-	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models"
+	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
 	@echo "make bench   run the benchmarks in bench/;  make e2e  kind + GPU end-to-end suite"
 
 $(STAMP): pyproject.toml
@@ -55,6 +55,10 @@ crds: venv
 
 crds-check: venv
 	$(PY) -m strata_operator.cli crds --output-dir crds --check
+
+# The CSI plugin's gRPC modules (kvserver/strata_kv/csi/*_pb2*), generated from its .proto files and committed.
+csi-protos: venv
+	PYTHON=$(PY) bash hack/csi-protos.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -42,7 +42,7 @@ base="$(bash "$root/hack/images/build-base.sh")"
 # packages are downloaded here, with the host's pip settings, into a wheelhouse the build reads over loopback.
 wheelhouse="$cache/wheelhouse"
 mkdir -p "$wheelhouse"
-python3 -m pip download --quiet --dest "$wheelhouse" "setuptools>=77" wheel pip "${root}[runtime,operator]" >&2
+python3 -m pip download --quiet --dest "$wheelhouse" "setuptools>=77" wheel pip "${root}[runtime,operator,csi]" >&2
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 python3 -m http.server --bind 127.0.0.1 --directory "$wheelhouse" "$port" >/dev/null 2>&1 &
 server=$!

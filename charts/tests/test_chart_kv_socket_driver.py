@@ -1,0 +1,106 @@
+"""`kvSocketDriver`: the chart's opt-in CSI node plugin kv.strata.dev (strata-kv-csi from the runtime image),
+rendered by the real Helm CLI: nothing by default; when on, the CSIDriver the plugin's security rests on and a
+privileged node DaemonSet with no API access, pointed at the configured kubelet and state directories."""
+
+from __future__ import annotations
+
+import pytest
+
+ON = {"kvSocketDriver": {"enabled": True}}
+
+
+def test_off_by_default(helm):
+    objects = helm.template()
+    assert not [o for o in objects if o["kind"] == "CSIDriver" or "kv-socket-driver" in o["metadata"]["name"]]
+
+
+def test_the_csidriver_passes_pod_info_and_serves_inline_volumes_only(helm, chart_helpers):
+    driver = chart_helpers.find(helm.template(ON), "CSIDriver")
+    assert driver["metadata"]["name"] == "kv.strata.dev"
+    assert driver["spec"] == {
+        "attachRequired": False,
+        "podInfoOnMount": True,  # the plugin takes the namespace from csi.storage.k8s.io/pod.namespace only
+        "volumeLifecycleModes": ["Ephemeral"],
+        "fsGroupPolicy": "None",  # one directory for many pods: no per-pod chown
+        "requiresRepublish": False,
+        "storageCapacity": False,
+    }
+
+
+def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_access(helm, chart_helpers):
+    objects = helm.template(ON)
+    daemonset = chart_helpers.find(objects, "DaemonSet")
+    assert daemonset["metadata"]["namespace"] == "strata-system"
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert container["image"] == "ghcr.io/strata-dev/strata-runtime:0.1.0"
+    assert container["command"] == [
+        "strata-kv-csi",
+        "serve",
+        "--kubelet-dir=/var/lib/kubelet",
+        "--state-dir=/var/run/strata-kv",
+        "--socket-group=65532",
+    ]
+    assert container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
+    assert container["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kubelet-dir"] == {
+        "name": "kubelet-dir",
+        "mountPath": "/var/lib/kubelet",
+        "mountPropagation": "Bidirectional",
+    }
+    assert "mountPropagation" not in mounts["state-dir"]
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    assert volumes == {
+        "kubelet-dir": {"path": "/var/lib/kubelet", "type": "Directory"},
+        "state-dir": {"path": "/var/run/strata-kv", "type": "DirectoryOrCreate"},
+    }
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    # No RBAC of its own: the roles and bindings are the operator's and the webhook's, as without it.
+    rbac = sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role", "ServiceAccount"))
+    assert rbac == sorted(
+        o["metadata"]["name"] for o in helm.template() if o["kind"] in ("ClusterRole", "Role", "ServiceAccount")
+    )
+
+
+def test_directories_and_group_are_configurable(helm, chart_helpers):
+    values = {
+        "kvSocketDriver": {
+            "enabled": True,
+            "kubeletDir": "/var/lib/strata-node/kubelet/",
+            "stateDir": "/srv/kv",
+            "socketGroup": 2000,
+            "tolerations": [],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        }
+    }
+    pod = chart_helpers.find(helm.template(values), "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][2:] == [
+        "--kubelet-dir=/var/lib/strata-node/kubelet",
+        "--state-dir=/srv/kv",
+        "--socket-group=2000",
+    ]
+    assert container["volumeMounts"][0]["mountPath"] == "/var/lib/strata-node/kubelet"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in pod
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"kubeletDir": "var/lib/kubelet"}, "kubeletDir"),
+        ({"stateDir": ""}, "stateDir"),
+        ({"socketGroup": -1}, "socketGroup"),
+        ({"enabled": "yes"}, "enabled"),
+        ({"socketDir": "/x"}, "socketDir"),
+    ],
+)
+def test_schema_rejects_wrong_values(helm, values, complaint):
+    result = helm.template_raw({"kvSocketDriver": values})
+    assert result.returncode != 0, f"{values} was accepted"
+    assert complaint in result.stderr
+
+
+def test_lint_passes_with_the_driver_on(helm, chart_helpers):
+    helm.run("lint", "--strict", str(chart_helpers.chart), "--values", str(helm.values_file(ON)))

@@ -1,0 +1,157 @@
+"""The CSI node plugin kv.strata.dev on the real node, deployed by the chart (`kvSocketDriver.enabled`): the
+kubelet registers it through its plugin-registration socket (the CSINode lists the driver), and in a namespace
+that enforces restricted Pod Security a KV server pod listens on a Unix socket in its inline `csi` volume while
+a serving-style pod, another user holding only the socket's group, reaches it through its own read-only volume
+of the same tier and gets back the bytes it SET."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+from strata_testsupport.helm import CHART
+from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR, RealNode
+from strata_testsupport.pods import RESTRICTED_CONTAINER, RUNTIME_IMAGE, RUNTIME_UID, pod_log, run_pod, unique
+from strata_testsupport.realnode import RELEASE_NAMESPACE, helm_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
+
+DRIVER = "kv.strata.dev"
+STATE_DIR = WORK_DIR / "kv-sockets"  # under the node's work dir: the node's sweep removes it
+
+# In the client pod: wait for the server's socket, SET a 2 MiB value made from a seed, GET it, print its digest.
+CLIENT = """
+import hashlib, json, sys, time
+from strata_kv.client import KVClient
+path, seed = sys.argv[1], sys.argv[2].encode()
+value = b"".join(hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(65536))
+deadline = time.monotonic() + 90
+while True:
+    try:
+        kv = KVClient(unix_socket=path, timeout=20)
+        break
+    except (FileNotFoundError, ConnectionRefusedError):
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+with kv:
+    kv.set(b"chunk-" + seed, value)
+    got = kv.get(b"chunk-" + seed) or b""
+print(json.dumps({"digest": hashlib.sha256(got).hexdigest(), "size": len(got)}))
+"""
+
+
+def _expected_digest(seed: bytes) -> str:
+    value = b"".join(hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(65536))
+    return hashlib.sha256(value).hexdigest()
+
+
+def _upgrade(real_node: RealNode, *settings: str) -> None:
+    args = ["upgrade", "strata", str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values"]
+    for setting in settings:
+        args += ["--set", setting]
+    result = helm_cli(real_node, *args, "--wait", "--timeout", "180s")
+    assert result.returncode == 0, f"helm upgrade {settings} failed:\n{result.stderr}\n" + real_node.logs("kubelet")
+
+
+def _plugin_logs(client: DynamicClient) -> str:
+    pods = resource(client, "v1", "Pod").get(
+        namespace=RELEASE_NAMESPACE, label_selector="app.kubernetes.io/component=kv-socket-driver"
+    )
+    return "\n".join(pod_log(client, RELEASE_NAMESPACE, p.metadata.name) for p in pods.items)
+
+
+@pytest.fixture
+def kv_socket_driver(real_node: RealNode, node_k8s: DynamicClient, node_operator: Any) -> Iterator[None]:
+    """The chart's driver on the installed release, pointed at the node's kubelet directory; off afterwards."""
+    _upgrade(
+        real_node,
+        "kvSocketDriver.enabled=true",
+        f"kvSocketDriver.kubeletDir={WORK_DIR / 'kubelet'}",
+        f"kvSocketDriver.stateDir={STATE_DIR}",
+    )
+    yield
+    _upgrade(real_node, "kvSocketDriver.enabled=false")
+
+
+def _csi_volume(read_only: bool) -> dict[str, Any]:
+    return {"name": "kv", "csi": {"driver": DRIVER, "readOnly": read_only, "volumeAttributes": {"tier": "kv"}}}
+
+
+def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8s, kv_socket_driver):
+    def registered() -> list[str] | None:
+        node = resource(node_k8s, "storage.k8s.io/v1", "CSINode").get(name=NODE_NAME).to_dict()
+        names = [d["name"] for d in node["spec"].get("drivers") or []]
+        return names if DRIVER in names else None
+
+    wait_for(registered, timeout=90, interval=1, what=f"the kubelet to list {DRIVER} in CSINode {NODE_NAME}")
+    namespace = unique("rn-kvsock")
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    namespaces, pods = resource(node_k8s, "v1", "Namespace"), resource(node_k8s, "v1", "Pod")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}})
+    try:
+        wait_for(
+            lambda: bool(resource(node_k8s, "v1", "ServiceAccount").get(name="default", namespace=namespace)),
+            timeout=60,
+            what="the namespace's default service account",
+        )
+        server = {
+            "name": "kv",
+            "image": RUNTIME_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["strata-kv", "serve", "--no-tcp", "--unix-socket", "/kv/kv.sock", "--l1-size", "64MiB"],
+            "args": ["--metrics-port", "-1"],
+            "securityContext": RESTRICTED_CONTAINER,
+            "volumeMounts": [{"name": "kv", "mountPath": "/kv"}],
+        }
+        pods.create(
+            namespace=namespace,
+            body={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "kv-server"},
+                "spec": {"restartPolicy": "Never", "containers": [server], "volumes": [_csi_volume(False)]},
+            },
+        )
+        seed = namespace.encode()
+        try:
+            out = run_pod(
+                node_k8s,
+                namespace,
+                "serving",
+                ["python", "-c", CLIENT, "/kv/kv.sock", seed.decode()],
+                timeout=240,
+                securityContext={"supplementalGroups": [RUNTIME_UID]},  # the socket's group, nothing else
+                volumes=[_csi_volume(True)],
+                container={
+                    "securityContext": {**RESTRICTED_CONTAINER, "runAsUser": 1000, "runAsGroup": 1000},
+                    "volumeMounts": [{"name": "kv", "mountPath": "/kv", "readOnly": True}],
+                },
+            )
+        except AssertionError as error:
+            server_log = pod_log(node_k8s, namespace, "kv-server")
+            raise AssertionError(
+                f"{error}\nserver:\n{server_log}\nplugin:\n{_plugin_logs(node_k8s)}\n{real_node.logs('kubelet', 40)}"
+            ) from error
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result == {"digest": _expected_digest(seed), "size": 2 * 1024 * 1024}, result
+        shared = STATE_DIR / namespace / "kv"
+        assert (shared / "kv.sock").is_socket(), "the server's socket lives in the node directory of its tier"
+        print("plugin:\n" + "\n".join(line for line in _plugin_logs(node_k8s).splitlines() if "published" in line))
+    finally:
+        namespaces.delete(name=namespace)
+        # Gone before the driver is: the kubelet needs the plugin to unpublish the pods' volumes.
+        wait_for(
+            lambda: not pods.get(namespace=namespace).items,
+            timeout=120,
+            interval=1,
+            what=f"the pods of {namespace} to be deleted (their volumes unpublished)",
+        )
