@@ -2,7 +2,9 @@
 kubelet registers it through its plugin-registration socket (the CSINode lists the driver), and in a namespace
 that enforces restricted Pod Security a KV server pod listens on a Unix socket in its inline `csi` volume while
 a serving-style pod, another user holding only the socket's group, reaches it through its own read-only volume
-of the same tier and gets back the bytes it SET."""
+of the same tier and gets back the bytes it SET. Then the same through the operator: a KVCacheTier with
+`nodeSocket` runs its server on the socket, and a pod the webhook wires by label alone (volume, group, token,
+`STRATA_KV_SOCKET`) takes a value back as the server's memory."""
 
 from __future__ import annotations
 
@@ -16,8 +18,18 @@ from kubernetes.dynamic import DynamicClient
 from strata_testsupport.helm import CHART
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR, RealNode
-from strata_testsupport.pods import RESTRICTED_CONTAINER, RUNTIME_IMAGE, RUNTIME_UID, pod_log, run_pod, unique
+from strata_testsupport.pods import (
+    API,
+    RESTRICTED_CONTAINER,
+    RUNTIME_IMAGE,
+    RUNTIME_UID,
+    kv_token_secret,
+    pod_log,
+    run_pod,
+    unique,
+)
 from strata_testsupport.realnode import RELEASE_NAMESPACE, helm_cli
+from strata_testsupport.scenarios import ready_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -155,3 +167,60 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
             interval=1,
             what=f"the pods of {namespace} to be deleted (their volumes unpublished)",
         )
+
+
+# In a pod the webhook wired: everything from its environment; a 4 MiB value SET over the socket and read back as
+# the server's memory (STRATA.GETFD, which get_into asks for on a Unix socket).
+WIRED_CLIENT = """
+import hashlib, json, mmap, os
+from strata_kv.client import KVClient
+size = 4 * 1024 * 1024
+value = mmap.mmap(-1, size)
+value[:] = b"".join(hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(size // 32))
+into = memoryview(mmap.mmap(-1, size))
+with KVClient(unix_socket=os.environ["STRATA_KV_SOCKET"], token=os.environ["STRATA_KV_TOKEN"], timeout=20) as kv:
+    kv.set_from(b"chunk", memoryview(value))
+    hit = kv.get_into(b"chunk", into)
+    shared = int(kv.stats().get("shared_replies", 0))
+print(json.dumps({"hit": hit, "equal": into == memoryview(value), "shared_replies": shared}))
+"""
+
+
+def test_a_tier_with_a_node_socket_serves_a_pod_the_webhook_wired_by_shared_memory(
+    real_node, node_site, kv_socket_driver
+):
+    site, tier = node_site, unique("kvsock")
+    kv_token_secret(site.client, site.namespace)
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+        "l1": {"size": "64Mi"},
+        "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
+        "resources": {"requests": {"cpu": "50m"}},
+        "nodeSocket": {"enabled": True, "sharedMemory": True},
+    }
+    resource(site.client, API, "KVCacheTier").create(
+        namespace=site.namespace,
+        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec},
+    )
+    server = ready_server(site, tier)
+    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": False} in server["spec"][
+        "containers"
+    ][0]["volumeMounts"]
+    try:
+        out = run_pod(
+            site.client,
+            site.namespace,
+            "wired",
+            ["python", "-c", WIRED_CLIENT],
+            timeout=240,
+            labels={"strata.dev/kv-cache-tier": tier},
+            container={"securityContext": {**RESTRICTED_CONTAINER, "runAsUser": 1000, "runAsGroup": 1000}},
+        )
+    except AssertionError as error:
+        server_log = pod_log(site.client, site.namespace, server["metadata"]["name"])
+        raise AssertionError(f"{error}\nserver:\n{server_log}\nplugin:\n{_plugin_logs(site.client)}") from error
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"hit": True, "equal": True, "shared_replies": 1}, result
+    wired = resource(site.client, "v1", "Pod").get(name="wired", namespace=site.namespace).to_dict()["spec"]
+    assert RUNTIME_UID in wired["securityContext"]["supplementalGroups"], "the webhook gave the socket's group"
+    assert (STATE_DIR / site.namespace / tier / "kv.sock").is_socket()
