@@ -203,9 +203,9 @@ def test_a_tier_with_a_node_socket_serves_a_pod_the_webhook_wired_by_shared_memo
         body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec},
     )
     server = ready_server(site, tier)
-    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": False} in server["spec"][
-        "containers"
-    ][0]["volumeMounts"]
+    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv"} in server["spec"]["containers"][0][
+        "volumeMounts"
+    ]
     try:
         out = run_pod(
             site.client,

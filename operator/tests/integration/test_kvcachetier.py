@@ -449,7 +449,7 @@ def test_a_node_socket_waits_for_its_csi_driver_then_reaches_the_daemonset(
         volumes = found.to_dict()["spec"]["template"]["spec"]["volumes"]
         assert {
             "name": "strata-kv-socket",
-            "csi": {"driver": driver, "readOnly": False, "volumeAttributes": {"tier": "kv"}},
+            "csi": {"driver": driver, "volumeAttributes": {"tier": "kv"}},
         } in volumes
     finally:
         for name in (driver, f"unfit-{driver}"):

@@ -392,9 +392,9 @@ def test_the_node_socket_reaches_the_server_its_config_and_the_clients_connectio
     spec = spec_of(nodeSocket={"enabled": True, "sharedMemory": True})
     pod = pod_spec(spec)
     (volume,) = [v for v in pod["volumes"] if v["name"] == "strata-kv-socket"]
-    assert volume["csi"] == {"driver": "kv.strata.dev", "readOnly": False, "volumeAttributes": {"tier": "kv"}}
+    assert volume["csi"] == {"driver": "kv.strata.dev", "volumeAttributes": {"tier": "kv"}}
     mounts = pod["containers"][0]["volumeMounts"]
-    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": False} in mounts
+    assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv"} in mounts
     config = KVServerConfig.model_validate(yaml.safe_load(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME]))
     assert (config.listen.unix_socket, config.listen.unix_socket_mode) == ("/run/strata-kv/kv.sock", 0o660)
     assert config.listen.shared_memory is True

@@ -28,16 +28,16 @@ TIER_ATTRIBUTE = "tier"
 
 
 def node_socket_volume(spec: KVCacheTierSpec, tier: TierRef, *, read_only: bool) -> dict[str, Any]:
-    """The inline CSI volume for the tier's socket directory."""
-    return {
-        "name": NODE_SOCKET_VOLUME,
-        "csi": {
-            "driver": spec.node_socket.driver,
-            "readOnly": read_only,
-            "volumeAttributes": {TIER_ATTRIBUTE: tier.name},
-        },
-    }
+    """The inline CSI volume for the tier's socket directory (`readOnly` only where true: the API server omits a
+    false one, and what is stored must equal what is rendered)."""
+    csi: dict[str, Any] = {"driver": spec.node_socket.driver, "volumeAttributes": {TIER_ATTRIBUTE: tier.name}}
+    if read_only:
+        csi["readOnly"] = True
+    return {"name": NODE_SOCKET_VOLUME, "csi": csi}
 
 
 def node_socket_mount(*, read_only: bool) -> dict[str, Any]:
-    return {"name": NODE_SOCKET_VOLUME, "mountPath": NODE_SOCKET_DIR, "readOnly": read_only}
+    mount: dict[str, Any] = {"name": NODE_SOCKET_VOLUME, "mountPath": NODE_SOCKET_DIR}
+    if read_only:
+        mount["readOnly"] = True
+    return mount
