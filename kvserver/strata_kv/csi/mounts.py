@@ -9,8 +9,14 @@ import os
 from dataclasses import dataclass
 
 MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
+LOCKED_DOWN = MS_NOSUID | MS_NODEV | MS_NOEXEC
+"""A socket directory needs none of set-uid files, device nodes or executables: a pod that may write there (the
+server) can plant none of them for the tier's other pods."""
 UMOUNT_NOFOLLOW = 8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -27,15 +33,15 @@ def _mount(source: str, target: str, flags: int) -> None:
 
 
 def bind_mount(source: str, target: str, *, read_only: bool) -> None:
-    """Bind `source` onto `target`; read-only takes a second call (a bind mount ignores MS_RDONLY at first).
-    Not recursive: nothing mounted below `source` is carried into the pod."""
+    """Bind `source` onto `target` with nosuid, nodev, noexec (and read-only when asked); those take a second
+    call, since a new bind mount ignores every flag but MS_BIND. Not recursive: nothing mounted below `source`
+    is carried into the pod."""
     _mount(source, target, MS_BIND)
-    if read_only:
-        try:
-            _mount(source, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
-        except OSError:
-            unmount(target)
-            raise
+    try:
+        _mount(source, target, MS_BIND | MS_REMOUNT | LOCKED_DOWN | (MS_RDONLY if read_only else 0))
+    except OSError:
+        unmount(target)
+        raise
 
 
 def unmount(target: str) -> None:
@@ -59,6 +65,8 @@ def _unescape(field: str) -> str:
 class MountPoint:
     path: str
     read_only: bool
+    options: frozenset[str] = frozenset()
+    """The mount's per-mount options (`ro`/`rw`, `nosuid`, `nodev`, `noexec`, ...)."""
 
 
 def mount_point(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountPoint | None:
@@ -68,5 +76,6 @@ def mount_point(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountPoin
         for line in lines:
             fields = line.split(" ")
             if _unescape(fields[4]) == path:
-                found = MountPoint(path, "ro" in fields[5].split(","))
+                options = frozenset(fields[5].split(","))
+                found = MountPoint(path, "ro" in options, options)
     return found

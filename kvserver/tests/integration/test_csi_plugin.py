@@ -172,6 +172,8 @@ def test_publish_and_unpublish_are_idempotent(plugin):
     node.NodePublishVolume(publish_request(target, "a", "kv"))
     node.NodePublishVolume(publish_request(target, "a", "kv"))  # the kubelet retrying after a timeout
     assert mounts_under(plugin.root) == [str(target)]
+    published = mount_point(str(target))
+    assert published is not None and {"nosuid", "nodev", "noexec"} <= published.options, published
     with pytest.raises(grpc.RpcError) as clash:
         node.NodePublishVolume(publish_request(target, "a", "other"))
     assert clash.value.code() == grpc.StatusCode.ALREADY_EXISTS
