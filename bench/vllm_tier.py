@@ -1,10 +1,11 @@
 """Strata's vLLM tier against vLLM's own `fs` tier: store and load throughput between the CPU primary tier's memory
 and the tier, at the chunk sizes vLLM produces for 1.5B, 8B and 70B models, side by side in one run.
 
-vLLM 0.33 runs in its own venv (hack/build-vllm-venv.sh) and builds both setups from `--kv-transfer-config`
+vLLM 0.33 runs in its own venv (hack/build-vllm-venv.sh) and builds every setup from `--kv-transfer-config`
 JSON: the one the operator renders for a KVCacheTier (OffloadingConnector + TieringOffloadingSpec + StrataTier,
-pointed at a local `strata-kv` with an L1 big enough for the run), and the same with vLLM's `fs` tier on the same
-disk instead. A chunk is 256 tokens (`block_size` 256) of the model's KV: 28 KiB per token for Qwen2.5-1.5B
+pointed at a local `strata-kv` with an L1 big enough for the run) over TCP, the same rendered with `nodeSocket`
+(shared memory) and given the server's Unix socket, and the same with vLLM's `fs` tier on the same disk instead.
+A chunk is 256 tokens (`block_size` 256) of the model's KV: 28 KiB per token for Qwen2.5-1.5B
 (28 layers x 2 KV heads x 128 x fp16 x K,V) = 7 MiB, 128 KiB for Llama-3-8B = 32 MiB, 320 KiB for Llama-3-70B
 = 80 MiB. Store: from `complete_store` (the cascade starts) until the tier has finished every job. Load: a second
 engine's first lookup until vLLM reports every chunk HIT in its CPU tier (lookup + promotion). Every loaded chunk
@@ -45,6 +46,8 @@ ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "engine.py"
 CHUNK_TOKENS = 256
 SERVER_CONFIG = {"l1": {"size": "1GiB"}, "metrics": {"port": -1}}
 """The server's DRAM holds a whole run (at most 640 MiB of chunks), with no L2."""
+SOCKET_SERVER_CONFIG = {**SERVER_CONFIG, "listen": {"shared_memory": True}}
+"""The same server, also handing values over its Unix socket as memory (`nodeSocket.sharedMemory`)."""
 
 
 def model(layers: int, kv_heads: int) -> dict[str, Any]:
@@ -72,14 +75,28 @@ MODELS = {
 }
 
 
-def transfer_config(port: int, cpu_bytes: int, fs_root: Path | None) -> str:
-    """The operator's rendering for a tier on this port; with `fs_root`, vLLM's fs tier in place of Strata's."""
-    spec = {"chunkTokens": CHUNK_TOKENS, "connector": {"cpuBytes": str(cpu_bytes)}, "auth": {"disabled": True}}
+TIERS = ("strata", "strata-socket", "vllm-fs")
+"""Strata's tier through the node-local Service (TCP), through the node socket with shared memory
+(`nodeSocket: {enabled, sharedMemory}`: loads copy once out of the server's memory), and vLLM's own fs tier."""
+
+
+def transfer_config(port: int, cpu_bytes: int, fs_root: Path | None, unix_socket: str | None = None) -> str:
+    """The operator's rendering for a tier on this port (or its node socket); with `fs_root`, vLLM's fs tier in
+    place of Strata's."""
+    spec: dict[str, Any] = {
+        "chunkTokens": CHUNK_TOKENS,
+        "connector": {"cpuBytes": str(cpu_bytes)},
+        "auth": {"disabled": True},
+    }
+    if unix_socket is not None:
+        spec["nodeSocket"] = {"enabled": True, "sharedMemory": True}
     data = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef("kv", "bench", "uid"))["data"]
     transfer = json.loads(data["KV_TRANSFER_CONFIG"])
     extra = transfer["kv_connector_extra_config"]
     if fs_root is None:
         extra["secondary_tiers"][0]["url"] = f"redis://127.0.0.1:{port}"
+        if unix_socket is not None:
+            extra["secondary_tiers"][0]["unix_socket"] = unix_socket  # where the CSI volume would mount it
     else:
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
     return json.dumps(transfer)
@@ -95,6 +112,7 @@ def run_one(
     work: Path,
     run: int,
     cold: bool,
+    unix_socket: str | None = None,
 ) -> dict[str, Any]:
     chunk_bytes = CHUNK_TOKENS * 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
     fs_root = work / f"fs-{run}" if tier == "vllm-fs" else None
@@ -102,7 +120,9 @@ def run_one(
         "mode": "bench",
         "workdir": str(work / "models" / name.split()[0]),
         "model": cfg,
-        "kv_transfer_config": transfer_config(port, chunk_bytes * (chunks + 2), fs_root),
+        "kv_transfer_config": transfer_config(
+            port, chunk_bytes * (chunks + 2), fs_root, unix_socket if tier == "strata-socket" else None
+        ),
         "prefix_caching_hash_algo": "sha256_cbor",
         "chunks": chunks,
         "salt": f"{tier}-{name}-{run}",
@@ -163,10 +183,13 @@ def main() -> None:
     try:
         for run in range(args.repeat):
             for name, (cfg, chunks) in MODELS.items():
-                for tier in ("strata", "vllm-fs") if run % 2 == 0 else ("vllm-fs", "strata"):
+                for tier in TIERS if run % 2 == 0 else TIERS[::-1]:
                     # A fresh server per run: what earlier runs stored would fill its L1 and evict this run's chunks.
-                    with running_kv_server(work / f"kv-{run}", SERVER_CONFIG, l2_fs=False) as server:
-                        row = run_one(vllm, tier, name, cfg, chunks, server.port, work, run, args.drop_caches)
+                    config = SOCKET_SERVER_CONFIG if tier == "strata-socket" else SERVER_CONFIG
+                    with running_kv_server(work / f"kv-{run}-{tier}", config, l2_fs=False) as server:
+                        row = run_one(
+                            vllm, tier, name, cfg, chunks, server.port, work, run, args.drop_caches, server.unix_socket
+                        )
                     results.setdefault((name, tier), []).append(row)
                     print(json.dumps(row), flush=True)
     finally:

@@ -22,11 +22,15 @@ _HUGE_FROM = 2 * 1024 * 1024
 
 
 def new_mapping(size: int) -> mmap.mmap:
-    """An anonymous mapping of exactly `size` bytes; the kernel backs it only as bytes arrive.
+    """A private anonymous mapping of exactly `size` bytes; the kernel backs it only as bytes arrive.
 
-    Huge pages, where the kernel offers them on request, cut the page faults of filling it 512-fold.
+    Huge pages, where the kernel offers them on request, cut the page faults of filling it 512-fold. Private, not
+    shared: Python's default anonymous mapping is MAP_SHARED, which Linux backs with shmem, and shmem takes huge
+    pages only where `shmem_enabled` allows (here and by default: `never`), while private anonymous memory takes
+    them on `madvise` (the default `enabled` mode). Filling a fresh 64 MiB mapping here: 1.0 GB/s shared,
+    3.7 GB/s private with MADV_HUGEPAGE.
     """
-    m = mmap.mmap(-1, size)
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if size >= _HUGE_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_HUGEPAGE)
