@@ -24,7 +24,14 @@ from google.protobuf import wrappers_pb2
 
 from . import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from .mounts import bind_mount, mount_point, unmount
-from .volume import DRIVER_NAME, VolumeRequestError, check_target_path, node_directory
+from .volume import (
+    DRIVER_NAME,
+    POD_NAMESPACE,
+    TIER_ATTRIBUTE,
+    VolumeRequestError,
+    check_target_path,
+    node_directory,
+)
 
 log = logging.getLogger("strata_kv.csi")
 
@@ -149,8 +156,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         log.info(
             "published %s for %s/%s on %s (%s) in %.1f ms",
             request.volume_id,
-            request.volume_context.get("csi.storage.k8s.io/pod.namespace"),
-            request.volume_context.get("tier"),
+            request.volume_context.get(POD_NAMESPACE),
+            request.volume_context.get(TIER_ATTRIBUTE),
             request.target_path,
             "ro" if request.readonly else "rw",
             (time.perf_counter() - started) * 1000,

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
+from strata_kv.csi.volume import DRIVER_NAME
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
@@ -309,7 +310,7 @@ class NodeSocketSpec(CRDModel):
         "memory past the L1 bound until it lets go, so it is off by default.",
     )
     driver: str = Field(
-        default="kv.strata.dev",
+        default=DRIVER_NAME,
         min_length=1,
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",

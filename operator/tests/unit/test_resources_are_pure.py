@@ -15,10 +15,11 @@ ALLOWED_PROJECT_MODULES = (
     "strata_loader.contract",
     "strata_loader.capacity",
     "strata_kv.config",
+    "strata_kv.csi.volume",
     "strata_units",
 )
-"""The contracts builders render from: the CRD models, the loader's request and node budget, and the KV server's
-config."""
+"""The contracts builders render from: the CRD models, the loader's request and node budget, the KV server's
+config, and what the socket driver reads from a volume."""
 ALLOWED_THIRD_PARTY = ("pydantic", "kubernetes.utils.quantity")
 """Validation models, and Kubernetes' own quantity arithmetic for container resources (no client)."""
 FORBIDDEN_STDLIB = ("os", "subprocess", "socket", "threading", "asyncio", "urllib", "http")

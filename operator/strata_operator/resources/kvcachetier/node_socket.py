@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata_kv.csi.volume import TIER_ATTRIBUTE  # the volume attribute the driver pairs with the pod's namespace
+
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.security import RUNTIME_UID
@@ -23,8 +25,6 @@ NODE_SOCKET_VOLUME = "strata-kv-socket"
 NODE_SOCKET_MODE = 0o660
 """Owner and group: the server (uid and gid RUNTIME_UID) and the pods the webhook gives that supplemental group."""
 SOCKET_GROUP = RUNTIME_UID
-TIER_ATTRIBUTE = "tier"
-"""The volume attribute naming the tier; the driver pairs it with the pod's own namespace."""
 
 
 def node_socket_volume(spec: KVCacheTierSpec, tier: TierRef, *, read_only: bool) -> dict[str, Any]:
