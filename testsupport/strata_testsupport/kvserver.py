@@ -131,7 +131,10 @@ def default_config(workdir: Path, l2_fs: bool = True) -> dict[str, Any]:
         "write_behind": {"drain_timeout_seconds": 20},
     }
     if l2_fs:
-        cfg["l2"] = {"fs": {"root_dir": str(workdir / "l2")}}
+        # A set capacity makes the watermarks count this tier's own files. With `capacity: 0` they count the
+        # whole filesystem's usage, so a host disk that is merely full of other things would evict what a test
+        # just wrote. Tests of the unbounded mode pass `capacity: 0` on a tmpfs of their own.
+        cfg["l2"] = {"fs": {"root_dir": str(workdir / "l2"), "capacity": "1GiB"}}
     return cfg
 
 

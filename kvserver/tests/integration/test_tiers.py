@@ -129,7 +129,7 @@ def test_full_disk_gives_errors_and_a_live_server(kv_server_factory, tmp_path: P
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
     try:
         (mnt / "someone-elses-file").write_bytes(b"\0" * (2 * 1024 * 1024 - 40 * 1024))  # not ours to evict
-        server = kv_server_factory({"l1": {"size": "1MiB"}, "l2": {"fs": {"root_dir": str(mnt)}}})
+        server = kv_server_factory({"l1": {"size": "1MiB"}, "l2": {"fs": {"root_dir": str(mnt), "capacity": 0}}})
         c = server.client()
         for i in range(40):
             c.set(f"full{i}", value_for(f"full{i}"))

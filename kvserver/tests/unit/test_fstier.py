@@ -15,6 +15,9 @@ NS = NamespaceConfig(model="meta-llama/Llama-3.1-8B", layout={"block_size": 16, 
 
 
 def make(root: Path, **kw) -> FsTier:
+    """A tier with its own capacity unless a test sets one: `capacity: 0` would count the host disk's usage
+    (tests of that mode pass 0 on a tmpfs of their own)."""
+    kw.setdefault("capacity", 1 << 30)
     t = FsTier(L2FsConfig(root_dir=str(root), **kw), NS)
     t.prepare()
     return t
@@ -444,7 +447,7 @@ def test_over_the_high_watermark_with_nothing_indexed_the_tier_rescans(tmp_path:
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
     try:
-        t = make(mnt, min_rescan_seconds=0, high_watermark=0.9, low_watermark=0.5)
+        t = make(mnt, capacity=0, min_rescan_seconds=0, high_watermark=0.9, low_watermark=0.5)
         for i in range(240):  # vLLM writes ~940 KiB of the 1 MiB; the server has not seen any of it
             path = mnt / t.relpath(vllm_key(b"%d" % i))
             path.parent.mkdir(parents=True, exist_ok=True)
