@@ -1,6 +1,6 @@
 """A node whose owner is killed (no clean-up ran) is swept by the next start: no processes, containers,
-mounts, cgroups, bridge, iptables chains or addresses stay behind. Named to run before the session's node
-starts (the node's addresses are fixed: only one runs at a time)."""
+mounts, cgroups, bridge, iptables chains, addresses or control-plane files stay behind. Named to run before the
+session's node starts (the node's addresses are fixed: only one runs at a time)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ pods.create(namespace="default", body={"apiVersion": "v1", "kind": "Pod", "metad
     "spec": {"containers": [{"name": "main", "image": RUNTIME_IMAGE, "imagePullPolicy": "IfNotPresent",
              "command": ["sleep", "600"], "securityContext": RESTRICTED_CONTAINER}]}})
 wait_for(lambda: pods.get(name="sleeper", namespace="default").status.phase == "Running", timeout=120)
-print(json.dumps({"running": True}), flush=True)
+print(json.dumps({"running": True, "control_plane": str(node.cluster.workdir)}), flush=True)
 time.sleep(600)
 """
 
@@ -48,13 +48,15 @@ def test_a_node_whose_owner_was_killed_is_swept_by_the_next_start():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(images)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        line = owner.stdout.readline()  # type: ignore[union-attr]
-        assert json.loads(line or "{}").get("running"), "the owner never got its pod running"
+        started = json.loads(owner.stdout.readline() or "{}")  # type: ignore[union-attr]
+        assert started.get("running"), "the owner never got its pod running"
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     left = leftovers()
     assert any(item.startswith("process") for item in left), f"the scenario left nothing to sweep: {left}"
     assert any(item.startswith("mount") for item in left), left
+    assert Path(started["control_plane"]).is_dir()
     sweep(binaries.kube_proxy)
     assert leftovers() == []
+    assert not Path(started["control_plane"]).exists(), "the killed owner's control plane files stayed behind"

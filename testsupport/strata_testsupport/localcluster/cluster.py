@@ -50,14 +50,17 @@ class LocalCluster(Started):
         binaries: ControlPlaneBinaries | None = None,
         startup_timeout: float = 120.0,
         address: str = "127.0.0.1",
+        parent_dir: Path | None = None,
     ) -> None:
-        """`address` is where the API server listens: loopback, unless pods of a real node must reach it."""
+        """`address` is where the API server listens: loopback, unless pods of a real node must reach it.
+        `parent_dir` holds the work directory (the system's temp dir by default): a real node puts it under its
+        own, so the sweep after a killed owner removes it too."""
         self.binaries = binaries or find_binaries()
         self.want_controller_manager = controller_manager and self.binaries.kube_controller_manager is not None
         self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
         self.want_kwok = kwok and self.binaries.kwok is not None and self.binaries.kwok_stages is not None
         self.startup_timeout = startup_timeout
-        self.workdir = Path(tempfile.mkdtemp(prefix="strata-cp-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="strata-cp-", dir=parent_dir))
         self.processes: list[ManagedProcess] = []
         self.address = address
         self.api_port = free_port()

@@ -237,11 +237,11 @@ class RealNode(Started):
     def start(self) -> None:
         RealNode.active = self
         sweep(self.binaries.kube_proxy)
-        for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes"):
+        for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes", "control-plane"):
             (WORK_DIR / directory).mkdir(parents=True, exist_ok=True)
         self._phase("network", self._host_network)
         _create_cgroups()
-        self.cluster = LocalCluster(kwok=False, address=NODE_IP)
+        self.cluster = LocalCluster(kwok=False, address=NODE_IP, parent_dir=WORK_DIR / "control-plane")
         self._phase("control plane", self.cluster.start)
         self._phase("containerd", self._start_containerd)
         self._phase("images", self._import_images)
