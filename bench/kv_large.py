@@ -3,8 +3,8 @@
 redis-benchmark tops out below 1 GB/s here, so this drives both servers with its own load generator:
 raw RESP over blocking sockets, one thread per connection spread over a few processes, every value
 sent from one preallocated buffer (`sendall` of a memoryview) and every reply received with
-`recv_into` into another, so the client copies nothing in Python. Its own ceiling is measured first
-against a null server that answers every GET from one preallocated reply.
+`recv_into` into another, so the client copies nothing in Python. Its own ceiling is measured first, SET and
+GET, against the cheapest server there is (`null_server.c`, C, compiled on first use).
 
 Cells: value size x (SET, GET) x client count, over TCP (and, with `--unix`, over a Unix socket next
 to this machine's memcpy bandwidth, and Strata's GETs once more as `unix-shm`: `STRATA.GETFD` with
@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import hashlib
 import json
 import mmap
 import multiprocessing as mp
 import os
 import random
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,10 +117,25 @@ def page_aligned(content: int | bytes) -> memoryview:
     return view
 
 
-def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float, seed: int, out: list[Any]) -> None:
+def touched(size: int) -> memoryview:
+    """A page-aligned buffer with every page already faulted in, as an engine's preallocated CPU tier is."""
+    view = page_aligned(size)
+    ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(view)), 0, size)
+    return view
+
+
+def client_buffer(op: str, size: int) -> memoryview:
+    """What one connection sends (SET: the value) or receives into (GET: the value and its CRLF), ready to use.
+
+    Made before the clock starts: at 64 MiB x32 building and faulting in the buffers inside the timed window
+    took a third of it, so every server, and the client's own ceiling, measured page faults."""
+    return page_aligned(bytes(os.urandom(64)) * (size // 64)) if op == "SET" else touched(size + 2)
+
+
+def _client_thread(addr: Address, op: str, buffer: memoryview, keys: int, deadline: float, seed: int, out: list[Any]
+                   ) -> None:  # fmt: skip
     rng = random.Random(seed)
     shared = isinstance(addr, str) and addr.startswith(SHM)
-    value, into = page_aligned(bytes(os.urandom(64)) * (size // 64)), page_aligned(size + 2)
     line = bytearray()
     lat: list[float] = []
     try:
@@ -126,24 +144,25 @@ def _client_thread(addr: Address, op: str, size: int, keys: int, deadline: float
                 key = _key(rng.randrange(keys))
                 t = time.perf_counter()
                 if op == "SET":
-                    _set(s, key, value, line)
+                    _set(s, key, buffer, line)
                 elif shared:
-                    _get_shared(s, key, into)
+                    _get_shared(s, key, buffer)
                 else:
-                    _get(s, key, into, line)
+                    _get(s, key, buffer, line)
                 lat.append(time.perf_counter() - t)
     except (OSError, RuntimeError) as e:
         out.append(e)
     out.append(lat)
 
 
-def _client_process(addr: Address, op: str, size: int, keys: int, threads: int, start: float, seconds: float,
+def _client_process(addr: Address, op: str, size: int, keys: int, threads: int, ready: Any, seconds: float,
                     seed: int, results: Any) -> None:  # fmt: skip
-    time.sleep(max(0.0, start - time.time()))
+    buffers = [client_buffer(op, size) for _ in range(threads)]
+    ready.wait()  # every process starts together, its buffers made
     deadline = time.perf_counter() + seconds
     out: list[Any] = []
-    workers = [threading.Thread(target=_client_thread, args=(addr, op, size, keys, deadline, seed * 1000 + i, out))
-               for i in range(threads)]  # fmt: skip
+    workers = [threading.Thread(target=_client_thread, args=(addr, op, buffers[i], keys, deadline, seed * 1000 + i,
+                                                             out)) for i in range(threads)]  # fmt: skip
     for w in workers:
         w.start()
     for w in workers:
@@ -175,13 +194,15 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
     procs = min(clients, 2)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
-    start = time.time() + 0.3  # every process starts together
+    ready = ctx.Barrier(procs + 1)
     ps = []
-    for p in range(procs):
-        threads = clients // procs + (1 if p < clients % procs else 0)
-        ps.append(ctx.Process(target=_client_process, args=(addr, op, size, keys, threads, start, seconds, p, results)))
+    for i in range(procs):
+        threads = clients // procs + (1 if i < clients % procs else 0)
+        ps.append(ctx.Process(target=_client_process, args=(addr, op, size, keys, threads, ready, seconds, i, results)))
     for p in ps:
         p.start()
+    ready.wait(timeout=600)
+    start = time.time()
     probe_lat: list[float] = []
     prober = threading.Thread(target=_probe, args=(addr, start, seconds, probe_lat)) if probe else None
     if prober is not None:
@@ -243,35 +264,35 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
+NULL_SERVER_SOURCE = Path(__file__).with_name("null_server.c")
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "bench"
+
+
+def null_server_binary() -> Path:
+    """`null_server.c` compiled once per source version (gcc), cached outside the repository."""
+    source = NULL_SERVER_SOURCE.read_bytes()
+    binary = CACHE / f"null-server-{hashlib.sha256(source).hexdigest()[:12]}"
+    if not binary.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_suffix(".partial")
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(partial), str(NULL_SERVER_SOURCE)], check=True)
+        partial.rename(binary)
+    return binary
+
+
+@contextlib.contextmanager
 def null_server(size: int) -> Iterator[tuple[str, int]]:
-    """Answers every request with one preallocated bulk reply of `size` bytes: the client's own ceiling."""
-    reply = memoryview(b"$%d\r\n" % size + bytes(size) + b"\r\n")
-    lsock = socket.create_server(("127.0.0.1", 0), backlog=128)
-
-    def serve(conn: socket.socket) -> None:
-        buf = bytearray(65536)
-        with conn:
-            while True:
-                n = conn.recv_into(buf)
-                if n == 0:
-                    return
-                for _ in range(bytes(buf[:n]).count(b"GET")):
-                    conn.sendall(reply)
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = lsock.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    """The cheapest server (`null_server.c`): GETs answered from one preallocated reply, SET values received into
+    a reused buffer and dropped. What the load generator reaches against it is its own ceiling."""
+    proc = subprocess.Popen([str(null_server_binary()), str(size)], stdout=subprocess.PIPE, text=True)
     try:
-        yield lsock.getsockname()[:2]
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("port "):
+            raise RuntimeError(f"null_server did not start: {line!r}")
+        yield "127.0.0.1", int(line.split()[1])
     finally:
-        lsock.close()
+        proc.kill()
+        proc.wait()
 
 
 def memcpy_gbps(size: int = 64 * MiB, repeat: int = 10) -> float:
@@ -471,12 +492,13 @@ def main() -> None:
     print(f"memcpy (one thread, 64 MiB, touched buffers): {result['memcpy_gbps']:.1f} GB/s", flush=True)
     ceiling = []
     for size in sizes:
-        for c in clients:
-            with contextlib.contextmanager(null_server)(size) as addr:
-                r = load(addr, "GET", size, 1, c, min(args.seconds, 2.0))
-            r.update(size_mib=size // MiB, clients=c)
-            ceiling.append(r)
-            print(f"  client ceiling GET {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s", flush=True)
+        with null_server(size) as addr:
+            for op in ops:
+                for c in clients:
+                    r = load(addr, op, size, 1, c, min(args.seconds, 2.0))
+                    r.update(op=op, size_mib=size // MiB, clients=c)
+                    ceiling.append(r)
+                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s", flush=True)
     result["client_ceiling"] = ceiling
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:

@@ -1,0 +1,167 @@
+/* The load generator's ceiling in bench/kv_large.py: the cheapest server that still does a server's work.
+ *
+ * It speaks just enough RESP for the bench: every request is an array of bulk strings. A GET is answered with
+ * one preallocated, page-aligned (and huge-page advised, as the servers' large values are) bulk reply of the
+ * size given, sent without blocking and waiting for room as the servers do. Any other command (the bench's SET)
+ * has its arguments received into memory, a value with one recv into a reused buffer as a real server's would,
+ * and is answered +OK. One thread per connection, no parsing beyond that and no storage, so what the client
+ * reaches against it is what the client and the kernel allow, not what a server adds.
+ *
+ *     null_server <reply-bytes>      listens on 127.0.0.1, an ephemeral port, and prints "port <n>"
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static char *reply;
+static size_t reply_len;
+
+struct conn {
+    int fd;
+    char buf[65536];
+    size_t pos, end;
+    char *scratch;
+    size_t scratch_len;
+};
+
+static int fill(struct conn *c) {
+    if (c->pos == c->end) c->pos = c->end = 0;
+    ssize_t n = recv(c->fd, c->buf + c->end, sizeof c->buf - c->end, 0);
+    if (n <= 0) return -1;
+    c->end += (size_t)n;
+    return 0;
+}
+
+/* A line ending in CRLF, NUL-terminated in place; NULL when the peer is gone or the line is too long. */
+static char *read_line(struct conn *c) {
+    for (;;) {
+        char *nl = memchr(c->buf + c->pos, '\n', c->end - c->pos);
+        if (nl) {
+            char *line = c->buf + c->pos;
+            *nl = 0;
+            c->pos = (size_t)(nl - c->buf) + 1;
+            return line;
+        }
+        if (c->pos) { /* move the partial line to the front */
+            memmove(c->buf, c->buf + c->pos, c->end - c->pos);
+            c->end -= c->pos;
+            c->pos = 0;
+        }
+        if (c->end == sizeof c->buf || fill(c)) return NULL;
+    }
+}
+
+/* Receive n bytes into dst: what is buffered first, the rest straight from the socket. */
+static int read_exact(struct conn *c, char *dst, size_t n) {
+    size_t have = c->end - c->pos < n ? c->end - c->pos : n;
+    memcpy(dst, c->buf + c->pos, have);
+    c->pos += have;
+    while (have < n) {
+        ssize_t got = recv(c->fd, dst + have, n - have, MSG_WAITALL);
+        if (got <= 0) return -1;
+        have += (size_t)got;
+    }
+    return 0;
+}
+
+static int send_all(int fd, const char *data, size_t n) {
+    while (n) {
+        ssize_t sent = send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, -1);
+            continue;
+        }
+        if (sent <= 0) return -1;
+        data += sent;
+        n -= (size_t)sent;
+    }
+    return 0;
+}
+
+static void *serve(void *arg) {
+    struct conn *c = arg;
+    char first[16];
+    for (;;) {
+        char *line = read_line(c);
+        if (!line || line[0] != '*') break;
+        long args = strtol(line + 1, NULL, 10);
+        first[0] = 0;
+        for (long i = 0; i < args; i++) {
+            line = read_line(c);
+            if (!line || line[0] != '$') goto done;
+            size_t len = (size_t)strtol(line + 1, NULL, 10) + 2; /* with its CRLF */
+            if (len > c->scratch_len) {
+                free(c->scratch);
+                c->scratch = malloc(len);
+                c->scratch_len = c->scratch ? len : 0;
+                if (!c->scratch) goto done;
+            }
+            if (read_exact(c, c->scratch, len)) goto done;
+            if (i == 0) snprintf(first, sizeof first, "%.*s", (int)(len - 2 < 15 ? len - 2 : 15), c->scratch);
+        }
+        int is_get = strcasecmp(first, "GET") == 0;
+        if (is_get ? send_all(c->fd, reply, reply_len) : send_all(c->fd, "+OK\r\n", 5)) break;
+    }
+done:
+    close(c->fd);
+    free(c->scratch);
+    free(c);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s <reply-bytes>\n", argv[0]);
+        return 2;
+    }
+    size_t size = (size_t)strtoull(argv[1], NULL, 10);
+    char head[32];
+    int head_len = snprintf(head, sizeof head, "$%zu\r\n", size);
+    reply_len = (size_t)head_len + size + 2;
+    reply = mmap(NULL, reply_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (reply == MAP_FAILED) return 1;
+    madvise(reply, reply_len, MADV_HUGEPAGE); /* as the servers' own large values */
+    memset(reply, 0, reply_len);
+    memcpy(reply, head, (size_t)head_len);
+    memcpy(reply + reply_len - 2, "\r\n", 2);
+
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t addr_len = sizeof addr;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 128) ||
+        getsockname(lfd, (struct sockaddr *)&addr, &addr_len)) {
+        perror("null_server");
+        return 1;
+    }
+    printf("port %d\n", ntohs(addr.sin_port));
+    fflush(stdout);
+    for (;;) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct conn *c = calloc(1, sizeof *c);
+        pthread_t thread;
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        if (pthread_create(&thread, NULL, serve, c)) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        pthread_detach(thread);
+    }
+}
