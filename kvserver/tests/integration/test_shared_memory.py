@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import socket
+import time
 
 import pytest
 from strata_kv.client import KVClient, KVError
-from strata_kv.shared_memory import GETFD, SharedValueError
+from strata_kv.shared_memory import GETFD, SPLIT_COPY_FROM, SharedValueError
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +80,47 @@ def test_aligned_and_unaligned_buffers_get_the_same_bytes_by_either_copy(kv_serv
             local.get_shared_into(b"big", memoryview(big))
         assert local.get(b"big") == big, "the connection stays in step"
         arena.close()
+
+
+@pytest.mark.parametrize("size", [SPLIT_COPY_FROM, 9 * MiB + 7, 33 * MiB - 4096], ids=["even", "ragged", "pages"])
+def test_a_large_copy_split_over_threads_puts_every_piece_in_its_place(kv_server_factory, size: int) -> None:
+    """From `SPLIT_COPY_FROM` on, pieces are copied on several threads: random bytes throughout (a value made of
+    one repeated block would hide a piece copied to the wrong place), sizes that do not split evenly."""
+    server = _shared_server(kv_server_factory, name=f"shared-split-{size}")
+    value = os.urandom(size)
+    with KVClient(unix_socket=server.unix_socket) as local:
+        local.set("big", value)
+        into = memoryview(mmap.mmap(-1, size))
+        assert local.get_shared_into(b"big", into) and into == value
+        assert local.stats()["shared_replies"] == 1
+
+
+def test_a_forked_child_copies_with_threads_of_its_own(kv_server_factory) -> None:
+    """The copy threads are made once per process; a child forked after the parent made them has none of them
+    and must make its own, not wait forever on the parent's."""
+    server = _shared_server(kv_server_factory, name="shared-fork")
+    value = os.urandom(SPLIT_COPY_FROM)
+    with KVClient(unix_socket=server.unix_socket) as local:
+        local.set("big", value)
+        into = memoryview(mmap.mmap(-1, len(value)))
+        assert local.get_shared_into(b"big", into) and into == value  # the parent's threads exist now
+    child = os.fork()
+    if child == 0:
+        ok = False
+        try:
+            with KVClient(unix_socket=server.unix_socket) as local:
+                mine = memoryview(mmap.mmap(-1, len(value)))
+                ok = local.get_shared_into(b"big", mine) and mine == value
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child's copy hung: it waited on threads it does not have")
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's copy gave other bytes"
 
 
 def test_get_into_on_the_unix_socket_takes_the_memory_where_the_server_offers_it(kv_server_factory) -> None:
