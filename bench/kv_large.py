@@ -495,10 +495,11 @@ def main() -> None:
         with null_server(size) as addr:
             for op in ops:
                 for c in clients:
-                    r = load(addr, op, size, 1, c, min(args.seconds, 2.0))
+                    r = load(addr, op, size, 1, c, min(args.seconds, 2.0), args.probe)
                     r.update(op=op, size_mib=size // MiB, clients=c)
                     ceiling.append(r)
-                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s", flush=True)
+                    probe = f"  small GET p99 {r['probe_p99_ms']:.1f} ms" if args.probe else ""
+                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s{probe}", flush=True)
     result["client_ceiling"] = ceiling
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:

@@ -4,8 +4,10 @@
  * one preallocated, page-aligned (and huge-page advised, as the servers' large values are) bulk reply of the
  * size given, sent without blocking and waiting for room as the servers do. Any other command (the bench's SET)
  * has its arguments received into memory, a value with one recv into a reused buffer as a real server's would,
- * and is answered +OK. One thread per connection, no parsing beyond that and no storage, so what the client
- * reaches against it is what the client and the kernel allow, not what a server adds.
+ * and is answered +OK. A GET of a key starting "probe:" gets 100 bytes: the bench's small GET on a connection of
+ * its own, whose latency here is what the machine alone adds. One thread per connection, no parsing beyond that
+ * and no storage, so what the client reaches against it is what the client and the kernel allow, not what a
+ * server adds.
  *
  *     null_server <reply-bytes>      listens on 127.0.0.1, an ephemeral port, and prints "port <n>"
  */
@@ -24,6 +26,10 @@
 
 static char *reply;
 static size_t reply_len;
+static const char probe_prefix[] = "probe:"; /* the bench's small GET on its own connection */
+static const char probe_reply[] = "$100\r\n"
+                                  "0123456789012345678901234567890123456789012345678901234567890123456789"
+                                  "012345678901234567890123456789\r\n";
 
 struct conn {
     int fd;
@@ -91,11 +97,13 @@ static int send_all(int fd, const char *data, size_t n) {
 static void *serve(void *arg) {
     struct conn *c = arg;
     char first[16];
+    int probe;
     for (;;) {
         char *line = read_line(c);
         if (!line || line[0] != '*') break;
         long args = strtol(line + 1, NULL, 10);
         first[0] = 0;
+        probe = 0;
         for (long i = 0; i < args; i++) {
             line = read_line(c);
             if (!line || line[0] != '$') goto done;
@@ -108,9 +116,16 @@ static void *serve(void *arg) {
             }
             if (read_exact(c, c->scratch, len)) goto done;
             if (i == 0) snprintf(first, sizeof first, "%.*s", (int)(len - 2 < 15 ? len - 2 : 15), c->scratch);
+            if (i == 1) probe = len - 2 >= sizeof probe_prefix - 1 && !memcmp(c->scratch, probe_prefix, sizeof probe_prefix - 1);
         }
-        int is_get = strcasecmp(first, "GET") == 0;
-        if (is_get ? send_all(c->fd, reply, reply_len) : send_all(c->fd, "+OK\r\n", 5)) break;
+        int failed;
+        if (strcasecmp(first, "GET") != 0)
+            failed = send_all(c->fd, "+OK\r\n", 5);
+        else if (probe)
+            failed = send_all(c->fd, probe_reply, sizeof probe_reply - 1);
+        else
+            failed = send_all(c->fd, reply, reply_len);
+        if (failed) break;
     }
 done:
     close(c->fd);

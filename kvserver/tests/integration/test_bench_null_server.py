@@ -31,6 +31,8 @@ def test_the_null_server_takes_sets_and_answers_gets_with_its_reply() -> None:
         assert client.set("k", b"v" * size) is True
         value = client.get("anything")
         assert isinstance(value, bytes) and len(value) == size and value.count(0) == size
+        probe = client.get(bench.PROBE_KEY)  # the small GET that times what the load costs others
+        assert isinstance(probe, bytes) and len(probe) == 100
         pipe = client.pipeline(transaction=False)  # requests arriving together are answered in order
         pipe.set("a", b"x" * 70_000)
         pipe.get("a")
