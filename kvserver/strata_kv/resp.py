@@ -66,7 +66,7 @@ class RequestParser:
         self._big: memoryview | None = None  # a large value being received straight into its own mapping
         self._big_filled = 0
         self._big_want = 0  # a large value announced whose buffer is not taken yet (see `get_buffer`)
-        self._big_head = b""  # its first bytes, which arrived with the header
+        self._big_head = (0, 0)  # where its first bytes, which arrived with the header, lie in _buf (start, length)
         self.big_values_started = 0  # large values begun so far (the server reserves memory for each)
         self._crlf_pending = False
         self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
@@ -121,7 +121,7 @@ class RequestParser:
         self._buf = bytearray()
         self._pos = self._end = 0
         self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
-        self._big, self._big_filled, self._big_want, self._big_head = None, 0, 0, b""
+        self._big, self._big_filled, self._big_want, self._big_head = None, 0, 0, (0, 0)
         self._crlf_pending = False
 
     @property
@@ -135,10 +135,11 @@ class RequestParser:
         Taken this late, not when the header arrives, so a connection the server holds back (its
         in-flight budget is spent) holds no buffer, and a recycled, fully resident one least of all.
         """
-        want, head = self._big_want, self._big_head
+        want, (start, have) = self._big_want, self._big_head
         big = self.pool.take(want) if self.pool is not None else memoryview(new_mapping(want))
-        big[: len(head)] = head
-        self._big, self._big_filled, self._big_want, self._big_head = big, len(head), 0, b""
+        with memoryview(self._buf) as view:  # the head is still where it arrived: nothing reads into _buf before this
+            big[:have] = view[start : start + have]
+        self._big, self._big_filled, self._big_want, self._big_head = big, have, 0, (0, 0)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
@@ -239,8 +240,7 @@ class RequestParser:
                 self._bulk = n
             if self._bulk >= _BIG_VALUE:  # receive the rest straight into the value's own mapping
                 have = min(self._end - self._pos, self._bulk)
-                with memoryview(buf) as view:
-                    self._big_head = bytes(view[self._pos : self._pos + have])
+                self._big_head = (self._pos, have)
                 self._pos += have
                 self._big_want, self._bulk = self._bulk, -1
                 self.big_values_started += 1
