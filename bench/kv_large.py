@@ -15,7 +15,8 @@ per cell comes from /proc (VmHWM, reset before each cell through clear_refs). Se
 time, alternating per value size.
 
     .venv/bin/python bench/kv_large.py [--sizes 4,16,64] [--clients 1,8,32] [--seconds 3] [--unix]
-        [--json bench/results/kv_large.json] [--png bench/results/kv_large.png] [--markdown]
+        [--json bench/results/kv_large.json] [--png bench/results/kv_large.png] [--markdown] [--probe]
+    .venv/bin/python bench/kv_large.py --report bench/results/kv_large.json [--png ...]   # from a saved run
 """
 
 from __future__ import annotations
@@ -368,11 +369,17 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
     return rows
 
 
-def table(rows: list[dict[str, Any]], transport: str) -> str:
+def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, Any]] | None = None) -> str:
+    """Strata next to Redis per cell; over TCP also the client's ceiling (the null server) for the same cell, and
+    with `--probe` the small GET's p99 on each server and on the null server (the machine's own floor)."""
     by = {(r["server"], r["transport"], r["op"], r["size_mib"], r["clients"]): r for r in rows}
-    out = ["| value | op | clients | Strata GB/s | Redis GB/s | ratio | p99 Strata ms | p99 Redis ms | "
-           "peak RSS Strata GB | peak RSS Redis GB |",
-           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    limits = {(r["op"], r["size_mib"], r["clients"]): r for r in ceiling or []} if transport == "tcp" else {}
+    probed = any("probe_p99_ms" in r and r["probe_p99_ms"] == r["probe_p99_ms"] for r in rows)  # not NaN
+    head = "| value | op | clients | Strata GB/s | Redis GB/s | ratio |"
+    head += " client ceiling GB/s |" if limits else ""
+    head += " p99 Strata ms | p99 Redis ms | peak RSS Strata GB | peak RSS Redis GB |"
+    head += (" small GET p99 Strata / Redis" + (" / null" if limits else "") + " ms |") if probed else ""
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
     for (server, tr, op, size, c), s in sorted(by.items(), key=lambda kv: (kv[0][3], kv[0][2] != "SET", kv[0][4])):
         if server != "strata" or tr != transport:
             continue
@@ -380,10 +387,23 @@ def table(rows: list[dict[str, Any]], transport: str) -> str:
         if r is None:
             continue
         ratio = s["gbps"] / r["gbps"] if r["gbps"] else float("inf")
-        rss = f"{s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f}"
-        out.append(f"| {size} MiB | {op} | {c} | {s['gbps']:.2f} | {r['gbps']:.2f} | {ratio:.2f}x | "
-                   f"{s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {rss} |")  # fmt: skip
+        line = f"| {size} MiB | {op} | {c} | {_gbps(s)} | {_gbps(r)} | {ratio:.2f}x |"
+        limit = limits.get((op, size, c))
+        if limits:
+            line += f" {limit['gbps']:.2f} |" if limit else " - |"
+        line += f" {s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f} |"
+        if probed:
+            floor = (f" / {limit['probe_p99_ms']:.1f}" if limit else " / -") if limits else ""
+            line += f" {s['probe_p99_ms']:.1f} / {r['probe_p99_ms']:.1f}{floor} |"
+        out.append(line)
     return "\n".join(out)
+
+
+def _gbps(cell: dict[str, Any]) -> str:
+    """GB/s, with the range over the runs where several were merged."""
+    runs = cell.get("gbps_runs", [])
+    spread = f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+    return f"{cell['gbps']:.2f}{spread}"
 
 
 def shared_table(rows: list[dict[str, Any]], memcpy: float) -> str:
@@ -429,7 +449,7 @@ def compare(before: Path, after: Path) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, ceiling: list[dict[str, Any]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,6 +466,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                              and r["clients"] == c)  # fmt: skip
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=server)
+            limit = sorted((r["size_mib"], r["gbps"]) for r in ceiling if r.get("op") == op and r["clients"] == c)
+            if limit:
+                ax.plot([p[0] for p in limit], [p[1] for p in limit], ":", color="gray", label="client ceiling")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{op}, {c} client{'s' if c > 1 else ''}")
             ax.set_xlabel("value size (MiB)")
@@ -475,9 +498,14 @@ def main() -> None:
     ap.add_argument("--png", type=Path)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print a table, run nothing")
+    ap.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                    help="tables (and --png) of saved --json runs, each cell the median of the runs; run nothing")  # fmt: skip
     args = ap.parse_args()
     if args.compare:
         print(compare(*args.compare))
+        return
+    if args.report:
+        report(merge_runs([json.loads(path.read_text()) for path in args.report]), args.png, True)
         return
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
     ops = args.ops.split(",")
@@ -517,11 +545,54 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
-    if args.png:
-        plot(rows, args.png)
-    if args.markdown:
-        print("\nTCP\n" + table(rows, "tcp"))
-        if args.unix:
+    report(result, args.png, args.markdown)
+
+
+def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of the same matrix as one: each cell's GB/s, p50, p99 and small-GET p99 the median over the
+    runs (`gbps_runs` keeps every run's GB/s), its peak RSS the highest. On a machine shared with other work one
+    run's cell can be off by 2-4x, so a table worth reading takes more than one run."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    def merged(cells: list[list[dict[str, Any]]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for run in cells:
+            for cell in run:
+                groups.setdefault(tuple(cell.get(k) for k in key), []).append(cell)
+        out = []
+        for group in groups.values():
+            cell = dict(group[0])
+            for field in ("gbps", "p50_ms", "p99_ms", "probe_p99_ms"):
+                if all(field in c for c in group):
+                    cell[field] = median([c[field] for c in group])
+            if all("peak_rss" in c for c in group):
+                cell["peak_rss"] = max(c["peak_rss"] for c in group)
+            cell["gbps_runs"] = [c["gbps"] for c in group]
+            out.append(cell)
+        return out
+
+    return {
+        "runs": len(runs),
+        "machine": [run["machine"] for run in runs],
+        "memcpy_gbps": median([run["memcpy_gbps"] for run in runs]),
+        "client_ceiling": merged([run["client_ceiling"] for run in runs], ("op", "size_mib", "clients")),
+        "cells": merged([run["cells"] for run in runs], ("server", "transport", "op", "size_mib", "clients")),
+    }
+
+
+def report(result: dict[str, Any], png: Path | None, markdown: bool) -> None:
+    rows = result["cells"]
+    if png:
+        plot(rows, png, result.get("client_ceiling", []))
+    if markdown:
+        print("\nTCP\n" + table(rows, "tcp", result.get("client_ceiling")))
+        if any(r["transport"] == "unix" for r in rows):
             print("\nUnix socket\n" + table(rows, "unix"))
             print("\nUnix socket, Strata GET: bytes vs shared memory\n" + shared_table(rows, result["memcpy_gbps"]))
 
