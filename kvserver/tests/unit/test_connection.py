@@ -36,6 +36,9 @@ class FakeTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
     def pause_reading(self) -> None:
         self.reading = False
 
@@ -115,6 +118,29 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector() -> No
     del conn
     await turns()
     assert ref() is None, f"connection still referenced by {[type(r).__name__ for r in gc.get_referrers(ref())]}"
+
+
+async def test_a_large_reply_leaves_turns_to_the_others() -> None:
+    """B's PING is answered while A's 16 MiB GET reply is still being written: the reply goes out in slices with
+    a turn for other connections after each, not in one write that holds the loop until the socket takes it."""
+    server = make_server()
+    value = bytes(range(256)) * (16 * 1024 * 1024 // 256)
+    assert server.store.set_nowait(b"big", value)
+    a, ta = open_connection(server)
+    b, tb = open_connection(server)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(receive, a, resp.command("GET", "big"))  # both arrive in one turn of the loop
+    loop.call_soon(receive, b, resp.command("PING"))
+    while tb.written != resp.PONG:
+        await asyncio.sleep(0)
+    reply = b"".join(resp.bulk(value))
+    assert len(ta.written) < len(reply), "the other client waited for the whole large reply"
+    for _ in range(10_000):
+        if len(ta.written) == len(reply):
+            break
+        await asyncio.sleep(0)
+    assert ta.written == reply, "the slices make up the value, in order"
+    assert ta.writes > 2, "written in slices"
 
 
 async def test_a_pipelining_connection_leaves_turns_to_the_others() -> None:
