@@ -388,8 +388,9 @@ class RespConnection(asyncio.BufferedProtocol):
         the wait an MGET repeating one large key copied the whole reply into memory. Parts stay separate
         writes, so a large value reaches the socket uncopied when it can take it. A part above
         `_WRITE_SLICE` goes in slices with a turn for other connections after each: handed over whole, the
-        loop's writer kept at it while the socket took it, and a small GET elsewhere waited 56-75 ms behind
-        8 streams of 64 MiB here (6-14 ms in slices). False: the connection closed meanwhile.
+        loop's writer kept at it while the socket took it, and a small GET elsewhere waited 73-100 ms behind
+        8 streams of 64 MiB here (5-9 ms in 1 MiB slices, 27-38 ms in 4 MiB ones; the price is 10-20% of GET
+        throughput, see the kvserver README). False: the connection closed meanwhile.
         """
         assert self.transport is not None
         if isinstance(reply, SharedReply):
