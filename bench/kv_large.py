@@ -499,7 +499,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print a table, run nothing")
     ap.add_argument("--report", type=Path, nargs="+", metavar="JSON",
-                    help="tables (and --png) of saved --json runs, each cell the median of the runs; run nothing")  # fmt: skip
+                    help="tables (and --png) of saved --json runs, each cell their median; run nothing")  # fmt: skip
     args = ap.parse_args()
     if args.compare:
         print(compare(*args.compare))
