@@ -26,11 +26,13 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import math
 import mmap
 import multiprocessing as mp
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -374,7 +376,7 @@ def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, An
     with `--probe` the small GET's p99 on each server and on the null server (the machine's own floor)."""
     by = {(r["server"], r["transport"], r["op"], r["size_mib"], r["clients"]): r for r in rows}
     limits = {(r["op"], r["size_mib"], r["clients"]): r for r in ceiling or []} if transport == "tcp" else {}
-    probed = any("probe_p99_ms" in r and r["probe_p99_ms"] == r["probe_p99_ms"] for r in rows)  # not NaN
+    probed = any(not math.isnan(r.get("probe_p99_ms", math.nan)) for r in rows)
     head = "| value | op | clients | Strata GB/s | Redis GB/s | ratio |"
     head += " client ceiling GB/s |" if limits else ""
     head += " p99 Strata ms | p99 Redis ms | peak RSS Strata GB | peak RSS Redis GB |"
@@ -555,11 +557,6 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
 
-    def median(values: list[float]) -> float:
-        ordered = sorted(values)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
     def merged(cells: list[list[dict[str, Any]]], key: tuple[str, ...]) -> list[dict[str, Any]]:
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for run in cells:
@@ -570,7 +567,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             cell = dict(group[0])
             for field in ("gbps", "p50_ms", "p99_ms", "probe_p99_ms"):
                 if all(field in c for c in group):
-                    cell[field] = median([c[field] for c in group])
+                    cell[field] = statistics.median(c[field] for c in group)
             if all("peak_rss" in c for c in group):
                 cell["peak_rss"] = max(c["peak_rss"] for c in group)
             cell["gbps_runs"] = [c["gbps"] for c in group]
@@ -580,7 +577,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(runs),
         "machine": [run["machine"] for run in runs],
-        "memcpy_gbps": median([run["memcpy_gbps"] for run in runs]),
+        "memcpy_gbps": statistics.median(run["memcpy_gbps"] for run in runs),
         "client_ceiling": merged([run["client_ceiling"] for run in runs], ("op", "size_mib", "clients")),
         "cells": merged([run["cells"] for run in runs], ("server", "transport", "op", "size_mib", "clients")),
     }

@@ -18,6 +18,7 @@ import socket
 import stat
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
@@ -403,17 +404,23 @@ class RespConnection(asyncio.BufferedProtocol):
             reply = reply.fallback
         parts = (reply,) if isinstance(reply, bytes) else reply
         for part in parts:
-            sliced = len(part) > _WRITE_SLICE
-            view = memoryview(part) if sliced else part  # slices of a view copy nothing
-            for start in range(0, len(part), _WRITE_SLICE) if sliced else (0,):
-                self.transport.write(view[start : start + _WRITE_SLICE] if sliced else part)
+            for piece in _slices(part):
+                self.transport.write(piece)
                 if not self.can_write.is_set():
                     await self.can_write.wait()
                     if self.transport.is_closing():
                         return False
-                elif sliced:
+                elif piece is not part:
                     await asyncio.sleep(0)  # the socket took the slice: other connections get their turn
         return True
+
+
+def _slices(part: bytes) -> Sequence[bytes | memoryview]:
+    """`part` itself, or, above `_WRITE_SLICE`, views of it that slice size each (slices of a view copy nothing)."""
+    if len(part) <= _WRITE_SLICE:
+        return (part,)
+    view = memoryview(part)
+    return [view[start : start + _WRITE_SLICE] for start in range(0, len(view), _WRITE_SLICE)]
 
 
 def _raise_open_file_limit() -> None:
