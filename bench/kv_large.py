@@ -10,9 +10,10 @@ Cells: value size x (SET, GET) x client count, over TCP (and, with `--unix`, ove
 to this machine's memcpy bandwidth, and Strata's GETs once more as `unix-shm`: `STRATA.GETFD` with
 `listen.shared_memory`, the value's memory handed over and copied once into the client's buffer).
 The key space is filled before the GETs, so every GET is a hit; SETs overwrite keys of the same key
-space, so both servers hold the same bytes throughout. Peak RSS
-per cell comes from /proc (VmHWM, reset before each cell through clear_refs). Servers run one at a
-time, alternating per value size.
+space, so both servers hold the same bytes throughout. Peak RSS per cell comes from /proc (VmHWM, reset
+before each cell through clear_refs), and so does each server's CPU time per GB moved (utime + stime of all
+its threads; the null server's is what the kernel's side alone costs). Servers run one at a time,
+alternating per value size.
 
     .venv/bin/python bench/kv_large.py [--sizes 4,16,64] [--clients 1,8,32] [--seconds 3] [--unix]
         [--json bench/results/kv_large.json] [--png bench/results/kv_large.png] [--markdown] [--probe]
@@ -260,6 +261,19 @@ def reset_peak(pid: int) -> None:
         f.write("5")  # resets VmHWM to the current RSS
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of all of `pid`'s threads so far (/proc/<pid>/stat utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms_per_gb(pid: int, since: float, cell: dict[str, Any], size: int) -> float:
+    """The server's CPU time per GB of values the cell moved: what it leaves to the rest of a busy node, and less at
+    the mercy of other work on the machine than GB/s (it still varies: the kernel's copies slow down too)."""
+    moved = cell["requests"] * size / 1e9
+    return (cpu_seconds(pid) - since) * 1e3 / moved if moved else math.nan
+
+
 def peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -284,7 +298,7 @@ def null_server_binary() -> Path:
 
 
 @contextlib.contextmanager
-def null_server(size: int) -> Iterator[tuple[str, int]]:
+def null_server(size: int) -> Iterator[tuple[int, Address]]:
     """The cheapest server (`null_server.c`): GETs answered from one preallocated reply, SET values received into
     a reused buffer and dropped. What the load generator reaches against it is its own ceiling."""
     proc = subprocess.Popen([str(null_server_binary()), str(size)], stdout=subprocess.PIPE, text=True)
@@ -292,7 +306,7 @@ def null_server(size: int) -> Iterator[tuple[str, int]]:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("port "):
             raise RuntimeError(f"null_server did not start: {line!r}")
-        yield "127.0.0.1", int(line.split()[1])
+        yield proc.pid, ("127.0.0.1", int(line.split()[1]))
     finally:
         proc.kill()
         proc.wait()
@@ -355,14 +369,16 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
                     fill(tcp, size, keys)  # SETs under load may have evicted keys (both servers are caches)
                 for c in clients:
                     reset_peak(pid)
+                    cpu = cpu_seconds(pid)
                     r = load(addr, op, size, keys, c, seconds, probe)
                     r.update(server=name, transport=transport, op=op, size_mib=size // MiB, clients=c,
-                             peak_rss=peak_rss(pid))  # fmt: skip
+                             peak_rss=peak_rss(pid), cpu_ms_per_gb=cpu_ms_per_gb(pid, cpu, r, size))  # fmt: skip
                     if r["errors"]:
                         print(f"  {len(r['errors'])} client errors, e.g. {r['errors'][0]}", flush=True)
                     print(f"  {name:6} {transport:4} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
                           f"p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  peak RSS "
-                          f"{r['peak_rss'] / 1e9:5.2f} GB", flush=True)  # fmt: skip
+                          f"{r['peak_rss'] / 1e9:5.2f} GB  server CPU {r['cpu_ms_per_gb']:5.0f} ms/GB",
+                          flush=True)  # fmt: skip
                     if probe:
                         print(
                             f"    small GET on another connection meanwhile: p99 {r['probe_p99_ms']:.1f} ms", flush=True
@@ -373,13 +389,16 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
 
 def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, Any]] | None = None) -> str:
     """Strata next to Redis per cell; over TCP also the client's ceiling (the null server) for the same cell, and
-    with `--probe` the small GET's p99 on each server and on the null server (the machine's own floor)."""
+    with `--probe` the small GET's p99 on each server and on the null server (the machine's own floor), and where
+    the runs measured it each server's CPU time per GB moved (the null server's: what the kernel alone costs)."""
     by = {(r["server"], r["transport"], r["op"], r["size_mib"], r["clients"]): r for r in rows}
     limits = {(r["op"], r["size_mib"], r["clients"]): r for r in ceiling or []} if transport == "tcp" else {}
     probed = any(not math.isnan(r.get("probe_p99_ms", math.nan)) for r in rows)
     head = "| value | op | clients | Strata GB/s | Redis GB/s | ratio |"
     head += " client ceiling GB/s |" if limits else ""
     head += " p99 Strata ms | p99 Redis ms | peak RSS Strata GB | peak RSS Redis GB |"
+    cpu = all("cpu_ms_per_gb" in r for r in rows)
+    head += (" server CPU ms/GB Strata / Redis" + (" / null" if limits else "") + " |") if cpu else ""
     head += (" small GET p99 Strata / Redis" + (" / null" if limits else "") + " ms |") if probed else ""
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for (server, tr, op, size, c), s in sorted(by.items(), key=lambda kv: (kv[0][3], kv[0][2] != "SET", kv[0][4])):
@@ -394,6 +413,11 @@ def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, An
         if limits:
             line += f" {limit['gbps']:.2f} |" if limit else " - |"
         line += f" {s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f} |"
+        if cpu:
+            floor = ""
+            if limits:
+                floor = f" / {limit['cpu_ms_per_gb']:.0f}" if limit and "cpu_ms_per_gb" in limit else " / -"
+            line += f" {s['cpu_ms_per_gb']:.0f} / {r['cpu_ms_per_gb']:.0f}{floor} |"
         if probed:
             floor = (f" / {limit['probe_p99_ms']:.1f}" if limit else " / -") if limits else ""
             line += f" {s['probe_p99_ms']:.1f} / {r['probe_p99_ms']:.1f}{floor} |"
@@ -522,14 +546,16 @@ def main() -> None:
     print(f"memcpy (one thread, 64 MiB, touched buffers): {result['memcpy_gbps']:.1f} GB/s", flush=True)
     ceiling = []
     for size in sizes:
-        with null_server(size) as addr:
+        with null_server(size) as (pid, addr):
             for op in ops:
                 for c in clients:
+                    cpu = cpu_seconds(pid)
                     r = load(addr, op, size, 1, c, min(args.seconds, 2.0), args.probe)
-                    r.update(op=op, size_mib=size // MiB, clients=c)
+                    r.update(op=op, size_mib=size // MiB, clients=c, cpu_ms_per_gb=cpu_ms_per_gb(pid, cpu, r, size))
                     ceiling.append(r)
                     probe = f"  small GET p99 {r['probe_p99_ms']:.1f} ms" if args.probe else ""
-                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s{probe}", flush=True)
+                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
+                          f"server CPU {r['cpu_ms_per_gb']:5.0f} ms/GB{probe}", flush=True)  # fmt: skip
     result["client_ceiling"] = ceiling
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:
@@ -565,7 +591,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out = []
         for group in groups.values():
             cell = dict(group[0])
-            for field in ("gbps", "p50_ms", "p99_ms", "probe_p99_ms"):
+            for field in ("gbps", "p50_ms", "p99_ms", "probe_p99_ms", "cpu_ms_per_gb"):
                 if all(field in c for c in group):
                     cell[field] = statistics.median(c[field] for c in group)
             if all("peak_rss" in c for c in group):

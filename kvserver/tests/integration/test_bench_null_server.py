@@ -26,7 +26,7 @@ def kv_large():
 def test_the_null_server_takes_sets_and_answers_gets_with_its_reply() -> None:
     bench = kv_large()
     size = 3 * 1024 * 1024 + 5  # larger than its read buffer, and not a round number
-    with bench.null_server(size) as (host, port):
+    with bench.null_server(size) as (_, (host, port)):
         client = redis.Redis(host=host, port=port, socket_timeout=30, protocol=2)  # it answers no HELLO
         assert client.set("k", b"v" * size) is True
         value = client.get("anything")
