@@ -249,6 +249,7 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
         stats["value_pool_reused"] = state.value_pool.reused
         stats["value_pool_created"] = state.value_pool.created
     stats["shared_replies"] = state.shared_replies
+    stats["sender_replies"] = state.sender_replies
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
 
 

@@ -9,6 +9,7 @@ write buffer is full.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import os
@@ -53,6 +54,8 @@ _TURN_COMMANDS = 32
 _TURN_BYTES = 256 * 1024
 _WRITE_SLICE = 1024 * 1024  # a larger reply is written in slices of this size, with a turn for others after each
 _WRITE_AHEAD = 4 * _WRITE_SLICE  # slices queued beyond what the socket took, so it never waits on the next one
+_SEND_CHUNK = 4 * _WRITE_SLICE  # one sender job's most; the connection's next chunk queues behind other jobs
+_SEND_VIEWS = 512  # buffers per sendmsg, well under IOV_MAX (1024 on Linux)
 
 
 MIN_TOKEN_BYTES = 16  # shorter auth tokens get a warning at start
@@ -94,6 +97,9 @@ class RespConnection(asyncio.BufferedProtocol):
         self.reserved_values = 0  # how many of the parser's large values are covered
         self.waiting_budget = False
         self.fd_socket: socket.socket | None = None  # Unix connections with listen.shared_memory: sends memfds
+        self.send_socket: socket.socket | None = None  # the sender threads' handle on the connection
+        self.sending_off_loop = False  # `_send_off_loop` runs; it closes `send_socket` if the connection goes
+        self.closed = False
 
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -307,9 +313,13 @@ class RespConnection(asyncio.BufferedProtocol):
             self.reserved = 0
         self.parser.release()
         self.can_write.set()
+        self.closed = True
         if self.fd_socket is not None:
             self.fd_socket.close()
             self.fd_socket = None
+        if self.send_socket is not None and not self.sending_off_loop:
+            self.send_socket.close()
+            self.send_socket = None
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -391,7 +401,8 @@ class RespConnection(asyncio.BufferedProtocol):
         `_WRITE_SLICE` goes in slices with a turn for other connections after each: handed over whole, the
         loop's writer kept at it while the socket took it, and a small GET elsewhere waited 73-100 ms behind
         8 streams of 64 MiB here (5-9 ms in 1 MiB slices, 27-38 ms in 4 MiB ones; the price is 10-20% of GET
-        throughput, see the kvserver README). False: the connection closed meanwhile.
+        throughput, see the kvserver README). With `listen.sender_threads`, a large reply while another is going
+        out is sent from a thread instead (`_send_off_loop`). False: the connection closed meanwhile.
         """
         assert self.transport is not None
         if isinstance(reply, SharedReply):
@@ -403,6 +414,23 @@ class RespConnection(asyncio.BufferedProtocol):
                 return True
             reply = reply.fallback
         parts = (reply,) if isinstance(reply, bytes) else reply
+        if not any(len(part) > _WRITE_SLICE for part in parts):
+            return await self._write_parts(parts)
+        server = self.server
+        server.large_replies += 1
+        try:
+            # A second large reply at once goes to a sender thread when there are any; one alone costs less
+            # on the loop (no hand-overs), and that is what a single client would pay.
+            sock = self._sender_socket() if server.senders is not None and server.large_replies > 1 else None
+            if sock is not None and not self.transport.get_write_buffer_size():  # nothing queued it could overtake
+                return await self._send_off_loop(sock, parts)
+            return await self._write_parts(parts)
+        finally:
+            server.large_replies -= 1
+
+    async def _write_parts(self, parts: Sequence[bytes]) -> bool:
+        """`_write` on the loop: part by part, large parts slice by slice."""
+        assert self.transport is not None
         for part in parts:
             for piece in _slices(part):
                 self.transport.write(piece)
@@ -413,6 +441,113 @@ class RespConnection(asyncio.BufferedProtocol):
                 elif piece is not part:
                     await asyncio.sleep(0)  # the socket took the slice: other connections get their turn
         return True
+
+    def _sender_socket(self) -> socket.socket | None:
+        """A second handle on the connection's socket for the sender threads (None: the transport has none)."""
+        if self.send_socket is None:
+            assert self.transport is not None
+            sock = self.transport.get_extra_info("socket")
+            if sock is None:
+                return None
+            self.send_socket = socket.socket(fileno=os.dup(sock.fileno()))
+        return self.send_socket
+
+    async def _send_off_loop(self, sock: socket.socket, parts: Sequence[bytes]) -> bool:
+        """Send a reply with a large part from the server's sender threads (`listen.sender_threads`),
+        `_SEND_CHUNK` at most per job.
+
+        The kernel's copy into the socket is most of a large GET's cost and runs without the GIL, so on sender
+        threads large replies to several clients go out on several cores while the loop goes on parsing. When
+        the socket is full the connection waits for room on the loop, holding no thread. Called only with the
+        transport's buffer empty, so nothing queued there is overtaken, and the command task (busy with this
+        reply) writes nothing meanwhile. Measured on 2 shared cores, the cores this takes are the clients', and
+        threads the OS deschedules while they hold the GIL hold up the loop: see `listen.sender_threads`.
+        False: the connection is gone.
+        """
+        assert self.server.senders is not None
+        loop = asyncio.get_running_loop()
+        pending = [memoryview(part) for part in parts]
+        job: concurrent.futures.Future[int] | None = None
+        self.sending_off_loop = True
+        try:
+            while pending:
+                chunk = _take(pending, _SEND_CHUNK)
+                job = self.server.senders.submit(_send_until_full, sock, chunk)
+                sent = await asyncio.wrap_future(job)
+                pending = _advance(pending, sent)
+                if sent:
+                    self.last_active = time.monotonic()  # the client is reading
+                if pending and sent < sum(len(view) for view in chunk):
+                    await _writable(loop, sock.fileno())
+            self.server.state.sender_replies += 1
+            return True
+        except OSError:  # reset or broken pipe: the transport reports the loss too
+            return False
+        finally:
+            self.sending_off_loop = False
+            if self.closed:  # connection_lost left the socket to this: close it once no thread uses it
+                _close_when_done(sock, job)
+                self.send_socket = None
+
+
+def _take(views: list[memoryview], limit: int) -> list[memoryview]:
+    """The first `limit` bytes of `views` (at most `_SEND_VIEWS` of them), as views."""
+    out: list[memoryview] = []
+    for view in views[:_SEND_VIEWS]:
+        if len(view) >= limit:
+            out.append(view[:limit])
+            break
+        out.append(view)
+        limit -= len(view)
+    return out
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """`views` less their first `n` bytes."""
+    first = 0
+    while first < len(views) and n >= len(views[first]):
+        n -= len(views[first])
+        first += 1
+    rest = views[first:]
+    if n:
+        rest[0] = rest[0][n:]
+    return rest
+
+
+def _send_until_full(sock: socket.socket, views: list[memoryview]) -> int:
+    """On a sender thread: send `views` until all went or the socket is full; the bytes sent."""
+    sent = 0
+    try:
+        while views:
+            n = sock.sendmsg(views)
+            sent += n
+            views = _advance(views, n)
+    except (BlockingIOError, InterruptedError):
+        pass
+    return sent
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Wait until the socket `fd` has room to send."""
+    room: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not room.done():
+            room.set_result(None)
+
+    loop.add_writer(fd, ready)
+    try:
+        await room
+    finally:
+        loop.remove_writer(fd)
+
+
+def _close_when_done(sock: socket.socket, job: concurrent.futures.Future[int] | None) -> None:
+    """Close `sock` now, or once the sender thread's `job` on it is done (closed under it, its fd could be reused)."""
+    if job is None or job.done():
+        sock.close()
+    else:
+        job.add_done_callback(lambda _: sock.close())
 
 
 def _slices(part: bytes) -> Sequence[bytes | memoryview]:
@@ -445,6 +580,9 @@ class KVServer:
         self.store.l1.on_drop = self.value_pool.give
         self.state.value_pool = self.value_pool
         self.state.inflight = self.inflight
+        senders = cfg.listen.sender_threads
+        self.senders = ThreadPoolExecutor(senders, thread_name_prefix="strata-kv-send") if senders else None
+        self.large_replies = 0  # replies with a part above `_WRITE_SLICE` being written now, on either path
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()
         self.unauthenticated: dict[int, RespConnection] = {}  # by session id, oldest first
@@ -515,6 +653,8 @@ class KVServer:
                 conn.transport.close()
         drained = await self.store.close()
         await self.metrics.stop()
+        if self.senders is not None:
+            self.senders.shutdown(wait=False)
         if self.state.unix_socket:
             Path(self.state.unix_socket).unlink(missing_ok=True)
         log.info("strata-kv stopped (write-behind %s)", "drained" if drained else "NOT fully drained")

@@ -70,6 +70,8 @@ class ServerState:
     commands_processed: int = 0
     shared_replies: int = 0
     """STRATA.GETFD replies that handed over a memfd (the rest were sent as bytes)."""
+    sender_replies: int = 0
+    """Replies sent by the sender threads (`listen.sender_threads`): those holding a value above 1 MiB."""
     tcp_port: int = 0
     unix_socket: str = ""
     inflight: Any = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 from strata_kv import resp
 from strata_kv.config import KVServerConfig
-from strata_kv.server import KVServer, RespConnection
+from strata_kv.server import _SEND_CHUNK, _SEND_VIEWS, KVServer, RespConnection, _advance, _take
+
+MiB = 1024 * 1024
 
 
 class FakeTransport(asyncio.Transport):
@@ -164,3 +167,23 @@ async def test_a_pipelining_connection_leaves_turns_to_the_others() -> None:
             break
         await asyncio.sleep(0)
     assert bytes(ta.written) == reply * n  # every reply, in order
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sender_jobs_cover_a_replys_parts_once_and_in_order(seed: int) -> None:
+    """`_take` cuts a reply into sender jobs (at most `_SEND_CHUNK` bytes and `_SEND_VIEWS` buffers) and
+    `_advance` drops what a partial send took: chunk after chunk, with sends cut at random points, every byte of
+    every part goes out once, in order."""
+    rng = random.Random(seed)
+    sizes = [0, 5, MiB + 1, 3, 4 * MiB, 17] + [rng.randint(0, 200) for _ in range(700)] + [9 * MiB + 3]
+    parts = [rng.randbytes(n) for n in sizes]
+    pending = [memoryview(part) for part in parts]
+    sent = bytearray()
+    while pending:
+        chunk = _take(pending, _SEND_CHUNK)
+        size = sum(len(view) for view in chunk)
+        assert size <= _SEND_CHUNK and len(chunk) <= _SEND_VIEWS
+        took = size if rng.random() < 0.5 else rng.randint(0, size)  # whole, or cut where the socket filled
+        sent += b"".join(chunk)[:took]
+        pending = _advance(pending, took)
+    assert sent == b"".join(parts)

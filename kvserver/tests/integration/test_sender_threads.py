@@ -1,0 +1,152 @@
+"""`listen.sender_threads`: a reply holding a value above 1 MiB, while another such reply is going out, is sent from
+a thread. Byte-exact and in order among the replies around it, on both event loops and both sockets; one large
+reply alone stays on the loop; a client that stops reading holds no thread; a client gone in the middle of a reply
+gives its connection and descriptors back.
+
+Each test keeps one large reply going out to a client that does not read (`_stalled`), so that the next ones take
+the threads."""
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+import pytest
+import redis
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+SIZES = [MiB + 1, 4 * MiB, 4 * MiB + 1, 9 * MiB + 3]  # around one slice and one sender job (4 MiB)
+BIG = 64 * MiB
+
+
+def _server(factory, threads: int = 2, event_loop: str = "auto"):
+    cfg = {"l1": {"size": "512MiB"}, "listen": {"sender_threads": threads, "event_loop": event_loop}}
+    server = factory(cfg, l2_fs=False)
+    server.redis().set("stall", os.urandom(BIG))
+    return server
+
+
+def _get(s: socket.socket, key: str) -> None:
+    s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key.encode()))
+
+
+def _read_exactly(s: socket.socket, n: int, pause: float = 0.0, step: int = 256 * 1024) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = s.recv(min(step, n - len(out)))
+        assert chunk, f"connection closed after {len(out)} of {n} bytes"
+        out += chunk
+        if pause:
+            time.sleep(pause)
+    return bytes(out)
+
+
+def _bulk_reply(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+@contextmanager
+def _stalled(server, key: str = "stall", size: int = BIG) -> Iterator[tuple[socket.socket, bytes]]:
+    """A client that GETs `key` (of `size` bytes) and reads only the first 64 KiB (yielded with it): its reply
+    stays going out."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    try:
+        _get(s, key)
+        head = _read_exactly(s, 64 * 1024)
+        assert head.startswith(b"$%d\r\n" % size)
+        yield s, head
+    finally:
+        s.close()
+
+
+def _sender_replies(server) -> int:
+    return int(server.client().stats()["sender_replies"])
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_large_replies_are_byte_exact_and_in_order_among_small_ones(kv_server_factory, event_loop, transport) -> None:
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
+    server = _server(kv_server_factory, event_loop=event_loop)
+    unix = redis.Redis(unix_socket_path=server.unix_socket, socket_timeout=30)
+    r = server.redis() if transport == "tcp" else unix
+    values = [os.urandom(size) for size in SIZES]
+    for i, value in enumerate(values):
+        r.set(f"big{i}", value)
+    assert r.get("big1") == values[1]
+    assert _sender_replies(server) == 0, "one large reply alone is the loop's"
+    small = {f"s{i}": os.urandom(100) for i in range(600)}
+    r.mset(small)
+    with _stalled(server):
+        pipe = r.pipeline(transaction=False)  # one read of requests, one stream of replies: any overtaking shows
+        pipe.get("s0").get("big0").get("s1").get("big1").get("big2")
+        pipe.mget([*small, "big3"])  # 602 parts in one reply, more than one sendmsg takes
+        pipe.get("big3").ping()
+        got = pipe.execute()
+        assert got[:5] == [small["s0"], values[0], small["s1"], values[1], values[2]]
+        assert got[5] == [*small.values(), values[3]]
+        assert got[6:] == [values[3], True]
+        assert _sender_replies(server) == 5
+
+
+def test_with_no_sender_threads_the_loop_sends_every_large_reply(kv_server_factory) -> None:
+    server = _server(kv_server_factory, threads=0)
+    r = server.redis()
+    values = [os.urandom(size) for size in SIZES]
+    for i, value in enumerate(values):
+        r.set(f"big{i}", value)
+    with _stalled(server):
+        assert r.mget([f"big{i}" for i in range(len(values))]) == values
+    assert _sender_replies(server) == 0
+
+
+def test_a_client_that_stops_reading_holds_no_sender_thread(kv_server_factory) -> None:
+    """With one sender thread, a client that stops reading a 32 MiB reply sent from it does not hold up the next
+    large replies: a full socket is waited for on the loop, not on the thread. It then gets every byte."""
+    server = _server(kv_server_factory, threads=1)
+    r = server.redis()
+    slow_value, value = os.urandom(32 * MiB), os.urandom(8 * MiB)
+    r.set("slow", slow_value)
+    r.set("fast", value)
+    with _stalled(server), _stalled(server, "slow", len(slow_value)) as (slow, head):
+        before = _sender_replies(server)
+        for _ in range(10):
+            assert r.get("fast") == value
+            assert r.ping()
+        assert _sender_replies(server) == before + 10
+        rest = _read_exactly(slow, len(_bulk_reply(slow_value)) - len(head), pause=0.0005)
+        assert head + rest == _bulk_reply(slow_value)
+    assert _sender_replies(server) == before + 11
+
+
+def test_a_client_gone_mid_reply_gives_its_connection_back(kv_server_factory) -> None:
+    server = _server(kv_server_factory)
+    assert server.process is not None
+    proc = psutil.Process(server.process.pid)
+    r = server.redis()
+    value = r.get("stall")
+    with _stalled(server):
+        r.ping()
+        fds, clients = proc.num_fds(), len(r.client_list())
+        for abrupt, whole in ((True, False), (False, False), (False, True)):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            _get(s, "stall")
+            if whole:  # the reply went out whole; the connection closes idle
+                assert _read_exactly(s, len(_bulk_reply(value)), step=4 * MiB) == _bulk_reply(value)
+            else:
+                _read_exactly(s, MiB)
+            if abrupt:  # a reset (SO_LINGER 0), as from a killed client
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()
+        deadline = time.monotonic() + 30
+        while (proc.num_fds(), len(r.client_list())) != (fds, clients) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (proc.num_fds(), len(r.client_list())) == (fds, clients), "a connection or descriptor was left"
+        assert r.get("stall") == value
