@@ -125,6 +125,13 @@ class RequestParser:
         self._crlf_pending = False
 
     @property
+    def big_remaining(self) -> int:
+        """Bytes of the large value now announced or being received that have not arrived yet, or 0."""
+        if self._big is not None:
+            return len(self._big) - self._big_filled
+        return self._big_want - self._big_head[1] if self._big_want else 0
+
+    @property
     def receiving(self) -> int:
         """The announced size of the large value being received now, or 0."""
         return len(self._big) if self._big is not None else self._big_want

@@ -1,9 +1,12 @@
 """Large values (MiB-sized chunks): byte-exact over TCP and the Unix socket on both event loops, and a
 memory bound that holds while many clients write large values at once."""
 
+import itertools
 import os
+import socket
 import stat
 import threading
+import time
 
 import psutil
 import pytest
@@ -117,3 +120,28 @@ def test_recycled_buffers_never_change_values_still_being_read(kv_server_factory
         pipe.get(f"k{i}")
     got = pipe.execute()
     assert all(g is None or g in values for g in got)
+
+
+def test_a_large_value_arriving_in_pieces_and_the_small_requests_after_it_are_answered(kv_server_factory) -> None:
+    """While a large value arrives the server asks the kernel to wake it only once much of it is there
+    (SO_RCVLOWAT), never for more than the value still needs, and back to one byte after it: values sent in
+    pieces with pauses, the last one a few bytes, and the small requests behind them are all answered."""
+    server = kv_server_factory({"l1": {"size": "256MiB"}}, l2_fs=False)
+    values = [os.urandom(5 * MiB + 3), os.urandom(MiB + 1), os.urandom(9 * MiB)]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        for i, value in enumerate(values):
+            request = b"*3\r\n$3\r\nSET\r\n$2\r\nk%d\r\n$%d\r\n%s\r\n" % (i, len(value), value)
+            # the header and 9 bytes of the value first, then a third, then all but 7 and the CRLF, then those
+            cuts = [0, 40, len(request) // 3, len(request) - 9, len(request)]
+            for start, end in itertools.pairwise(cuts):
+                s.sendall(request[start:end])
+                time.sleep(0.05)
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            got = b""
+            while len(got) < len(b"+OK\r\n+PONG\r\n"):
+                chunk = s.recv(64)  # times out (the test fails) if the server was never woken
+                assert chunk
+                got += chunk
+            assert got == b"+OK\r\n+PONG\r\n", (i, got)
+    r = server.redis()
+    assert [r.get(f"k{i}") for i in range(len(values))] == values
