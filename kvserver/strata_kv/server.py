@@ -122,7 +122,7 @@ class RespConnection(asyncio.BufferedProtocol):
             self.lowat_socket = transport.get_extra_info("socket")
         if addr == UNIX_ADDR and self.server.cfg.listen.shared_memory:
             # The transports send no ancillary data; a second socket object on the same connection does.
-            self.fd_socket = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+            self.fd_socket = _second_handle(self.transport)
         self.session = Session(next(_ids), addr, authenticated=state.token is None)
         state.sessions[self.session.id] = self.session
         if self.pre_auth:
@@ -444,9 +444,9 @@ class RespConnection(asyncio.BufferedProtocol):
                 return True
             reply = reply.fallback
         parts = (reply,) if isinstance(reply, bytes) else reply
-        if not any(len(part) > _WRITE_SLICE for part in parts):
-            return await self._write_parts(parts)
         server = self.server
+        if server.senders is None or not any(len(part) > _WRITE_SLICE for part in parts):
+            return await self._write_parts(parts)
         server.large_replies += 1
         try:
             # A second large reply at once goes to a sender thread when there are any; one alone costs less
@@ -476,10 +476,7 @@ class RespConnection(asyncio.BufferedProtocol):
         """A second handle on the connection's socket for the sender threads (None: the transport has none)."""
         if self.send_socket is None:
             assert self.transport is not None
-            sock = self.transport.get_extra_info("socket")
-            if sock is None:
-                return None
-            self.send_socket = socket.socket(fileno=os.dup(sock.fileno()))
+            self.send_socket = _second_handle(self.transport)
         return self.send_socket
 
     async def _send_off_loop(self, sock: socket.socket, parts: Sequence[bytes]) -> bool:
@@ -518,6 +515,12 @@ class RespConnection(asyncio.BufferedProtocol):
             if self.closed:  # connection_lost left the socket to this: close it once no thread uses it
                 _close_when_done(sock, job)
                 self.send_socket = None
+
+
+def _second_handle(transport: asyncio.BaseTransport) -> socket.socket | None:
+    """A socket object of its own on the transport's connection (a dup of its fd), or None: it has no socket."""
+    sock = transport.get_extra_info("socket")
+    return None if sock is None else socket.socket(fileno=os.dup(sock.fileno()))
 
 
 def _take(views: list[memoryview], limit: int) -> list[memoryview]:
@@ -612,7 +615,7 @@ class KVServer:
         self.state.inflight = self.inflight
         senders = cfg.listen.sender_threads
         self.senders = ThreadPoolExecutor(senders, thread_name_prefix="strata-kv-send") if senders else None
-        self.large_replies = 0  # replies with a part above `_WRITE_SLICE` being written now, on either path
+        self.large_replies = 0  # with sender threads: replies with a part above `_WRITE_SLICE` going out now
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()
         self.unauthenticated: dict[int, RespConnection] = {}  # by session id, oldest first
