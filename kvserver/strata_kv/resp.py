@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .valuepool import ValuePool, new_mapping
+from .valuepool import ValuePool, value_buffer
 
 CRLF = b"\r\n"
 OK = b"+OK\r\n"
@@ -143,7 +143,7 @@ class RequestParser:
         in-flight budget is spent) holds no buffer, and a recycled, fully resident one least of all.
         """
         want, (start, have) = self._big_want, self._big_head
-        big = self.pool.take(want) if self.pool is not None else memoryview(new_mapping(want))
+        big = self.pool.take(want) if self.pool is not None else value_buffer(want, shared=False)
         with memoryview(self._buf) as view:  # the head is still where it arrived: nothing reads into _buf before this
             big[:have] = view[start : start + have]
         self._big, self._big_filled, self._big_want, self._big_head = big, have, 0, (0, 0)
