@@ -187,3 +187,35 @@ def test_sender_jobs_cover_a_replys_parts_once_and_in_order(seed: int) -> None:
         sent += b"".join(chunk)[:took]
         pending = _advance(pending, took)
     assert sent == b"".join(parts)
+
+
+class MarkRecorder:
+    """Stands in for the connection's socket handle: records the SO_RCVLOWAT marks it is given."""
+
+    def __init__(self) -> None:
+        self.marks: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        self.marks.append(value)
+
+
+async def test_the_low_water_mark_halves_over_a_values_last_megabytes_only_while_it_arrives_alone() -> None:
+    """Alone, the last 4 MiB of a value wake the loop per half of the rest, so it copies while the client still
+    sends; once another value arrives too, the mark is the whole rest (fewer wake-ups). Never above the rest."""
+    server = make_server(limits={"max_inflight_bytes": "64MiB"})
+    alone, _ = open_connection(server)
+    other, _ = open_connection(server)
+    alone.lowat_socket, other.lowat_socket = MarkRecorder(), MarkRecorder()
+    size = 4 * MiB
+    header = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % size
+    receive(alone, header)
+    receive(alone, b"x" * (2 * MiB))
+    receive(alone, b"x" * MiB)
+    assert alone.lowat_socket.marks == [2 * MiB, MiB, 512 * 1024]
+    receive(other, b"*3\r\n$3\r\nSET\r\n$1\r\nj\r\n$%d\r\n" % size)  # another value arrives now
+    receive(alone, b"x" * (512 * 1024))
+    assert alone.lowat_socket.marks[-1] == 512 * 1024 == alone.parser.big_remaining, "the rest, not half of it"
+    assert other.lowat_socket.marks == [size], "not alone: the rest, up to 4 MiB"
+    receive(alone, b"x" * (512 * 1024) + b"\r\n")
+    assert alone.lowat_socket.marks[-1] == 1, "a complete request: back to the first byte"
+    await turns()
