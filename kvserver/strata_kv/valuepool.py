@@ -57,10 +57,11 @@ def value_layout(size: int, shared: bool) -> tuple[int, int]:
     Over TCP that header and the value land back to back in the socket's page fragments, which start from a
     fresh page when the client has read everything before: the kernel then copies the value to an address just
     ahead of the source's within a 4 KiB page, which this machine copies at a third of the speed (4K aliasing:
-    the stores look like they might overlap the loads following them). A page-aligned 4 MiB value cost the
-    server 479-638 ms of CPU per GB of GETs against 222-223 ms placed this way, and sent 1.16-1.66 GB/s
-    against 2.03-2.20 (one client, same run). Receiving a SET into it stays fast: there the source, after the
-    command's longer header, is further into its page than the value is into its own.
+    the stores look like they might overlap the loads following them). One client's 4 MiB GETs, page-aligned,
+    cost the server 331-479 ms of kernel CPU per GB against 222-223 placed this way, and ran at 1.16-1.66 GB/s
+    against 2.03-2.20 (alternating, another job compiling; the kvserver README has the rest). Receiving a SET
+    into it stays fast: there the source, after the command's longer header, is further into its page than the
+    value is into its own.
     """
     if shared and size >= SHARED_FROM:
         return 0, size
