@@ -38,8 +38,8 @@ if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
                pod/fast/pod-delete; do
     cat "$kwok_src/kustomize/stage/$stage.yaml"
     printf '\n---\n'
-  done > "$bin_dir/kwok-stages.yaml.partial"
-  mv "$bin_dir/kwok-stages.yaml.partial" "$bin_dir/kwok-stages.yaml"
+  done > "$bin_dir/kwok-stages.yaml.partial.$$"
+  mv "$bin_dir/kwok-stages.yaml.partial.$$" "$bin_dir/kwok-stages.yaml"
 fi
 printf '%s\n' "kubernetes=${k8s_version}" "etcd=${etcd_version}" "kwok=${kwok_version}" > "$bin_dir/VERSIONS"
 echo "control plane: binaries ready in $bin_dir"

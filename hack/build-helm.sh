@@ -26,8 +26,8 @@ if [[ ! -x "$bin_dir/helm" ]]; then
   for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
     ldflags+=" -X ${pkg}.k8sVersionMajor=1 -X ${pkg}.k8sVersionMinor=${k8s_minor}"
   done
-  (cd "$here/helm" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$bin_dir/helm.partial" helm.sh/helm/v3/cmd/helm)
-  mv "$bin_dir/helm.partial" "$bin_dir/helm"
+  (cd "$here/helm" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$bin_dir/helm.partial.$$" helm.sh/helm/v3/cmd/helm)
+  mv "$bin_dir/helm.partial.$$" "$bin_dir/helm"
   echo "helm: built in $((SECONDS - start))s" >&2
 fi
 echo "$bin_dir/helm"

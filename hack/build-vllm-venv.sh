@@ -22,9 +22,13 @@ venv="${XDG_CACHE_HOME:-$HOME/.cache}/strata/venvs/vllm-${vllm_version}-${req_ha
 
 # A venv is not relocatable (its scripts name their interpreter by absolute path), so it is built in place and
 # counts as complete only once the stamp is written; a half-built one from an interrupted run is started over.
+# Two test processes starting at once (CI's and a developer's own run) build it once: the second waits here, then
+# finds it complete. Without the lock each removed what the other was installing.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [[ ! -f "$venv/.installed" ]]; then
   rm -rf "$venv"
-  mkdir -p "$(dirname "$venv")"
   echo "vllm venv: installing vllm ${vllm_version} into $venv (first time only; ~9 GB, several minutes)" >&2
   start=$SECONDS
   "$python" -m venv "$venv"

@@ -8,8 +8,8 @@ build() {  # build <module dir> <output name> <package> [extra ldflags]
   if [[ -x "$bin_dir/$name" ]]; then return 0; fi
   echo "$label: building $name ($pkg) into $bin_dir (first time only; several minutes)"
   local start=$SECONDS
-  (cd "$here/$dir" && go build -trimpath -ldflags="-s -w $extra" -o "$bin_dir/$name.partial" "$pkg")
-  mv "$bin_dir/$name.partial" "$bin_dir/$name"
+  (cd "$here/$dir" && go build -trimpath -ldflags="-s -w $extra" -o "$bin_dir/$name.partial.$$" "$pkg")
+  mv "$bin_dir/$name.partial.$$" "$bin_dir/$name"  # a per-process name: two builds at once never share one
   echo "$label: built $name in $((SECONDS - start))s"
 }
 
