@@ -239,6 +239,7 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
     stats: dict[str, Any] = state.store.stats()
     stats["connected_clients"] = len(state.sessions)
     stats["commands_processed"] = state.commands_processed
+    stats["values_refused"] = state.values_refused
     if state.inflight is not None:
         stats["inflight_bytes"] = state.inflight.used
         stats["inflight_limit_bytes"] = state.inflight.limit

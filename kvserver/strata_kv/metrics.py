@@ -104,6 +104,11 @@ class _StoreCollector(Collector):
             closed.add_metric([reason], n)
         yield closed
         yield CounterMetricFamily("strata_kv_commands", "Commands processed", value=self.state.commands_processed)
+        yield CounterMetricFamily(
+            "strata_kv_values_refused",
+            "Large values dropped: no memory could be mapped for them (the command got -OOM)",
+            value=self.state.values_refused,
+        )
         if "events_queued" in st:
             queued = st["events_queued"]
             yield CounterMetricFamily("strata_kv_events_queued", "KV events queued to publish", value=queued)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .valuepool import ValuePool, value_buffer
+from .valuepool import ValuePool, mapping_refused, value_buffer
 
 CRLF = b"\r\n"
 OK = b"+OK\r\n"
@@ -34,6 +34,18 @@ class ProtocolError(Exception):
 
 class RequestTooLarge(ProtocolError):
     """A bulk string or the whole request exceeds a configured limit."""
+
+
+class CommandRefused(Exception):
+    """A command read in full but not run: the memory for one of its large values could not be had.
+
+    The connection stays in step (the value's bytes were read and dropped), so the client gets an error reply
+    for this command alone. `value_bytes` is the size of the value that was dropped.
+    """
+
+    def __init__(self, message: str, value_bytes: int) -> None:
+        super().__init__(message)
+        self.value_bytes = value_bytes
 
 
 class RequestParser:
@@ -68,6 +80,9 @@ class RequestParser:
         self._big_want = 0  # a large value announced whose buffer is not taken yet (see `get_buffer`)
         self._big_head = (0, 0)  # where its first bytes, which arrived with the header, lie in _buf (start, length)
         self.big_values_started = 0  # large values begun so far (the server reserves memory for each)
+        self._dropping = 0  # bytes still to read and drop of a large value that got no buffer (`_take_big`)
+        self._refused: CommandRefused | None = None  # why the command being read will not run
+        self._scratch: memoryview | None = None  # where the dropped bytes are read into
         self._crlf_pending = False
         self._pre_auth: tuple[int, int] | None = None  # (bulk, multibulk) limits until AUTH succeeds
 
@@ -94,6 +109,10 @@ class RequestParser:
             self._take_big()
         if self._big is not None:
             return self._big[self._big_filled :]
+        if self._dropping:
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(_READ_CHUNK))
+            return self._scratch[: self._dropping]
         if self._pos == self._end:
             self._pos = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE:
@@ -123,6 +142,7 @@ class RequestParser:
         self._args, self._bulk, self._need, self._request_bytes = None, -1, 0, 0
         self._big, self._big_filled, self._big_want, self._big_head = None, 0, 0, (0, 0)
         self._crlf_pending = False
+        self._dropping, self._refused, self._scratch = 0, None, None
 
     @property
     def big_remaining(self) -> int:
@@ -143,7 +163,15 @@ class RequestParser:
         in-flight budget is spent) holds no buffer, and a recycled, fully resident one least of all.
         """
         want, (start, have) = self._big_want, self._big_head
-        big = self.pool.take(want) if self.pool is not None else value_buffer(want, shared=False)
+        try:
+            big = self.pool.take(want) if self.pool is not None else value_buffer(want, shared=False)
+        except OSError as e:  # ENOMEM: out of address space or memory areas; drop the value, keep the connection
+            self._refused = CommandRefused("OOM " + mapping_refused(want, e), want)
+            self._dropping, self._big_want, self._big_head = want - have, 0, (0, 0)
+            assert self._args is not None
+            self._args.append(b"")  # in its place; the command is refused once read to its end
+            self._crlf_pending = True
+            return
         with memoryview(self._buf) as view:  # the head is still where it arrived: nothing reads into _buf before this
             big[:have] = view[start : start + have]
         self._big, self._big_filled, self._big_want, self._big_head = big, have, 0, (0, 0)
@@ -151,6 +179,8 @@ class RequestParser:
     def buffer_updated(self, nbytes: int) -> None:
         if self._big is not None:
             self._big_filled += nbytes
+        elif self._dropping:
+            self._dropping -= nbytes
         else:
             self._end += nbytes
 
@@ -192,7 +222,10 @@ class RequestParser:
         return n
 
     def get_command(self) -> list[bytes] | None:
-        """The next complete command, or None until more bytes arrive. Raises ProtocolError."""
+        """The next complete command, or None until more bytes arrive.
+
+        Raises ProtocolError (the stream is out of step: answer and close) or CommandRefused (this command alone
+        failed; the next one follows)."""
         buf = self._buf
         while self._args is None:
             if self._pos >= self._end:
@@ -212,7 +245,7 @@ class RequestParser:
             self._args, self._need, self._bulk, self._request_bytes = [], n, -1, 0
         args = self._args
         while len(args) < self._need or self._crlf_pending:
-            if self._big_want:
+            if self._big_want or self._dropping:
                 return None  # nothing of it can be here yet: the next get_buffer takes its buffer
             if self._big is not None:
                 if self._big_filled < len(self._big):
@@ -264,6 +297,9 @@ class RequestParser:
             self._pos = end + 2
             self._bulk = -1
         self._args = None
+        if self._refused is not None:
+            refused, self._refused = self._refused, None
+            raise refused
         return args
 
     def _inline(self) -> list[bytes] | None:

@@ -80,7 +80,7 @@ class RespConnection(asyncio.BufferedProtocol):
             max_request=limits.max_request_size,
             pool=server.value_pool,
         )
-        self.queue: deque[list[bytes] | resp.ProtocolError] = deque()
+        self.queue: deque[list[bytes] | resp.ProtocolError | resp.CommandRefused] = deque()
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.work = asyncio.Event()
@@ -256,7 +256,12 @@ class RespConnection(asyncio.BufferedProtocol):
         commands, reply_bytes = _TURN_COMMANDS, _TURN_BYTES
         try:
             while len(self.queue) < depth:
-                cmd = self.parser.get_command()
+                try:
+                    cmd = self.parser.get_command()
+                except resp.CommandRefused as refused:
+                    self._refuse(refused)
+                    parsed = True
+                    continue
                 if cmd is None:
                     break
                 parsed = True
@@ -277,6 +282,16 @@ class RespConnection(asyncio.BufferedProtocol):
             self.reading_paused = True
         if self.queue:
             self.work.set()
+
+    def _refuse(self, refused: resp.CommandRefused) -> None:
+        """A command whose large value got no memory was read to its end: queue its error, free its reservation."""
+        n = min(self.reserved, refused.value_bytes)
+        if n:
+            self.reserved -= n
+            self.server.inflight.release(n)
+        self.server.state.values_refused += 1
+        log.warning("client %s: %s", self.session.addr if self.session else "?", refused)
+        self.queue.append(refused)
 
     def _run_nowait(self, cmd: list[bytes]) -> int | None:
         """Answer from L1 inside the read callback when nothing is queued ahead: the reply's size, or None: queue it."""
@@ -384,22 +399,25 @@ class RespConnection(asyncio.BufferedProtocol):
                     transport.write(resp.error(str(item)))
                     transport.close()
                     return
-                started = time.perf_counter()
                 reply: Parts | None
-                self.running = True
-                try:
-                    reply = await dispatch(state, session, item)
-                except asyncio.CancelledError:
-                    raise
-                except OutputLimitExceeded:
-                    reply = None
-                except Exception as e:
-                    log.exception("command %r failed", item[0][:32])
-                    reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
-                finally:
-                    self.running = False
-                    self._release(item)
-                metrics.observe(item[0], time.perf_counter() - started)
+                if isinstance(item, resp.CommandRefused):
+                    reply = resp.error(str(item))  # its reservation went when it was read (`_refuse`)
+                else:
+                    started = time.perf_counter()
+                    self.running = True
+                    try:
+                        reply = await dispatch(state, session, item)
+                    except asyncio.CancelledError:
+                        raise
+                    except OutputLimitExceeded:
+                        reply = None
+                    except Exception as e:
+                        log.exception("command %r failed", item[0][:32])
+                        reply = resp.error(f"internal error in {item[0][:32].decode(errors='replace')}: {e}")
+                    finally:
+                        self.running = False
+                        self._release(item)
+                    metrics.observe(item[0], time.perf_counter() - started)
                 size = -1 if reply is None else _reply_size(reply)
                 if reply is None or not self._within_output_limit(size):
                     self.drop(OUTPUT_BUFFER_LIMIT)

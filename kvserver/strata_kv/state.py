@@ -68,6 +68,8 @@ class ServerState:
     disconnections: Counter[str] = field(default_factory=Counter)
     """Connections the server closed, by reason (`strata_kv_client_disconnections_total{reason}`)."""
     commands_processed: int = 0
+    values_refused: int = 0
+    """Large values read and dropped because no memory could be mapped for them (the command got `-OOM`)."""
     shared_replies: int = 0
     """STRATA.GETFD replies that handed over a memfd (the rest were sent as bytes)."""
     sender_replies: int = 0

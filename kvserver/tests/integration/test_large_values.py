@@ -2,11 +2,15 @@
 memory bound that holds while many clients write large values at once."""
 
 import itertools
+import json
 import os
+import random
+import resource
 import socket
 import stat
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -42,6 +46,59 @@ def test_large_values_round_trip_byte_exact_over_tcp_and_unix_socket(kv_server_f
     tcp.set("a", values[5])  # overwrite a stored large value
     assert uds.get("a") == values[5]
     assert uds.ping()
+
+
+def test_a_value_no_memory_can_be_mapped_for_is_refused_and_the_connection_stays_in_step(kv_server_factory) -> None:
+    """The kernel refuses the value's mapping (the server's address space capped with a real RLIMIT_AS, as a
+    container's limits or a full `vm.max_map_count` would): that SET alone gets -OOM, its bytes are read and
+    dropped, and the same connection serves the commands after it, pipelined ones included."""
+    server = kv_server_factory({"l1": {"size": "512MiB"}}, l2_fs=False)
+    assert server.process is not None
+    pid = server.process.pid
+    r = server.redis()
+    kept = os.urandom(4 * MiB)
+    r.set("kept", kept)
+    big = os.urandom(64 * MiB)
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+    resource.prlimit(pid, resource.RLIMIT_AS, (psutil.Process(pid).memory_info().vms + 48 * MiB, hard))
+    try:
+        refused = r"^no memory could be mapped for a value of 67108864 bytes"
+        with pytest.raises(redis.exceptions.OutOfMemoryError, match=refused):
+            r.set("big", big)
+        assert r.ping() and r.get("kept") == kept and r.get("big") is None
+        pipe = r.pipeline(transaction=False)
+        pipe.set("big", big).set("small", b"s" * 1000).get("small").get("kept")
+        replies = pipe.execute(raise_on_error=False)
+        assert isinstance(replies[0], redis.exceptions.OutOfMemoryError)
+        assert replies[1:] == [True, b"s" * 1000, kept]
+        stats = json.loads(r.execute_command("STRATA.STATS"))
+        assert stats["values_refused"] == 2 and stats["inflight_bytes"] == 0
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_AS, (soft, hard))
+    assert r.set("big", big) and r.get("big") == big  # the limit was all that stood in the way
+
+
+def test_an_l1_full_of_large_values_lives_in_few_memory_areas(kv_server_factory) -> None:
+    """`vm.max_map_count` (65530) bounds a process's memory areas; one per value would cap L1 at 65530 values.
+    Values of mixed sizes (4 MiB, 7 MiB, odd ones), overwritten, deleted and evicted: their mappings merge."""
+    server = kv_server_factory({"l1": {"size": "512MiB"}}, l2_fs=False)
+    assert server.process is not None
+    maps = Path(f"/proc/{server.process.pid}/maps")
+    r = server.redis()
+    r.ping()
+    before = len(maps.read_text().splitlines())
+    rng = random.Random(7)
+    source = memoryview(os.urandom(8 * MiB))
+    for _ in range(400):
+        x = rng.random()
+        size = 4 * MiB if x < 0.8 else 7 * MiB if x < 0.9 else rng.randrange(2 * MiB, 6 * MiB)
+        r.set(f"k{rng.randrange(300)}", source[:size])
+        if rng.random() < 0.1:
+            r.delete(f"k{rng.randrange(300)}")
+    held = r.dbsize() + json.loads(r.execute_command("STRATA.STATS"))["value_pool_bytes"] // (4 * MiB)
+    assert held >= 100
+    added = len(maps.read_text().splitlines()) - before
+    assert added <= held // 4, f"{added} memory areas for {held} values"
 
 
 def test_unix_socket_is_not_world_accessible(kv_server_factory) -> None:
