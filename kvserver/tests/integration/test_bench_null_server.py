@@ -4,7 +4,9 @@ it must answer like a server, or the ceiling it gives measures a broken exchange
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,28 @@ def test_the_null_server_takes_sets_and_answers_gets_with_its_reply() -> None:
         pipe.get("a")
         pipe.set("b", b"")
         assert [len(r) if isinstance(r, bytes) else r for r in pipe.execute()] == [True, size, True]
+
+
+def test_a_value_that_trickles_in_is_received_whole_and_the_next_command_is_answered() -> None:
+    """The null server wakes for a large value only once a part of it has arrived (its low-water mark): a value
+    sent in pauses must still complete, and a small command after it be read from its first bytes, which a
+    mark left above them would hold back until the timeout."""
+    bench = kv_large()
+    size = 6 * 1024 * 1024 + 3
+    with bench.null_server(1024) as (_, (host, port)), socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % size)
+        value = b"v" * size + b"\r\n"  # the last piece ends the request: the mark set for it must not linger
+        piece = -(-len(value) // 3)
+        for start in range(0, len(value), piece):
+            s.sendall(value[start : start + piece])
+            time.sleep(0.05)
+        assert s.recv(16) == b"+OK\r\n"
+        s.sendall(b"*2\r\n$3\r\nGET\r\n$10\r\n")  # the probe's GET, in two pieces
+        time.sleep(0.05)
+        s.sendall(b"probe:0001\r\n")
+        reply = b""
+        while len(reply) < 108:
+            chunk = s.recv(200)
+            assert chunk, "the null server closed the connection"
+            reply += chunk
+        assert reply.startswith(b"$100\r\n") and reply.endswith(b"\r\n") and len(reply) == 108
