@@ -407,8 +407,7 @@ def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, An
         r = by.get(("redis", tr, op, size, c))
         if r is None:
             continue
-        ratio = s["gbps"] / r["gbps"] if r["gbps"] else float("inf")
-        line = f"| {size} MiB | {op} | {c} | {_gbps(s)} | {_gbps(r)} | {ratio:.2f}x |"
+        line = f"| {size} MiB | {op} | {c} | {_gbps(s)} | {_gbps(r)} | {_ratio(s, r)} |"
         limit = limits.get((op, size, c))
         if limits:
             line += f" {limit['gbps']:.2f} |" if limit else " - |"
@@ -430,6 +429,17 @@ def _gbps(cell: dict[str, Any]) -> str:
     runs = cell.get("gbps_runs", [])
     spread = f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
     return f"{cell['gbps']:.2f}{spread}"
+
+
+def _ratio(strata: dict[str, Any], redis: dict[str, Any]) -> str:
+    """Strata's GB/s over Redis' (the medians'), and where several runs were merged the range of the runs' own
+    ratios: both servers ran minutes apart within each run, so a run's ratio pairs them under one machine state,
+    where the two medians may come from different runs."""
+    ratio = strata["gbps"] / redis["gbps"] if redis["gbps"] else math.inf
+    mine, theirs = strata.get("gbps_runs", []), redis.get("gbps_runs", [])
+    paired = [a / b for a, b in zip(mine, theirs, strict=True) if b] if len(mine) == len(theirs) > 1 else []
+    spread = f" ({min(paired):.2f}-{max(paired):.2f})" if paired else ""
+    return f"{ratio:.2f}x{spread}"
 
 
 def shared_table(rows: list[dict[str, Any]], memcpy: float) -> str:
