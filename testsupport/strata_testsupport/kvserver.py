@@ -8,6 +8,7 @@ tests that need it, except under CI=true, where it fails.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -270,3 +271,15 @@ def redis_benchmark() -> str:
         unavailable("redis-benchmark is not installed (apt-get install -y redis-tools)")
     assert path is not None
     return path
+
+
+def kv_large_bench() -> Any:
+    """`bench/kv_large.py` as a module, for the tests of its null server and its report (the bench is a script,
+    not a package: it is loaded from its file)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "kv_large.py"
+    spec = importlib.util.spec_from_file_location("kv_large", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kv_large"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,30 +3,18 @@ it must answer like a server, or the ceiling it gives measures a broken exchange
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import redis
+from strata_testsupport.kvserver import kv_large_bench
 
 pytestmark = pytest.mark.integration
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "kv_large.py"
-
-
-def kv_large():
-    spec = importlib.util.spec_from_file_location("kv_large", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kv_large"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_null_server_takes_sets_and_answers_gets_with_its_reply() -> None:
-    bench = kv_large()
+    bench = kv_large_bench()
     size = 3 * 1024 * 1024 + 5  # larger than its read buffer, and not a round number
     with bench.null_server(size) as (_, (host, port)):
         client = redis.Redis(host=host, port=port, socket_timeout=30, protocol=2)  # it answers no HELLO
@@ -46,7 +34,7 @@ def test_a_value_that_trickles_in_is_received_whole_and_the_next_command_is_answ
     """The null server wakes for a large value only once a part of it has arrived (its low-water mark): a value
     sent in pauses must still complete, and a small command after it be read from its first bytes, which a
     mark left above them would hold back until the timeout."""
-    bench = kv_large()
+    bench = kv_large_bench()
     size = 6 * 1024 * 1024 + 3
     with bench.null_server(1024) as (_, (host, port)), socket.create_connection((host, port), timeout=5) as s:
         s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % size)

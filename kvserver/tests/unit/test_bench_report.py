@@ -3,21 +3,9 @@ next to the range of the runs' own ratios, which pair the two servers under one 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "kv_large.py"
-
-
-def kv_large() -> Any:
-    spec = importlib.util.spec_from_file_location("kv_large", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kv_large"] = module
-    spec.loader.exec_module(module)
-    return module
+from strata_testsupport.kvserver import kv_large_bench
 
 
 def cell(server: str, gbps: float) -> dict[str, Any]:
@@ -35,7 +23,7 @@ def run(strata: float, redis: float) -> dict[str, Any]:
 
 
 def test_merged_runs_show_the_ratio_of_medians_and_the_range_of_each_runs_ratio() -> None:
-    bench = kv_large()
+    bench = kv_large_bench()
     # The medians say 1.20x; run by run Strata was behind in one run and ahead in two.
     merged = bench.merge_runs([run(2.0, 2.5), run(3.0, 2.0), run(4.0, 3.0)])
     row = bench.table(merged["cells"], "tcp").splitlines()[2]
@@ -43,6 +31,6 @@ def test_merged_runs_show_the_ratio_of_medians_and_the_range_of_each_runs_ratio(
 
 
 def test_a_single_run_has_no_range() -> None:
-    bench = kv_large()
+    bench = kv_large_bench()
     row = bench.table(bench.merge_runs([run(3.0, 2.0)])["cells"], "tcp").splitlines()[2]
     assert "| 3.00 | 2.00 | 1.50x |" in row
