@@ -4,7 +4,8 @@ redis-benchmark tops out below 1 GB/s here, so this drives both servers with its
 raw RESP over blocking sockets, one thread per connection spread over a few processes, every value
 sent from one preallocated buffer (`sendall` of a memoryview) and every reply received with
 `recv_into` into another, so the client copies nothing in Python. Its own ceiling is measured first, SET and
-GET, against the cheapest server there is (`null_server.c`, C, compiled on first use).
+GET, against the cheapest server there is (`null_server.c`, C, compiled on first use), and then the ceiling of any
+store: the same server keeping the bench's key space, each SET received in place into its key's slot.
 
 Cells: value size x (SET, GET) x client count, over TCP (and, with `--unix`, over a Unix socket next
 to this machine's memcpy bandwidth, and Strata's GETs once more as `unix-shm`: `STRATA.GETFD` with
@@ -298,10 +299,16 @@ def null_server_binary() -> Path:
 
 
 @contextlib.contextmanager
-def null_server(size: int) -> Iterator[tuple[int, Address]]:
+def null_server(size: int, keys: int = 0) -> Iterator[tuple[int, Address]]:
     """The cheapest server (`null_server.c`): GETs answered from one preallocated reply, SET values received into
-    a reused buffer and dropped. What the load generator reaches against it is its own ceiling."""
-    proc = subprocess.Popen([str(null_server_binary()), str(size)], stdout=subprocess.PIPE, text=True)
+    a reused buffer and dropped. What the load generator reaches against it is its own ceiling.
+
+    With `keys`, the cheapest store instead: one slot per key of the bench's key space, a SET received in place
+    into its key's slot, a GET sent from it. Its memory is as large and as cold in the caches as a real server's
+    key space, and it copies each value once, but allocates, indexes and guards nothing: no server can beat it,
+    so a cell where it is not 1.2x Redis is one where 1.2x Redis cannot be had on this machine."""
+    argv = [str(null_server_binary()), str(size)] + ([str(keys)] if keys else [])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("port "):
@@ -387,15 +394,19 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
     return rows
 
 
-def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, Any]] | None = None) -> str:
-    """Strata next to Redis per cell; over TCP also the client's ceiling (the null server) for the same cell, and
-    with `--probe` the small GET's p99 on each server and on the null server (the machine's own floor), and where
-    the runs measured it each server's CPU time per GB moved (the null server's: what the kernel alone costs)."""
+def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, Any]] | None = None,
+          store: list[dict[str, Any]] | None = None) -> str:  # fmt: skip
+    """Strata next to Redis per cell; over TCP also the client's ceiling (the null server) for the same cell, the
+    store's ceiling (the null server keeping a key space) over Redis where the run measured it, and with `--probe`
+    the small GET's p99 on each server and on the null server (the machine's own floor), and where the runs
+    measured it each server's CPU time per GB moved (the null server's: what the kernel alone costs)."""
     by = {(r["server"], r["transport"], r["op"], r["size_mib"], r["clients"]): r for r in rows}
     limits = {(r["op"], r["size_mib"], r["clients"]): r for r in ceiling or []} if transport == "tcp" else {}
+    stores = {(r["op"], r["size_mib"], r["clients"]): r for r in store or []} if transport == "tcp" else {}
     probed = any(not math.isnan(r.get("probe_p99_ms", math.nan)) for r in rows)
     head = "| value | op | clients | Strata GB/s | Redis GB/s | ratio |"
     head += " client ceiling GB/s |" if limits else ""
+    head += " store ceiling GB/s (over Redis) |" if stores else ""
     head += " p99 Strata ms | p99 Redis ms | peak RSS Strata GB | peak RSS Redis GB |"
     cpu = all("cpu_ms_per_gb" in r for r in rows)
     head += (" server CPU ms/GB Strata / Redis" + (" / null" if limits else "") + " |") if cpu else ""
@@ -411,6 +422,9 @@ def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, An
         limit = limits.get((op, size, c))
         if limits:
             line += f" {limit['gbps']:.2f} |" if limit else " - |"
+        if stores:
+            best = stores.get((op, size, c))
+            line += f" {_gbps(best)} ({_ratio(best, r)}) |" if best else " - |"
         line += f" {s['p99_ms']:.1f} | {r['p99_ms']:.1f} | {s['peak_rss'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f} |"
         if cpu:
             floor = ""
@@ -485,7 +499,8 @@ def compare(before: Path, after: Path) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict[str, Any]], path: Path, ceiling: list[dict[str, Any]]) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, ceiling: list[dict[str, Any]], store: list[dict[str, Any]]
+         ) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -502,9 +517,10 @@ def plot(rows: list[dict[str, Any]], path: Path, ceiling: list[dict[str, Any]]) 
                              and r["clients"] == c)  # fmt: skip
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=server)
-            limit = sorted((r["size_mib"], r["gbps"]) for r in ceiling if r.get("op") == op and r["clients"] == c)
-            if limit:
-                ax.plot([p[0] for p in limit], [p[1] for p in limit], ":", color="gray", label="client ceiling")
+            for bound, style, label in ((ceiling, ":", "client ceiling"), (store, "-.", "store ceiling")):
+                limit = sorted((r["size_mib"], r["gbps"]) for r in bound if r.get("op") == op and r["clients"] == c)
+                if limit:
+                    ax.plot([p[0] for p in limit], [p[1] for p in limit], style, color="gray", label=label)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{op}, {c} client{'s' if c > 1 else ''}")
             ax.set_xlabel("value size (MiB)")
@@ -554,19 +570,20 @@ def main() -> None:
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_before": load1}, "l1_bytes": l1}
     result["memcpy_gbps"] = memcpy_gbps()
     print(f"memcpy (one thread, 64 MiB, touched buffers): {result['memcpy_gbps']:.1f} GB/s", flush=True)
-    ceiling = []
+    result["client_ceiling"], result["store_ceiling"] = [], []
     for size in sizes:
-        with null_server(size) as (pid, addr):
-            for op in ops:
-                for c in clients:
-                    cpu = cpu_seconds(pid)
-                    r = load(addr, op, size, 1, c, min(args.seconds, 2.0), args.probe)
-                    r.update(op=op, size_mib=size // MiB, clients=c, cpu_ms_per_gb=cpu_ms_per_gb(pid, cpu, r, size))
-                    ceiling.append(r)
-                    probe = f"  small GET p99 {r['probe_p99_ms']:.1f} ms" if args.probe else ""
-                    print(f"  client ceiling {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
-                          f"server CPU {r['cpu_ms_per_gb']:5.0f} ms/GB{probe}", flush=True)  # fmt: skip
-    result["client_ceiling"] = ceiling
+        for what, keys in (("client_ceiling", 0), ("store_ceiling", keys_for(size, args.keyspace))):
+            with null_server(size, keys) as (pid, addr):
+                for op in ops:
+                    for c in clients:
+                        cpu = cpu_seconds(pid)
+                        r = load(addr, op, size, keys or 1, c, min(args.seconds, 2.0), args.probe)
+                        r.update(op=op, size_mib=size // MiB, clients=c,
+                                 cpu_ms_per_gb=cpu_ms_per_gb(pid, cpu, r, size))  # fmt: skip
+                        result[what].append(r)
+                        probe = f"  small GET p99 {r['probe_p99_ms']:.1f} ms" if args.probe else ""
+                        print(f"  {what.replace('_', ' '):14} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
+                              f"server CPU {r['cpu_ms_per_gb']:5.0f} ms/GB{probe}", flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:
         for n, size in enumerate(sizes):
@@ -615,6 +632,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "machine": [run["machine"] for run in runs],
         "memcpy_gbps": statistics.median(run["memcpy_gbps"] for run in runs),
         "client_ceiling": merged([run["client_ceiling"] for run in runs], ("op", "size_mib", "clients")),
+        "store_ceiling": merged([run.get("store_ceiling", []) for run in runs], ("op", "size_mib", "clients")),
         "cells": merged([run["cells"] for run in runs], ("server", "transport", "op", "size_mib", "clients")),
     }
 
@@ -622,9 +640,9 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def report(result: dict[str, Any], png: Path | None, markdown: bool) -> None:
     rows = result["cells"]
     if png:
-        plot(rows, png, result.get("client_ceiling", []))
+        plot(rows, png, result.get("client_ceiling", []), result.get("store_ceiling", []))
     if markdown:
-        print("\nTCP\n" + table(rows, "tcp", result.get("client_ceiling")))
+        print("\nTCP\n" + table(rows, "tcp", result.get("client_ceiling"), result.get("store_ceiling")))
         if any(r["transport"] == "unix" for r in rows):
             print("\nUnix socket\n" + table(rows, "unix"))
             print("\nUnix socket, Strata GET: bytes vs shared memory\n" + shared_table(rows, result["memcpy_gbps"]))

@@ -9,7 +9,15 @@
  * and no storage, so what the client reaches against it is what the client and the kernel allow, not what a
  * server adds.
  *
- *     null_server <reply-bytes>      listens on 127.0.0.1, an ephemeral port, and prints "port <n>"
+ * Given a key count it is the store's ceiling instead: the cheapest server that keeps what it is sent. Each key of
+ * the bench's key space ("bench:<n>") owns one slot, made and faulted in at the start, holding its GET reply
+ * (header, value, CRLF) back to back from a page boundary; a SET receives its value in place into its key's slot
+ * (the value lands as far into its page as its header is long, as the KV server's large values do), and a GET
+ * sends the key's slot. So its memory is a key space as large as the servers', cold in the caches as theirs is,
+ * and it copies each value once, as they do, but allocates nothing, keeps no index and makes no SET atomic: a
+ * real store can only be slower, and what the client reaches against it is as far as any server could go here.
+ *
+ *     null_server <value-bytes> [keys]   listens on 127.0.0.1, an ephemeral port, and prints "port <n>"
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,7 +33,11 @@
 #include <unistd.h>
 
 static char *reply;
-static size_t reply_len;
+static size_t reply_len, head_len;
+static char *slots; /* with a key count: one reply_len slot per key, each starting on a page */
+static size_t slot_stride;
+static long slot_count;
+static const char key_prefix[] = "bench:";
 static const char probe_prefix[] = "probe:"; /* the bench's small GET on its own connection */
 static const char probe_reply[] = "$100\r\n"
                                   "0123456789012345678901234567890123456789012345678901234567890123456789"
@@ -128,16 +140,22 @@ static void *serve(void *arg) {
     struct conn *c = arg;
     char first[16];
     int probe;
+    char *slot;
     for (;;) {
         char *line = read_line(c);
         if (!line || line[0] != '*') break;
         long args = strtol(line + 1, NULL, 10);
         first[0] = 0;
         probe = 0;
+        slot = NULL;
         for (long i = 0; i < args; i++) {
             line = read_line(c);
             if (!line || line[0] != '$') goto done;
             size_t len = (size_t)strtol(line + 1, NULL, 10) + 2; /* with its CRLF */
+            if (i == 2 && slot && len == reply_len - head_len) { /* a SET's value, in place into its key's slot */
+                if (read_exact(c, slot + head_len, len)) goto done;
+                continue;
+            }
             if (len > c->scratch_len) {
                 free(c->scratch);
                 c->scratch = malloc(len);
@@ -147,6 +165,8 @@ static void *serve(void *arg) {
             if (read_exact(c, c->scratch, len)) goto done;
             if (i == 0) snprintf(first, sizeof first, "%.*s", (int)(len - 2 < 15 ? len - 2 : 15), c->scratch);
             if (i == 1) probe = len - 2 >= sizeof probe_prefix - 1 && !memcmp(c->scratch, probe_prefix, sizeof probe_prefix - 1);
+            if (i == 1 && slots && len - 2 > sizeof key_prefix - 1 && !memcmp(c->scratch, key_prefix, sizeof key_prefix - 1))
+                slot = slots + (size_t)(strtol(c->scratch + sizeof key_prefix - 1, NULL, 10) % slot_count) * slot_stride;
         }
         int failed;
         if (strcasecmp(first, "GET") != 0)
@@ -154,7 +174,7 @@ static void *serve(void *arg) {
         else if (probe)
             failed = send_all(c->fd, probe_reply, sizeof probe_reply - 1);
         else
-            failed = send_all(c->fd, reply, reply_len);
+            failed = send_all(c->fd, slot ? slot : reply, reply_len);
         if (failed) break;
     }
 done:
@@ -165,20 +185,28 @@ done:
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <reply-bytes>\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s <value-bytes> [keys]\n", argv[0]);
         return 2;
     }
     size_t size = (size_t)strtoull(argv[1], NULL, 10);
+    slot_count = argc == 3 ? strtol(argv[2], NULL, 10) : 0;
     char head[32];
-    int head_len = snprintf(head, sizeof head, "$%zu\r\n", size);
-    reply_len = (size_t)head_len + size + 2;
-    reply = mmap(NULL, reply_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (reply == MAP_FAILED) return 1;
-    madvise(reply, reply_len, MADV_HUGEPAGE); /* as the servers' own large values */
-    memset(reply, 0, reply_len);
-    memcpy(reply, head, (size_t)head_len);
-    memcpy(reply + reply_len - 2, "\r\n", 2);
+    head_len = (size_t)snprintf(head, sizeof head, "$%zu\r\n", size);
+    reply_len = head_len + size + 2;
+    slot_stride = (reply_len + 4095) & ~(size_t)4095;
+    long replies = slot_count > 0 ? slot_count : 1;
+    char *memory = mmap(NULL, slot_stride * (size_t)replies, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) return 1;
+    madvise(memory, slot_stride * (size_t)replies, MADV_HUGEPAGE); /* as the servers' own large values */
+    for (long i = 0; i < replies; i++) { /* every page faulted in, as a filled store's are */
+        char *r = memory + (size_t)i * slot_stride;
+        memset(r, 0, reply_len);
+        memcpy(r, head, head_len);
+        memcpy(r + reply_len - 2, "\r\n", 2);
+    }
+    reply = memory;
+    if (slot_count > 0) slots = memory;
 
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};

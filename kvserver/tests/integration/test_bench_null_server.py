@@ -1,8 +1,10 @@
 """The large-value bench's ceiling server (`bench/null_server.c`), compiled by the bench and driven by redis-py:
-it must answer like a server, or the ceiling it gives measures a broken exchange."""
+it must answer like a server, or the ceiling it gives measures a broken exchange; given a key count it must keep
+what each key was sent, or the store's ceiling it gives measures less than a store's work."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -53,3 +55,20 @@ def test_a_value_that_trickles_in_is_received_whole_and_the_next_command_is_answ
             assert chunk, "the null server closed the connection"
             reply += chunk
         assert reply.startswith(b"$100\r\n") and reply.endswith(b"\r\n") and len(reply) == 108
+
+
+def test_with_a_key_space_each_key_keeps_the_value_it_was_sent() -> None:
+    bench = kv_large_bench()
+    size = 3 * 1024 * 1024 + 5
+    with bench.null_server(size, keys=4) as (_, (host, port)):
+        client = redis.Redis(host=host, port=port, socket_timeout=30, protocol=2)
+        first, second = os.urandom(size), os.urandom(size)
+        assert client.set(bench._key(1), first) is True
+        assert client.set(bench._key(2), second) is True
+        assert client.get(bench._key(1)) == first
+        assert client.get(bench._key(2)) == second
+        assert client.get(bench._key(3)) == bytes(size)  # filled at the start, as a store's key space is
+        assert client.set(bench._key(6), b"x" * 10) is True  # another size: taken and dropped
+        assert client.get(bench._key(2)) == second  # key 6 shares key 2's slot (modulo the key count)
+        assert client.set(bench._key(6), first) is True
+        assert client.get(bench._key(2)) == first

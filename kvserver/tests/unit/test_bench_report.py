@@ -13,11 +13,12 @@ def cell(server: str, gbps: float) -> dict[str, Any]:
             "p50_ms": 1.0, "p99_ms": 2.0, "peak_rss": 1, "probe_p99_ms": float("nan")}  # fmt: skip
 
 
-def run(strata: float, redis: float) -> dict[str, Any]:
+def run(strata: float, redis: float, store: float | None = None) -> dict[str, Any]:
     return {
         "machine": {},
         "memcpy_gbps": 10.0,
         "client_ceiling": [],
+        "store_ceiling": [] if store is None else [cell("store", store)],
         "cells": [cell("strata", strata), cell("redis", redis)],
     }
 
@@ -34,3 +35,11 @@ def test_a_single_run_has_no_range() -> None:
     bench = kv_large_bench()
     row = bench.table(bench.merge_runs([run(3.0, 2.0)])["cells"], "tcp").splitlines()[2]
     assert "| 3.00 | 2.00 | 1.50x |" in row
+
+
+def test_the_store_ceiling_shows_how_far_over_redis_any_store_got_in_each_run() -> None:
+    bench = kv_large_bench()
+    merged = bench.merge_runs([run(2.0, 2.5, 2.6), run(3.0, 2.0, 2.2), run(4.0, 3.0, 3.3)])
+    head, _, row = bench.table(merged["cells"], "tcp", merged["client_ceiling"], merged["store_ceiling"]).splitlines()
+    assert "| store ceiling GB/s (over Redis) |" in head
+    assert "| 1.20x (0.80-1.50) | 2.60 (2.20-3.30) (1.04x (1.04-1.10)) |" in row
