@@ -19,6 +19,13 @@ alternating per value size.
     .venv/bin/python bench/kv_large.py [--sizes 4,16,64] [--clients 1,8,32] [--seconds 3] [--unix]
         [--json bench/results/kv_large.json] [--png bench/results/kv_large.png] [--markdown] [--probe]
     .venv/bin/python bench/kv_large.py --report bench/results/kv_large.json [--png ...]   # from a saved run
+    .venv/bin/python bench/kv_large.py --interleave 6 --sizes 4 --clients 1,8 [--pin] [--probe]
+        [--strata-b listen.sender_threads=2 | --strata-b '' --strata-b-pythonpath ../other/kvserver]
+
+`--interleave` is for the cells where the machine's state moves more than the servers differ (4 MiB at one
+client): every server runs at once and each cell is run round after round with the servers back to back, so each
+round's ratio compares them under one machine state; `--strata-b` adds a second Strata for an A/B of a setting
+or of another checkout's server.
 """
 
 from __future__ import annotations
@@ -338,7 +345,10 @@ def keys_for(size: int, budget: int) -> int:
 
 
 @contextlib.contextmanager
-def strata(workdir: Path, l1: int, extra: dict[str, Any]) -> Iterator[tuple[int, Address, Address]]:
+def strata(workdir: Path, l1: int, extra: dict[str, Any], pythonpath: str | None = None
+           ) -> Iterator[tuple[int, Address, Address]]:  # fmt: skip
+    """A strata-kv server with L1 only and `extra` settings; with `pythonpath`, the server of another checkout
+    (its `kvserver` directory), for an A/B of a change."""
     config: dict[str, Any] = {"l1": {"size": l1}, "metrics": {"port": -1}}
     for dotted, value in extra.items():  # e.g. listen.event_loop=uvloop
         node = config
@@ -346,7 +356,8 @@ def strata(workdir: Path, l1: int, extra: dict[str, Any]) -> Iterator[tuple[int,
         for p in path:
             node = node.setdefault(p, {})
         node[leaf] = value
-    with running_kv_server(workdir, config, l2_fs=False) as srv:
+    env = {"PYTHONPATH": pythonpath} if pythonpath else None
+    with running_kv_server(workdir, config, l2_fs=False, env=env) as srv:
         assert srv.process is not None and srv.unix_socket
         yield srv.process.pid, ("127.0.0.1", srv.port), srv.unix_socket
 
@@ -392,6 +403,88 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
                         )
                     rows.append(r)
     return rows
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (threads made later inherit it from theirs)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), cpus)
+
+
+def interleave(args: argparse.Namespace, extra: dict[str, Any], extra_b: dict[str, Any] | None) -> dict[str, Any]:
+    """Every server up at once, each cell run `args.interleave` times, the servers back to back within a round
+    (their order reversed every other round): each round's ratio pairs them under one machine state.
+
+    Separate runs put minutes between the servers, and on this shared machine one cell's GB/s moves 2x in
+    minutes at one client, more than the differences sought. The servers: the store's ceiling (`null_server`
+    keeping the key space), Strata, Redis, and with `--strata-b` a second Strata (other settings, or with
+    `--strata-b-pythonpath` another checkout's server). With `--pin`, servers run on the last CPU and the clients
+    on the others, so no round depends on where the scheduler put them."""
+    cells: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:
+        for size in [int(v) * MiB for v in args.sizes.split(",")]:
+            cells.extend(_interleave_size(args, size, Path(tmp), extra, extra_b))  # one size's servers at a time
+    return {"interleaved": cells, "pinned": bool(args.pin), "loadavg_after": os.getloadavg()}
+
+
+def _interleave_size(args: argparse.Namespace, size: int, tmp: Path, extra: dict[str, Any],
+                     extra_b: dict[str, Any] | None) -> list[dict[str, Any]]:  # fmt: skip
+    l1, keys, cpus = int(args.l1), keys_for(size, args.keyspace), sorted(os.sched_getaffinity(0))
+    cells = []
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[int, Address]] = {"store": stack.enter_context(null_server(size, keys))}
+        for name, settings, path in (("strata", extra, None), ("strata-b", extra_b, args.strata_b_pythonpath)):
+            if settings is not None:
+                pid, tcp, _ = stack.enter_context(strata(tmp / f"{name}{size}", l1, settings, path))
+                servers[name] = (pid, tcp)
+        pid, tcp, _ = stack.enter_context(redis(tmp, l1))
+        servers["redis"] = (pid, tcp)
+        for name, (_, addr) in servers.items():
+            if name != "store":
+                fill(addr, size, keys)
+                with _connect(addr) as s:
+                    _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
+        if args.pin:
+            os.sched_setaffinity(0, set(cpus[:-1]))  # the client processes fork from here
+        for op in args.ops.split(","):
+            for c in [int(c) for c in args.clients.split(",")]:
+                for n in range(args.interleave):
+                    for name in list(servers)[:: -1 if n % 2 else 1]:
+                        pid, addr = servers[name]
+                        if args.pin:
+                            _pin(pid, {cpus[-1]})
+                        cpu = cpu_seconds(pid)
+                        r = load(addr, op, size, keys, c, args.seconds, args.probe)
+                        r.update(server=name, round=n, op=op, size_mib=size // MiB, clients=c,
+                                 cpu_ms_per_gb=cpu_ms_per_gb(pid, cpu, r, size))  # fmt: skip
+                        cells.append(r)
+                        print(f"  round {n} {name:8} {op} {size // MiB:3} MiB x{c:<3} {r['gbps']:6.2f} GB/s  "
+                              f"server CPU {r['cpu_ms_per_gb']:5.0f} ms/GB  small GET p99 "
+                              f"{r.get('probe_p99_ms', math.nan):.1f} ms", flush=True)  # fmt: skip
+        if args.pin:
+            os.sched_setaffinity(0, set(cpus))
+    return cells
+
+
+def interleaved_table(cells: list[dict[str, Any]]) -> str:
+    """Per cell and server: median GB/s, the median and range of the rounds' own ratios over Redis, median CPU per
+    GB and small-GET p99."""
+    groups: dict[tuple[str, int, int], dict[str, list[dict[str, Any]]]] = {}
+    for r in cells:
+        groups.setdefault((r["op"], r["size_mib"], r["clients"]), {}).setdefault(r["server"], []).append(r)
+    out = ["| value | op | clients | server | GB/s | over Redis, per round | server CPU ms/GB | small GET p99 ms |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (op, size, c), by in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != "SET", kv[0][2])):
+        redis_gbps = {r["round"]: r["gbps"] for r in by.get("redis", [])}
+        for name, rounds in by.items():
+            ratios = [r["gbps"] / redis_gbps[r["round"]] for r in rounds if redis_gbps.get(r["round"])]
+            spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+            p99 = [r["probe_p99_ms"] for r in rounds if not math.isnan(r.get("probe_p99_ms", math.nan))]
+            out.append(f"| {size} MiB | {op} | {c} | {name} | {statistics.median(r['gbps'] for r in rounds):.2f} | "
+                       f"{spread} | {statistics.median(r['cpu_ms_per_gb'] for r in rounds):.0f} | "
+                       f"{f'{statistics.median(p99):.1f}' if p99 else '-'} |")  # fmt: skip
+    return "\n".join(out)
 
 
 def table(rows: list[dict[str, Any]], transport: str, ceiling: list[dict[str, Any]] | None = None,
@@ -550,6 +643,14 @@ def main() -> None:
     ap.add_argument("--png", type=Path)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="print a table, run nothing")
+    ap.add_argument("--interleave", type=int, metavar="ROUNDS",
+                    help="all servers up, each cell run ROUNDS times with the servers back to back")  # fmt: skip
+    ap.add_argument("--strata-b", action="append", metavar="KEY=VALUE",
+                    help="with --interleave: a second Strata with these settings ('' for none)")  # fmt: skip
+    ap.add_argument("--strata-b-pythonpath", metavar="DIR",
+                    help="the second Strata from another checkout's kvserver/")  # fmt: skip
+    ap.add_argument("--pin", action="store_true",
+                    help="with --interleave: servers on the last CPU, clients on the rest")  # fmt: skip
     ap.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                     help="tables (and --png) of saved --json runs, each cell their median; run nothing")  # fmt: skip
     args = ap.parse_args()
@@ -563,9 +664,17 @@ def main() -> None:
     ops = args.ops.split(",")
     clients = [int(c) for c in args.clients.split(",")]
     l1 = int(args.l1)
-    extra = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.strata_set)}
+    extra = settings(args.strata_set)
     if args.unix:
         extra.setdefault("listen.shared_memory", True)  # GETs over unix-shm take the value's memory
+    if args.interleave:
+        extra_b = None if args.strata_b is None else settings([kv for kv in args.strata_b if kv])
+        rounds = interleave(args, extra, extra_b)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rounds, indent=1))
+        print("\n" + interleaved_table(rounds["interleaved"]))
+        return
     load1 = os.getloadavg()
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_before": load1}, "l1_bytes": l1}
     result["memcpy_gbps"] = memcpy_gbps()
@@ -601,6 +710,11 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
     report(result, args.png, args.markdown)
+
+
+def settings(pairs: list[str]) -> dict[str, Any]:
+    """`--strata-set` pairs (dotted KEY=VALUE) as a dict, digits as numbers."""
+    return {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in pairs)}
 
 
 def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:

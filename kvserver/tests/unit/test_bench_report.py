@@ -43,3 +43,16 @@ def test_the_store_ceiling_shows_how_far_over_redis_any_store_got_in_each_run() 
     head, _, row = bench.table(merged["cells"], "tcp", merged["client_ceiling"], merged["store_ceiling"]).splitlines()
     assert "| store ceiling GB/s (over Redis) |" in head
     assert "| 1.20x (0.80-1.50) | 2.60 (2.20-3.30) (1.04x (1.04-1.10)) |" in row
+
+
+def test_interleaved_rounds_give_each_servers_ratio_over_redis_round_by_round() -> None:
+    bench = kv_large_bench()
+    rounds = []
+    for n, (strata, redis, store) in enumerate([(2.0, 1.0, 2.2), (1.0, 1.0, 1.1), (3.0, 2.0, 2.0)]):
+        for server, gbps in (("strata", strata), ("redis", redis), ("store", store)):
+            rounds.append(cell(server, gbps) | {"round": n, "cpu_ms_per_gb": 100.0 * n})
+    lines = bench.interleaved_table(rounds).splitlines()
+    # Per round Strata was 2.0x, 1.0x and 1.5x Redis: the median round is 1.5x, where the medians of GB/s
+    # (2.0 over 1.0) would say 2.0x.
+    assert "| 4 MiB | SET | 1 | strata | 2.00 | 1.50x (1.00-2.00) | 100 | - |" in lines
+    assert "| 4 MiB | SET | 1 | store | 2.00 | 1.10x (1.00-2.20) | 100 | - |" in lines
