@@ -166,7 +166,7 @@ static void *serve(void *arg) {
             if (i == 0) snprintf(first, sizeof first, "%.*s", (int)(len - 2 < 15 ? len - 2 : 15), c->scratch);
             if (i == 1) probe = len - 2 >= sizeof probe_prefix - 1 && !memcmp(c->scratch, probe_prefix, sizeof probe_prefix - 1);
             if (i == 1 && slots && len - 2 > sizeof key_prefix - 1 && !memcmp(c->scratch, key_prefix, sizeof key_prefix - 1))
-                slot = slots + (size_t)(strtol(c->scratch + sizeof key_prefix - 1, NULL, 10) % slot_count) * slot_stride;
+                slot = slots + (strtoul(c->scratch + sizeof key_prefix - 1, NULL, 10) % (size_t)slot_count) * slot_stride; /* any key, even "-1", lands in a slot */
         }
         int failed;
         if (strcasecmp(first, "GET") != 0)

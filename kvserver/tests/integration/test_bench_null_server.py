@@ -72,3 +72,5 @@ def test_with_a_key_space_each_key_keeps_the_value_it_was_sent() -> None:
         assert client.get(bench._key(2)) == second  # key 6 shares key 2's slot (modulo the key count)
         assert client.set(bench._key(6), first) is True
         assert client.get(bench._key(2)) == first
+        assert client.set(b"bench:-1", second) is True  # a key out of the key space's range still has a slot
+        assert client.get(b"bench:-1") == second
