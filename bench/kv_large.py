@@ -246,6 +246,13 @@ def load(addr: Address, op: str, size: int, keys: int, clients: int, seconds: fl
     }
 
 
+def prime(addr: Address, size: int, keys: int) -> None:
+    """Every key SET once and the probe's small key too: what a server holds before its first cell."""
+    fill(addr, size, keys)
+    with _connect(addr) as s:
+        _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
+
+
 def fill(addr: Address, size: int, keys: int) -> None:
     """SET every key once (parallel over 4 connections) so GETs are hits."""
     value = memoryview(bytearray(os.urandom(64)) * (size // 64))
@@ -375,9 +382,7 @@ def run_cells(name: str, server: Any, size: int, keys: int, clients: list[int], 
     rows = []
     with server as (pid, tcp, uds):
         reset_peak(pid)
-        fill(tcp, size, keys)
-        with _connect(tcp) as s:
-            _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
+        prime(tcp, size, keys)
         transports: list[tuple[str, Address]] = [("tcp", tcp)] + ([("unix", uds)] if unix else [])
         if unix and name == "strata":
             transports.append(("unix-shm", SHM + str(uds)))  # GETs only: SETs are the plain socket's
@@ -441,10 +446,8 @@ def _interleave_size(args: argparse.Namespace, size: int, tmp: Path, extra: dict
         pid, tcp, _ = stack.enter_context(redis(tmp, l1))
         servers["redis"] = (pid, tcp)
         for name, (_, addr) in servers.items():
-            if name != "store":
-                fill(addr, size, keys)
-                with _connect(addr) as s:
-                    _set(s, PROBE_KEY, memoryview(b"p" * 100), bytearray())
+            if name != "store":  # its key space is there from the start, and it answers the probe itself
+                prime(addr, size, keys)
         if args.pin:
             os.sched_setaffinity(0, set(cpus[:-1]))  # the client processes fork from here
         for op in args.ops.split(","):
@@ -667,6 +670,8 @@ def main() -> None:
     extra = settings(args.strata_set)
     if args.unix:
         extra.setdefault("listen.shared_memory", True)  # GETs over unix-shm take the value's memory
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        ap.error("--pin needs at least 2 CPUs: one for the servers, the rest for the clients")
     if args.interleave:
         extra_b = None if args.strata_b is None else settings([kv for kv in args.strata_b if kv])
         rounds = interleave(args, extra, extra_b)
