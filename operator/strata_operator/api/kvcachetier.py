@@ -444,6 +444,15 @@ class KVCacheTierSpec(CRDModel):
     log_level: LogLevel = Field(
         default=LogLevel.INFO, description="Server log level: DEBUG, INFO (default), WARNING or ERROR."
     )
+    sender_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Threads per server that send replies holding a value above 1 MiB while another such reply is "
+        "going out, so large GETs to several clients use several cores. 0 (default): the event loop sends them. "
+        "For nodes with cores to spare: on 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% "
+        "faster but doubled a small GET's p99 beside them. With threads, the CPU request defaults to threads + 1.",
+    )
     client_shm_size: Annotated[str, WholeBytes("clientShmSize")] | None = Field(
         default=None,
         description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "

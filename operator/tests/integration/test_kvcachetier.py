@@ -119,6 +119,7 @@ def require_kwok(control_plane: Any) -> None:
         ({"port": 9121}, "port and metricsPort must differ"),
         ({"events": {"enabled": True, "port": 6379}}, "events.port must differ from port and metricsPort"),
         ({"events": {"enabled": True, "port": 0}}, "spec.events.port"),
+        ({"senderThreads": 65}, "spec.senderThreads"),
         ({"nodeSocket": {"sharedMemory": True}}, "nodeSocket.sharedMemory hands memory over the node socket"),
         ({"nodeSocket": {"enabled": True, "driver": "Not_A_Driver"}}, "spec.nodeSocket.driver"),
         (

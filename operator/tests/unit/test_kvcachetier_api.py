@@ -78,6 +78,8 @@ def test_status_is_a_subresource() -> None:
         {"hash": {"algorithm": "md5"}},
         {"hash": {"seed": "abc"}},
         {"chunkTokens": 0},
+        {"senderThreads": -1},
+        {"senderThreads": 65},
         {"unknownField": 1},
     ],
 )

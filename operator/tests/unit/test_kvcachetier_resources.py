@@ -92,6 +92,20 @@ def test_resources_override_wins_and_derived_memory_fills_the_gap() -> None:
     assert spec.resources == {"requests": {"cpu": "2"}, "limits": {"memory": "20Gi"}}  # not mutated
 
 
+def test_sender_threads_reach_the_server_and_its_cpu_request() -> None:
+    """Each sender thread is a core's worth of copying: the pod asks for one per thread beside the loop's."""
+    assert build_resources(spec_of())["requests"]["cpu"] == "250m"
+    spec = spec_of(senderThreads=3)
+    assert build_resources(spec)["requests"]["cpu"] == "4"
+    assert build_resources(spec_of(senderThreads=3, resources={"requests": {"cpu": "2"}}))["requests"]["cpu"] == "2"
+    for node_socket in ({}, {"enabled": True}):
+        spec = spec_of(senderThreads=3, nodeSocket=node_socket)
+        config = KVServerConfig.from_yaml(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME])
+        assert config.listen.sender_threads == 3
+    default = KVServerConfig.from_yaml(build_config_map(spec_of(), TIER)["data"][CONFIG_FILE_NAME])
+    assert default.listen.sender_threads == 0
+
+
 def test_node_selection_and_priority_reach_the_pod() -> None:
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     affinity: dict[str, Any] = {

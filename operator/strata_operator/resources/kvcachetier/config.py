@@ -90,11 +90,13 @@ def _events_config(spec: KVCacheTierSpec) -> EventsConfig:
 
 
 def _listen_config(spec: KVCacheTierSpec) -> ListenConfig:
-    """TCP on the spec's port (bound to the pod IP by the DaemonSet's args), and the node socket when asked."""
+    """TCP on the spec's port (bound to the pod IP by the DaemonSet's args), the node socket when asked, and the
+    spec's sender threads."""
     if not spec.node_socket.enabled:
-        return ListenConfig(port=spec.port)
+        return ListenConfig(port=spec.port, sender_threads=spec.sender_threads)
     return ListenConfig(
         port=spec.port,
+        sender_threads=spec.sender_threads,
         unix_socket=NODE_SOCKET_PATH,
         unix_socket_mode=NODE_SOCKET_MODE,
         shared_memory=spec.node_socket.shared_memory,

@@ -30,6 +30,7 @@ from strata_operator.resources.security import container_security_context, pod_s
 
 """The conventional nonroot uid/gid of distroless images; the runtime image runs as it."""
 CPU_REQUEST = "250m"
+"""The event loop's share when it sends every reply itself; with sender threads, one CPU per thread and the loop's."""
 MEMORY_LIMIT_FACTOR = 1.25
 """The limit above the request: room for allocator slack so a full L1 is not OOM-killed."""
 TERMINATION_GRACE_SECONDS = 45
@@ -42,7 +43,7 @@ def derived_memory_request(spec: KVCacheTierSpec) -> int:
 
 
 def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
-    """The container's resources: the spec's override wins key by key; memory is derived where unset."""
+    """The container's resources: the spec's override wins key by key; memory and CPU are derived where unset."""
     resources: dict[str, Any] = copy.deepcopy(spec.resources or {})
     requests = resources.setdefault("requests", {})
     limits = resources.setdefault("limits", {})
@@ -50,7 +51,7 @@ def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
         requests["memory"] = limits.get("memory") or mebibytes(derived_memory_request(spec))
     if "memory" not in limits:
         limits["memory"] = mebibytes(int(quantity_bytes(requests["memory"]) * MEMORY_LIMIT_FACTOR))
-    requests.setdefault("cpu", CPU_REQUEST)
+    requests.setdefault("cpu", str(spec.sender_threads + 1) if spec.sender_threads else CPU_REQUEST)
     return resources
 
 
