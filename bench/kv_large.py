@@ -430,7 +430,8 @@ def interleave(args: argparse.Namespace, extra: dict[str, Any], extra_b: dict[st
     with tempfile.TemporaryDirectory(prefix="kv-large-") as tmp:
         for size in [int(v) * MiB for v in args.sizes.split(",")]:
             cells.extend(_interleave_size(args, size, Path(tmp), extra, extra_b))  # one size's servers at a time
-    return {"interleaved": cells, "pinned": bool(args.pin), "loadavg_after": os.getloadavg()}
+    return {"interleaved": cells, "pinned": bool(args.pin), "loadavg_after": os.getloadavg(), "strata": extra,
+            "strata_b": extra_b, "strata_b_pythonpath": args.strata_b_pythonpath}  # fmt: skip
 
 
 def _interleave_size(args: argparse.Namespace, size: int, tmp: Path, extra: dict[str, Any],

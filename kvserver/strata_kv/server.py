@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -17,6 +18,7 @@ import resource
 import signal
 import socket
 import stat
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -544,6 +546,20 @@ class RespConnection(asyncio.BufferedProtocol):
                 self.send_socket = None
 
 
+SENDER_NICE = 10
+"""How much less CPU a sender thread asks for than the event loop (Linux nice, per thread)."""
+
+
+def _yield_to_the_loop() -> None:
+    """A sender thread's start: run at nice `SENDER_NICE`, so where cores are short the loop, which answers every
+    other connection, runs first and the senders take what is left. Interleaved on 2 shared cores (4 rounds, 2
+    threads, medians), a small GET's p99 beside 8 clients' GETs went from 15.3 to 11.0 ms at 4 MiB and from 24.9 to
+    16.5 ms at 64 MiB, at the same GB/s within the rounds' spread (the loop alone: 8.4 and 10.0 ms). Where the
+    system refuses (no per-thread priorities), the thread runs at the loop's."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SENDER_NICE)
+
+
 def _second_handle(transport: asyncio.BaseTransport) -> socket.socket | None:
     """A socket object of its own on the transport's connection (a dup of its fd), or None: it has no socket."""
     sock = transport.get_extra_info("socket")
@@ -641,7 +657,11 @@ class KVServer:
         self.state.value_pool = self.value_pool
         self.state.inflight = self.inflight
         senders = cfg.listen.sender_threads
-        self.senders = ThreadPoolExecutor(senders, thread_name_prefix="strata-kv-send") if senders else None
+        self.senders = (
+            ThreadPoolExecutor(senders, thread_name_prefix="strata-kv-send", initializer=_yield_to_the_loop)
+            if senders
+            else None
+        )
         self.large_replies = 0  # with sender threads: replies with a part above `_WRITE_SLICE` going out now
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -104,6 +105,32 @@ def test_with_no_sender_threads_the_loop_sends_every_large_reply(kv_server_facto
     with _stalled(server):
         assert r.mget([f"big{i}" for i in range(len(values))]) == values
     assert _sender_replies(server) == 0
+
+
+def _nice(pid: int, tid: int) -> int:
+    """A thread's nice value, from /proc (field 19 of its stat, after the command name in parentheses)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_sender_threads_run_below_the_loops_priority(kv_server_factory) -> None:
+    """Where cores are short the loop, which answers every other connection, runs first: the threads that sent
+    large replies run at a higher nice value than the loop's thread, which keeps the process's own."""
+    server = _server(kv_server_factory, threads=2)
+    assert server.process is not None
+    pid = server.process.pid
+    r = server.redis()
+    value = os.urandom(4 * MiB)
+    r.set("big", value)
+    before = {t.id for t in psutil.Process(pid).threads()}
+    with _stalled(server):
+        for _ in range(3):
+            assert r.get("big") == value
+    assert _sender_replies(server) == 3
+    senders = {t.id for t in psutil.Process(pid).threads()} - before
+    assert senders, "the replies were sent from threads started for them"
+    assert _nice(pid, pid) == 0
+    assert {_nice(pid, tid) for tid in senders} == {10}
 
 
 def test_a_client_that_stops_reading_holds_no_sender_thread(kv_server_factory) -> None:
