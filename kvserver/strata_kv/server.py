@@ -546,6 +546,19 @@ class RespConnection(asyncio.BufferedProtocol):
                 self.send_socket = None
 
 
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may run on (its affinity), fewer where its cgroup's CPU quota (a container's CPU
+    limit, cgroup v2 `cpu.max`: "<quota> <period>" or "max <period>") allows less."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup.read_text().split()[:2]
+        if quota == "max":
+            return cpus
+        return max(1, min(cpus, -(-int(quota) // int(period))))
+    except (OSError, ValueError, ZeroDivisionError):
+        return cpus
+
+
 SENDER_NICE = 10
 """How much less CPU a sender thread asks for than the event loop (Linux nice, per thread)."""
 
@@ -662,6 +675,15 @@ class KVServer:
             if senders
             else None
         )
+        if senders and senders + 1 > usable_cpus():
+            log.warning(
+                "listen.sender_threads is %d but this server may use %d CPUs: the threads and the event loop will "
+                "share cores, which costs every other client latency (kvserver README, Sender threads); give the "
+                "server %d CPUs or set fewer threads",
+                senders,
+                usable_cpus(),
+                senders + 1,
+            )
         self.large_replies = 0  # with sender threads: replies with a part above `_WRITE_SLICE` going out now
         self._servers: list[asyncio.Server] = []
         self.connections: set[RespConnection] = set()

@@ -133,6 +133,18 @@ def test_sender_threads_run_below_the_loops_priority(kv_server_factory) -> None:
     assert {_nice(pid, tid) for tid in senders} == {10}
 
 
+def test_more_threads_than_the_servers_cpus_are_warned_about(kv_server_factory) -> None:
+    """Threads beyond the CPUs the server may use share cores with its loop: said at start, with what to change."""
+    from strata_kv.server import usable_cpus
+
+    cpus = usable_cpus()
+    crowded = _server(kv_server_factory, threads=cpus)
+    assert f"listen.sender_threads is {cpus} but this server may use {cpus} CPUs" in crowded.log()
+    if cpus > 1:
+        fitting = _server(kv_server_factory, threads=cpus - 1)
+        assert "listen.sender_threads" not in fitting.log()
+
+
 def test_a_client_that_stops_reading_holds_no_sender_thread(kv_server_factory) -> None:
     """With one sender thread, a client that stops reading a 32 MiB reply sent from it does not hold up the next
     large replies: a full socket is waited for on the loop, not on the thread. It then gets every byte."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
 import weakref
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from strata_kv import resp
 from strata_kv.config import KVServerConfig
-from strata_kv.server import _SEND_CHUNK, _SEND_VIEWS, KVServer, RespConnection, _advance, _take
+from strata_kv.server import _SEND_CHUNK, _SEND_VIEWS, KVServer, RespConnection, _advance, _take, usable_cpus
 
 MiB = 1024 * 1024
 
@@ -219,3 +220,23 @@ async def test_the_low_water_mark_halves_over_a_values_last_megabytes_only_while
     receive(alone, b"x" * (512 * 1024) + b"\r\n")
     assert alone.lowat_socket.marks[-1] == 1, "a complete request: back to the first byte"
     await turns()
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [
+        ("max 100000\n", "all"),
+        ("50000 100000\n", 1),  # half a CPU still runs one thread at a time
+        ("150000 100000\n", 2),
+        ("1000000000 100000\n", "all"),  # a quota above the affinity: the affinity
+        (None, "all"),  # no cgroup v2 file
+        ("garbage\n", "all"),
+        ("100000 0\n", "all"),
+    ],
+)
+def test_usable_cpus_is_the_affinity_within_the_cgroups_quota(tmp_path, cpu_max: str | None, expected: Any) -> None:
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(path) == (affinity if expected == "all" else min(expected, affinity))
