@@ -675,13 +675,14 @@ class KVServer:
             if senders
             else None
         )
-        if senders and senders + 1 > usable_cpus():
+        cpus = usable_cpus() if senders else 0
+        if senders and senders + 1 > cpus:
             log.warning(
                 "listen.sender_threads is %d but this server may use %d CPUs: the threads and the event loop will "
                 "share cores, which costs every other client latency (kvserver README, Sender threads); give the "
                 "server %d CPUs or set fewer threads",
                 senders,
-                usable_cpus(),
+                cpus,
                 senders + 1,
             )
         self.large_replies = 0  # with sender threads: replies with a part above `_WRITE_SLICE` going out now

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
+from strata_kv.server import usable_cpus
 
 pytestmark = pytest.mark.integration
 
@@ -135,8 +136,6 @@ def test_sender_threads_run_below_the_loops_priority(kv_server_factory) -> None:
 
 def test_more_threads_than_the_servers_cpus_are_warned_about(kv_server_factory) -> None:
     """Threads beyond the CPUs the server may use share cores with its loop: said at start, with what to change."""
-    from strata_kv.server import usable_cpus
-
     cpus = usable_cpus()
     crowded = _server(kv_server_factory, threads=cpus)
     assert f"listen.sender_threads is {cpus} but this server may use {cpus} CPUs" in crowded.log()
