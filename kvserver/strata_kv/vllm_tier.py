@@ -186,6 +186,8 @@ class StrataTier(SecondaryTierManager):
         return counts
 
     def _chunk(self, chunk_id: int) -> memoryview:
+        """One chunk of the primary tier. Callers release it (`with`): vLLM unmaps the tier at shutdown, and a
+        view still exported would make that fail (`BufferError: cannot close exported pointers exist`)."""
         size = self.block_size_bytes
         return self._flat[chunk_id * size : (chunk_id + 1) * size]
 
@@ -260,12 +262,12 @@ class StrataTier(SecondaryTierManager):
             start, done = time.monotonic(), 0
             try:
                 for key, chunk_id in zip(keys, chunk_ids, strict=True):
-                    server_key, view = self.server_key(key), self._chunk(chunk_id)
+                    with self._chunk(chunk_id) as view:
 
-                    def put(client: KVClient, k: bytes = server_key, v: memoryview = view) -> None:
-                        client.set_from(k, v)
+                        def put(client: KVClient, k: bytes = self.server_key(key), v: memoryview = view) -> None:
+                            client.set_from(k, v)
 
-                    self._link.call(put)
+                        self._link.call(put)
                     done += 1
             except (OSError, ValueError, KVError) as e:
                 self._count(stores_failed=len(keys) - done)
@@ -290,12 +292,13 @@ class StrataTier(SecondaryTierManager):
             start, done = time.monotonic(), 0
             try:
                 for key, chunk_id in zip(keys, chunk_ids, strict=True):
-                    server_key, view = self.server_key(key), self._chunk(chunk_id)
+                    with self._chunk(chunk_id) as view:
 
-                    def get(client: KVClient, k: bytes = server_key, v: memoryview = view) -> bool:
-                        return client.get_into(k, v)
+                        def get(client: KVClient, k: bytes = self.server_key(key), v: memoryview = view) -> bool:
+                            return client.get_into(k, v)
 
-                    if not self._link.call(get):
+                        found = self._link.call(get)
+                    if not found:
                         self._count(loads_missing=1)
                         break
                     done += 1
@@ -344,6 +347,7 @@ class StrataTier(SecondaryTierManager):
     def shutdown(self) -> None:
         self._lookups.shutdown()
         self._pool.shutdown(wait=True)
+        self._flat.release()  # the last view of vLLM's mapping this tier holds: vLLM unmaps it next
         self._link.close()
         self._lookup_link.close()
         log.info("Strata KV tier: shut down, %s", self.stats())
