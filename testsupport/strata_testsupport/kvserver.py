@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from strata_testsupport.processes import stop_process, unavailable
+from strata_testsupport.processes import free_port, stop_process, unavailable
 
 _READY = re.compile(r"strata-kv ready tcp=\S+:(\d+) unix=(\S+) metrics=(-?\d+)")
 
@@ -192,12 +192,6 @@ def kv_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KVServerProc
         yield server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class RedisServer:
     port: int
@@ -215,7 +209,7 @@ def running_redis_server(maxmemory: str = "0", extra_args: list[str] | None = No
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError("redis-server not found: apt-get install -y redis-server")
-    port = _free_port()
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="strata-redis-")
     proc = subprocess.Popen(
         [

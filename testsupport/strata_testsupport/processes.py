@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -58,3 +59,10 @@ def stop_process(
         except subprocess.TimeoutExpired:
             send(signal.SIGKILL)
     return process.wait()
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from strata_testsupport.processes import serve_for_session, stop_process
+from strata_testsupport.processes import free_port, serve_for_session, stop_process
 
 ACCESS_KEY = "strata-test"
 SECRET_KEY = "strata-test-secret"
@@ -71,12 +70,6 @@ class S3Server:
         return name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -102,7 +95,7 @@ def running_s3_server(host: str = "127.0.0.1", *, authenticate: bool = False) ->
         import moto.server  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"moto[server] is not installed ({e}); pip install 'moto[server]'") from None
-    port = _free_port()
+    port = free_port()
     url = f"http://{host}:{port}"
     log = tempfile.TemporaryFile()  # noqa: SIM115 -- a pipe nobody drains would block the server
     proc = subprocess.Popen(

