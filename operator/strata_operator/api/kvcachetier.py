@@ -66,6 +66,13 @@ class ConnectorType(StrEnum):
     LMCACHE = "lmcache"
 
 
+class EngineDevice(StrEnum):
+    """Where the vLLM engines that use the tier compute: their offloading spec differs (vLLM's own refuses CPU)."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+
+
 class S3AddressingStyle(StrEnum):
     AUTO = "auto"
     PATH = "path"
@@ -273,6 +280,14 @@ class ConnectorSpec(CRDModel):
     offload_prompt_only: bool = Field(
         default=True,
         description="vllm: offload only the prompt's KV (vLLM's default), not what decoding generates.",
+    )
+    engine: EngineDevice = Field(
+        default=EngineDevice.GPU,
+        description="vllm: where the engines compute. gpu (default): vLLM's TieringOffloadingSpec. cpu: vLLM's CPU "
+        "backend, whose own offloading refuses the CPU platform: Strata's StrataCPUOffloadingSpec "
+        "(strata_kv.vllm_cpu_offload; vLLM 0.32 and 0.33). KV_TRANSFER_CONFIG follows this; the connection "
+        "ConfigMap also carries KV_TRANSFER_CONFIG_GPU and KV_TRANSFER_CONFIG_CPU, and a pod annotated "
+        "strata.dev/kv-engine gets the one it names.",
     )
 
 

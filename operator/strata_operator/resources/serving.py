@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from strata_operator.api import GROUP
-from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.api.kvcachetier import ConnectorType, EngineDevice, KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.kvcachetier.auth import token_secret
-from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, client_shm_size
+from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, TRANSFER_CONFIG_ENV, client_shm_size
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.node_socket import SOCKET_GROUP, node_socket_mount, node_socket_volume
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
@@ -34,6 +34,10 @@ CONTAINERS_ANNOTATION = f"{GROUP}/containers"
 KV_ARGS_ANNOTATION = f"{GROUP}/kv-transfer-config-args"
 """`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` and `--prefix-caching-hash-algo
 $(PREFIX_CACHING_HASH_ALGO)` to the wired containers' args (vLLM)."""
+KV_ENGINE_ANNOTATION = f"{GROUP}/kv-engine"
+"""`cpu` or `gpu`: the `--kv-transfer-config` appended is the connection ConfigMap's variant for engines there
+(vLLM's own offloading refuses the CPU platform; Strata's CPU spec serves it); absent: the tier's
+`connector.engine`."""
 SHM_SIZE_ANNOTATION = f"{GROUP}/shm-size"
 """A size (e.g. `8Gi`): mount a memory-backed /dev/shm of that size limit, which vLLM's CPU KV tier needs;
 overrides the tier's `spec.clientShmSize`."""
@@ -201,8 +205,26 @@ def _wire_kv_tier(
             secret_env = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}
             _add_named(container, "env", secret_env, f"{field}.env", whose)
         if annotations.get(KV_ARGS_ANNOTATION, "").lower() == "true":
-            for flag, value in KV_ARGS:
+            for flag, value in _kv_args(tier_spec, annotations.get(KV_ENGINE_ANNOTATION), whose):
                 _append_flag(container, flag, value, field, whose)
+
+
+def _kv_args(tier_spec: KVCacheTierSpec, engine: str | None, whose: str) -> tuple[tuple[str, str], ...]:
+    """KV_ARGS, with the transfer config of the engine the pod names (`strata.dev/kv-engine`)."""
+    if engine is None:
+        return KV_ARGS
+    try:
+        device = EngineDevice(engine.lower())
+    except ValueError:
+        raise WiringConflict(
+            f"annotation {KV_ENGINE_ANNOTATION} is {engine!r}: use one of {', '.join(d.value for d in EngineDevice)}"
+        ) from None
+    if tier_spec.connector.type != ConnectorType.VLLM:
+        raise WiringConflict(
+            f"annotation {KV_ENGINE_ANNOTATION} picks a vLLM offloading spec, but {whose} uses the "
+            f"{tier_spec.connector.type.value} connector: remove the annotation"
+        )
+    return ((KV_TRANSFER_FLAG, f"$({TRANSFER_CONFIG_ENV[device]})"), (HASH_ALGO_FLAG, HASH_ALGO_VALUE))
 
 
 def _append_flag(container: dict[str, Any], flag: str, value: str, field: str, whose: str) -> None:

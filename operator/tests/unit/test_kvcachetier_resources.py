@@ -311,6 +311,27 @@ def test_vllm_connection_is_the_offloading_connector_with_the_strata_tier() -> N
     assert not any(key.startswith("LMCACHE_") for key in data)
 
 
+def test_a_cpu_engine_gets_strata_cpu_offloading_spec_and_both_variants_are_rendered() -> None:
+    """vLLM's own spec refuses the CPU platform: a tier for CPU engines names Strata's spec by module path, and the
+    ConfigMap carries each engine's variant so a pod can pick its own (strata.dev/kv-engine)."""
+    cpu = build_connection_config_map(spec_of(connector={"engine": "cpu"}), TIER)["data"]
+    gpu = build_connection_config_map(spec_of(), TIER)["data"]
+    cpu_extra = VllmKVTransferConfig.model_validate_json(cpu["KV_TRANSFER_CONFIG"]).kv_connector_extra_config
+    assert cpu_extra["spec_name"] == "StrataCPUOffloadingSpec"
+    assert cpu_extra["spec_module_path"] == "strata_kv.vllm_cpu_offload"
+    assert "spec_module_path" not in json.loads(gpu["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]
+    for data in (cpu, gpu):
+        assert data["KV_TRANSFER_CONFIG_CPU"] == cpu["KV_TRANSFER_CONFIG"]
+        assert data["KV_TRANSFER_CONFIG_GPU"] == gpu["KV_TRANSFER_CONFIG"]
+    lmcache = build_connection_config_map(spec_of(connector={"type": "lmcache"}), TIER)["data"]
+    assert "KV_TRANSFER_CONFIG_CPU" not in lmcache
+
+
+def test_the_cpu_spec_class_vllm_is_told_to_load_exists() -> None:
+    source = (KVSERVER_PACKAGE / "vllm_cpu_offload.py").read_text()
+    assert "\nclass StrataCPUOffloadingSpec(TieringOffloadingSpec):" in source
+
+
 def test_vllm_gets_pythonhashseed_only_where_the_hash_needs_one() -> None:
     """sha256 variants seed from vLLM's fixed default unless PYTHONHASHSEED is set: leaving it unset lets
     engines Strata did not wire share chunks too. xxhash variants seed at random per process without it."""

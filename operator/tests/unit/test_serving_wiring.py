@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from strata_operator.resources.serving import (
     KV_ARGS_ANNOTATION,
+    KV_ENGINE_ANNOTATION,
     MODEL_READY_GATE,
     SHM_SIZE_ANNOTATION,
     WiringConflict,
@@ -241,6 +242,25 @@ def test_a_different_kv_transfer_config_is_a_conflict() -> None:
     p = pod({KV_ARGS_ANNOTATION: "true"}, containers=[{"name": "vllm", "args": ["--kv-transfer-config", "{}"]}])
     with pytest.raises(WiringConflict, match=r"spec.containers\[vllm\].args already passes --kv-transfer-config"):
         build_pod_patch(p, kv_tier=tier())
+
+
+@pytest.mark.parametrize(("engine", "variable"), [("cpu", "KV_TRANSFER_CONFIG_CPU"), ("GPU", "KV_TRANSFER_CONFIG_GPU")])
+def test_the_kv_engine_annotation_picks_the_transfer_config_for_that_engine(engine: str, variable: str) -> None:
+    p = pod({KV_ARGS_ANNOTATION: "true", KV_ENGINE_ANNOTATION: engine}, containers=[{"name": "vllm", "args": ["m"]}])
+    (vllm,) = wired(p, kv_tier=tier())["spec"]["containers"]
+    assert vllm["args"][1:3] == ["--kv-transfer-config", f"$({variable})"]
+
+
+def test_an_unknown_kv_engine_is_a_conflict_naming_the_choices() -> None:
+    p = pod({KV_ARGS_ANNOTATION: "true", KV_ENGINE_ANNOTATION: "tpu"}, containers=[{"name": "vllm"}])
+    with pytest.raises(WiringConflict, match=r"strata.dev/kv-engine is 'tpu': use one of gpu, cpu"):
+        build_pod_patch(p, kv_tier=tier())
+
+
+def test_a_kv_engine_with_the_lmcache_connector_is_a_conflict() -> None:
+    p = pod({KV_ARGS_ANNOTATION: "true", KV_ENGINE_ANNOTATION: "cpu"}, containers=[{"name": "vllm"}])
+    with pytest.raises(WiringConflict, match="uses the lmcache connector: remove the annotation"):
+        build_pod_patch(p, kv_tier=tier({"connector": {"type": "lmcache"}}))
 
 
 def test_readiness_and_failure_of_a_cache() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from strata_operator.api.kvcachetier import ConnectorType, HashAlgorithm, KVCacheTierSpec
+from strata_operator.api.kvcachetier import ConnectorType, EngineDevice, HashAlgorithm, KVCacheTierSpec
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
 from strata_operator.resources.kvcachetier.names import TierRef, byte_size, mebibytes
@@ -26,6 +26,11 @@ KV_ROLE = "kv_both"
 LMCACHE_CONNECTOR = "LMCacheConnectorV1"
 VLLM_CONNECTOR = "OffloadingConnector"
 VLLM_SPEC = "TieringOffloadingSpec"
+CPU_ENGINE_SPEC = "StrataCPUOffloadingSpec"
+CPU_ENGINE_SPEC_MODULE = "strata_kv.vllm_cpu_offload"
+"""vLLM's OffloadingConnector refuses the CPU platform; engines on CPU load Strata's spec by `spec_module_path`."""
+TRANSFER_CONFIG_ENV = {EngineDevice.GPU: "KV_TRANSFER_CONFIG_GPU", EngineDevice.CPU: "KV_TRANSFER_CONFIG_CPU"}
+"""The per-engine variants of KV_TRANSFER_CONFIG (vllm connector), which a pod picks with strata.dev/kv-engine."""
 VLLM_TIER_CLASS = "StrataTier"
 VLLM_TIER_MODULE = "strata_kv.vllm_tier"
 """Where vLLM imports the tier from (`module_path`): in `pip install strata`, importable without extras."""
@@ -41,7 +46,7 @@ def remote_url(spec: KVCacheTierSpec, tier: TierRef) -> str:
     return f"redis://{service_host(tier)}:{spec.port}"
 
 
-def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
+def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef, engine: EngineDevice) -> dict[str, Any]:
     strata_tier: dict[str, Any] = {
         "type": VLLM_TIER_CLASS,
         "module_path": VLLM_TIER_MODULE,
@@ -51,8 +56,11 @@ def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any
         strata_tier["unix_socket"] = NODE_SOCKET_PATH  # used when mounted (the webhook does), else the url
     if token_secret(spec, tier) is not None:
         strata_tier["token_env"] = TOKEN_ENV
+    spec_name = {"spec_name": VLLM_SPEC}
+    if engine == EngineDevice.CPU:
+        spec_name = {"spec_name": CPU_ENGINE_SPEC, "spec_module_path": CPU_ENGINE_SPEC_MODULE}
     extra = {
-        "spec_name": VLLM_SPEC,
+        **spec_name,
         "cpu_bytes_to_use": byte_size(spec.connector.cpu_bytes),
         "block_size": spec.chunk_tokens,
         "offload_prompt_only": spec.connector.offload_prompt_only,
@@ -76,11 +84,14 @@ def _lmcache_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, 
     return {"kv_connector": LMCACHE_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
 
 
-def build_kv_transfer_config(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any]:
-    """The complete `--kv-transfer-config` object for the spec's connector."""
+def build_kv_transfer_config(
+    spec: KVCacheTierSpec, tier: TierRef, engine: EngineDevice | None = None
+) -> dict[str, Any]:
+    """The complete `--kv-transfer-config` object for the spec's connector, for engines on `engine` (default: the
+    spec's `connector.engine`)."""
     if spec.connector.type == ConnectorType.LMCACHE:
         return _lmcache_transfer_config(spec, tier)
-    return _vllm_transfer_config(spec, tier)
+    return _vllm_transfer_config(spec, tier, engine or spec.connector.engine)
 
 
 def client_shm_size(spec: KVCacheTierSpec) -> str | None:
@@ -101,8 +112,11 @@ def needs_hash_seed(spec: KVCacheTierSpec) -> bool:
 
 
 def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]:
+    def compact(config: dict[str, Any]) -> str:
+        return json.dumps(config, separators=(",", ":"))
+
     env = {
-        "KV_TRANSFER_CONFIG": json.dumps(build_kv_transfer_config(spec, tier), separators=(",", ":")),
+        "KV_TRANSFER_CONFIG": compact(build_kv_transfer_config(spec, tier)),
         "PREFIX_CACHING_HASH_ALGO": spec.hash.algorithm.value,
         "STRATA_KV_URL": remote_url(spec, tier),
         "STRATA_KV_CHUNK_TOKENS": str(spec.chunk_tokens),
@@ -115,6 +129,9 @@ def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]
         env["STRATA_KV_EVENTS_URL"] = events
     if (shm := client_shm_size(spec)) is not None:
         env["STRATA_KV_SHM_SIZE"] = shm
+    if spec.connector.type == ConnectorType.VLLM:
+        for engine, name in TRANSFER_CONFIG_ENV.items():
+            env[name] = compact(build_kv_transfer_config(spec, tier, engine))
     if spec.connector.type == ConnectorType.LMCACHE:
         env["LMCACHE_CHUNK_SIZE"] = str(spec.chunk_tokens)
         env["LMCACHE_REMOTE_URL"] = remote_url(spec, tier)
