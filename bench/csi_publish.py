@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 import grpc
 from strata_kv.csi import csi_pb2, csi_pb2_grpc
 from strata_kv.csi.mounts import bind_mount, unmount
-from strata_testsupport.csi import publish_request, running_csi_plugin
+from strata_testsupport.csi import publish_request, running_csi_plugin, server_pod
 
 
 def _ms(samples: list[float]) -> tuple[float, float]:
@@ -34,7 +34,8 @@ def plugin_rounds(rounds: int) -> tuple[list[float], list[float]]:
     publish, unpublish = [], []
     with running_csi_plugin() as plugin:
         node = csi_pb2_grpc.NodeStub(grpc.insecure_channel(f"unix://{plugin.endpoint}"))
-        node.NodePublishVolume(publish_request(plugin.target(), "bench", "kv"))  # the directories exist after
+        # The tier's server holds its directory (a tmpfs) throughout, as it does on a node: each round is a client's.
+        node.NodePublishVolume(publish_request(plugin.target(), "bench", "kv", pod=server_pod("kv")))
         for _ in range(rounds):
             target = plugin.target()
             request = publish_request(target, "bench", "kv", readonly=True)

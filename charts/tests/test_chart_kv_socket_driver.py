@@ -41,6 +41,9 @@ def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_a
         "--kubelet-dir=/var/lib/kubelet",
         "--state-dir=/var/run/strata-kv",
         "--socket-group=65532",
+        "--tier-dir-bytes=65536",
+        "--tier-dir-inodes=16",
+        "--max-tier-dirs=256",
     ]
     assert container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
     assert container["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
@@ -50,7 +53,8 @@ def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_a
         "mountPath": "/var/lib/kubelet",
         "mountPropagation": "Bidirectional",
     }
-    assert "mountPropagation" not in mounts["state-dir"]
+    # The tier directories' tmpfs mounts are the host's: pods keep sharing them across a plugin restart.
+    assert mounts["state-dir"]["mountPropagation"] == "Bidirectional"
     volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
     assert volumes == {
         "kubelet-dir": {"path": "/var/lib/kubelet", "type": "Directory"},
@@ -71,6 +75,9 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
             "kubeletDir": "/var/lib/strata-node/kubelet/",
             "stateDir": "/srv/kv",
             "socketGroup": 2000,
+            "tierDirBytes": 8192,
+            "tierDirInodes": 4,
+            "maxTierDirs": 10,
             "tolerations": [],
             "nodeSelector": {"nvidia.com/gpu.present": "true"},
         }
@@ -81,6 +88,9 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
         "--kubelet-dir=/var/lib/strata-node/kubelet",
         "--state-dir=/srv/kv",
         "--socket-group=2000",
+        "--tier-dir-bytes=8192",
+        "--tier-dir-inodes=4",
+        "--max-tier-dirs=10",
     ]
     assert container["volumeMounts"][0]["mountPath"] == "/var/lib/strata-node/kubelet"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in pod
@@ -92,6 +102,8 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
         ({"kubeletDir": "var/lib/kubelet"}, "kubeletDir"),
         ({"stateDir": ""}, "stateDir"),
         ({"socketGroup": -1}, "socketGroup"),
+        ({"tierDirBytes": 0}, "tierDirBytes"),
+        ({"maxTierDirs": 0}, "maxTierDirs"),
         ({"enabled": "yes"}, "enabled"),
         ({"socketDir": "/x"}, "socketDir"),
     ],

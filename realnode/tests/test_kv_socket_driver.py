@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 DRIVER = "kv.strata.dev"
 STATE_DIR = WORK_DIR / "kv-sockets"  # under the node's work dir: the node's sweep removes it
+# The driver gives tier `kv`'s directory writable only to a pod named as a DaemonSet `kv` names its pods.
+SERVER_POD = "kv-srvr2"
 
 # In the client pod: wait for the server's socket, SET a 2 MiB value made from a seed, GET it, print its digest.
 CLIENT = """
@@ -129,7 +131,7 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
             body={
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": "kv-server"},
+                "metadata": {"name": SERVER_POD},
                 "spec": {"restartPolicy": "Never", "containers": [server], "volumes": [_csi_volume(False)]},
             },
         )
@@ -149,7 +151,7 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
                 },
             )
         except AssertionError as error:
-            server_log = pod_log(node_k8s, namespace, "kv-server")
+            server_log = pod_log(node_k8s, namespace, SERVER_POD)
             raise AssertionError(
                 f"{error}\nserver:\n{server_log}\nplugin:\n{_plugin_logs(node_k8s)}\n{real_node.logs('kubelet', 40)}"
             ) from error

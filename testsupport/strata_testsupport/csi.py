@@ -26,6 +26,7 @@ from strata_testsupport.processes import stop_process
 class CSIPluginProcess:
     root: Path  # holds kubelet/ (the kubelet's root directory) and state/ (the plugin's state directory)
     node_id: str = "test-node"
+    args: list[str] = field(default_factory=list)  # more `serve` flags (limits)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -51,7 +52,7 @@ class CSIPluginProcess:
     def start(self, timeout: float = 30.0) -> CSIPluginProcess:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "strata_kv.csi.cli", "serve", "--node-id", self.node_id]
-        argv += ["--kubelet-dir", str(self.kubelet_dir), "--state-dir", str(self.state_dir)]
+        argv += ["--kubelet-dir", str(self.kubelet_dir), "--state-dir", str(self.state_dir), *self.args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -86,11 +87,14 @@ def publish_request(
     readonly: bool = False,
     attributes: dict[str, str] | None = None,
     ephemeral: bool = True,
+    pod: str = "serving-0",
 ):  # -> csi_pb2.NodePublishVolumeRequest
+    """`pod` is the pod's name as the kubelet passes it; a tier's server pods are named `<tier>-<5 characters>`
+    by its DaemonSet (`server_pod` makes one)."""
     from strata_kv.csi import csi_pb2
 
     context: dict[str, str] = {
-        "csi.storage.k8s.io/pod.name": "serving-0",
+        "csi.storage.k8s.io/pod.name": pod,
         "csi.storage.k8s.io/pod.uid": str(uuid.uuid4()),
         "csi.storage.k8s.io/serviceAccount.name": "default",
         "csi.storage.k8s.io/ephemeral": "true" if ephemeral else "false",
@@ -112,6 +116,11 @@ def publish_request(
     )
 
 
+def server_pod(tier: str, suffix: str = "x2b4c") -> str:
+    """A name the tier's DaemonSet could give one of its pods (the generated suffix's alphabet)."""
+    return f"{tier}-{suffix}"
+
+
 def mounts_under(root: Path) -> list[str]:
     from strata_kv.csi.mounts import _unescape
 
@@ -128,12 +137,12 @@ def unmount_under(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_csi_plugin() -> Iterator[CSIPluginProcess]:
-    """A plugin in a fresh short directory under /tmp (Unix socket paths are limited to 107 bytes), which
-    unprivileged test clients may walk through; unmounted and removed afterwards."""
+def running_csi_plugin(*args: str) -> Iterator[CSIPluginProcess]:
+    """A plugin (given more `serve` flags `args`) in a fresh short directory under /tmp (Unix socket paths are
+    limited to 107 bytes), which unprivileged test clients may walk through; unmounted and removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
     os.chmod(root, 0o755)
-    plugin = CSIPluginProcess(root)
+    plugin = CSIPluginProcess(root, args=list(args))
     try:
         yield plugin.start()
     finally:

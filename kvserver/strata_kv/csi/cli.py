@@ -37,6 +37,24 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="the kubelet registration socket (default <kubelet-dir>/plugins_registry/kv.strata.dev-reg.sock)",
     )
+    s.add_argument(
+        "--tier-dir-bytes",
+        type=int,
+        default=_DEFAULTS.tier_dir_bytes,
+        help="size of each tier directory's tmpfs: what its server may write there (a socket takes none)",
+    )
+    s.add_argument(
+        "--tier-dir-inodes",
+        type=int,
+        default=_DEFAULTS.tier_dir_inodes,
+        help="files each tier directory may hold, its root included",
+    )
+    s.add_argument(
+        "--max-tier-dirs",
+        type=int,
+        default=_DEFAULTS.max_tier_dirs,
+        help="tier directories this node shares at a time; a publish for one more is refused",
+    )
     s.add_argument("--no-register", action="store_true", help="do not serve the registration socket")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING...")
     return p
@@ -55,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         endpoint=args.endpoint,
         registration_socket=args.registration_socket,
         register=not args.no_register,
+        tier_dir_bytes=args.tier_dir_bytes,
+        tier_dir_inodes=args.tier_dir_inodes,
+        max_tier_dirs=args.max_tier_dirs,
     )
     plugin = Plugin(settings)
     stopping = threading.Event()

@@ -1,5 +1,5 @@
-"""Bind mounts through the mount(2) and umount2(2) system calls (no `mount` binary needed in the image), and
-whether a path is a mount point, read from /proc/self/mountinfo."""
+"""Bind mounts and small tmpfs mounts through the mount(2) and umount2(2) system calls (no `mount` binary needed
+in the image), and the mount table, read from /proc/self/mountinfo."""
 
 from __future__ import annotations
 
@@ -28,8 +28,17 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def _mount(source: str, target: str, flags: int) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), None, flags, None), f"mount {source} on {target}")
+def _mount(source: str, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
+    _check(
+        _libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()),
+        f"mount {source} on {target}",
+    )
+
+
+def mount_tmpfs(target: str, *, size: int, inodes: int, mode: int, gid: int) -> None:
+    """A tmpfs of at most `size` bytes and `inodes` inodes (its root directory included) on `target`, its root
+    owned by root:`gid` with `mode`, locked down like the bind mounts."""
+    _mount("strata-kv", target, LOCKED_DOWN, "tmpfs", f"size={size},nr_inodes={inodes},mode={mode:o},uid=0,gid={gid}")
 
 
 def bind_mount(source: str, target: str, *, read_only: bool) -> None:
@@ -67,15 +76,25 @@ class MountPoint:
     read_only: bool
     options: frozenset[str] = frozenset()
     """The mount's per-mount options (`ro`/`rw`, `nosuid`, `nodev`, `noexec`, ...)."""
+    device: str = ""
+    """`major:minor` of the mounted file system: every bind mount of one tmpfs shares it."""
+
+
+def mount_table(mountinfo: str = "/proc/self/mountinfo") -> list[MountPoint]:
+    """Every mount this process sees, in the order they were stacked."""
+    table = []
+    with open(mountinfo) as lines:
+        for line in lines:
+            fields = line.split(" ")
+            options = frozenset(fields[5].split(","))
+            table.append(MountPoint(_unescape(fields[4]), "ro" in options, options, fields[2]))
+    return table
 
 
 def mount_point(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountPoint | None:
     """The topmost mount at exactly `path`, or None when nothing is mounted there."""
     found = None
-    with open(mountinfo) as lines:
-        for line in lines:
-            fields = line.split(" ")
-            if _unescape(fields[4]) == path:
-                options = frozenset(fields[5].split(","))
-                found = MountPoint(path, "ro" in options, options)
+    for mount in mount_table(mountinfo):
+        if mount.path == path:
+            found = mount
     return found

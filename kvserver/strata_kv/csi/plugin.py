@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import stat
 import threading
 import time
 from concurrent import futures
@@ -24,8 +23,10 @@ from google.protobuf import wrappers_pb2
 
 from . import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from .mounts import bind_mount, mount_point, unmount
+from .tiers import TierDirectories, TierLimitError
 from .volume import (
     DRIVER_NAME,
+    POD_NAME,
     POD_NAMESPACE,
     TIER_ATTRIBUTE,
     VolumeRequestError,
@@ -37,10 +38,6 @@ log = logging.getLogger("strata_kv.csi")
 
 VENDOR_VERSION = "0.1.0"
 CSI_VERSIONS = ["1.0.0"]  # what the kubelet's CSI client accepts (major version 1)
-# The shared directory: setgid, so the socket the server creates there keeps the directory's group, and
-# nothing for others: only the socket group's members (the KV server, pods with it as a supplemental group).
-TIER_DIR_MODE = 0o2770
-NAMESPACE_DIR_MODE = 0o700  # only the plugin walks it; pods see only their tier's directory
 TARGET_DIR_MODE = 0o750
 
 
@@ -55,6 +52,9 @@ class PluginSettings:
     endpoint: str = ""  # the CSI socket; default <kubelet-dir>/plugins/kv.strata.dev/csi.sock
     registration_socket: str = ""  # default <kubelet-dir>/plugins_registry/kv.strata.dev-reg.sock
     register: bool = True  # serve the registration socket (off: a node-driver-registrar does it)
+    tier_dir_bytes: int = 64 * 1024  # each tier directory's tmpfs: a socket needs an inode and no data
+    tier_dir_inodes: int = 16  # its root, the socket, room for a server's restart
+    max_tier_dirs: int = 256  # tier directories on one node at a time
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or os.path.join(self.kubelet_dir, "plugins", DRIVER_NAME, "csi.sock")
@@ -68,58 +68,57 @@ def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) 
     context.abort(code, message)
 
 
+class WriterError(PermissionError):
+    """A writable volume asked for by a pod that is not the tier's server (the gRPC answer is PERMISSION_DENIED)."""
+
+
 class NodeVolumes:
     """Publish and unpublish, both idempotent (the kubelet retries either after a timeout)."""
 
     def __init__(self, settings: PluginSettings) -> None:
         self.settings = settings
+        self.tiers = TierDirectories(settings)
         self._lock = threading.Lock()  # one mount change at a time: a retry never races its first attempt
-
-    def _tier_directory(self, namespace: str, tier: str) -> str:
-        namespace_dir = os.path.join(self.settings.state_dir, namespace)
-        os.makedirs(self.settings.state_dir, mode=0o755, exist_ok=True)
-        _directory(namespace_dir, NAMESPACE_DIR_MODE, 0)
-        tier_dir = os.path.join(namespace_dir, tier)
-        _directory(tier_dir, TIER_DIR_MODE, self.settings.socket_group)
-        return tier_dir
 
     def publish(self, request: csi_pb2.NodePublishVolumeRequest) -> None:
         wanted = node_directory(dict(request.volume_context))
         target = check_target_path(request.target_path, self.settings.kubelet_dir)
         if request.volume_capability.HasField("block"):
             raise VolumeRequestError("volume_capability", "block access is not supported: the volume is a directory")
+        if not request.readonly and not wanted.from_server:
+            # Whoever may write there can replace the server's socket and take its clients' AUTH tokens.
+            raise WriterError(
+                f"readOnly: false is only for KVCacheTier {wanted.tier}'s server pods (named "
+                f"{wanted.server_pod_prefix}<5 characters> by its DaemonSet), not pod {wanted.pod!r}; set "
+                "readOnly: true on the csi volume (connecting to the socket needs no write access)"
+            )
         with self._lock:
-            source = self._tier_directory(wanted.namespace, wanted.tier)
-            os.makedirs(target, mode=TARGET_DIR_MODE, exist_ok=True)
-            existing = mount_point(target)
-            if existing is not None:
-                if _same_directory(target, source) and existing.read_only == request.readonly:
-                    return  # the same request again: already done
-                raise FileExistsError(
-                    f"{target} is already published with other arguments (a different tier or readOnly)"
-                )
-            bind_mount(source, target, read_only=request.readonly)
+            source = self.tiers.acquire(wanted)
+            try:
+                self._bind(source, target, read_only=request.readonly)
+            except BaseException:
+                self.tiers.discard_if_unused(source)
+                raise
+
+    @staticmethod
+    def _bind(source: str, target: str, *, read_only: bool) -> None:
+        os.makedirs(target, mode=TARGET_DIR_MODE, exist_ok=True)
+        existing = mount_point(target)
+        if existing is not None:
+            if _same_directory(target, source) and existing.read_only == read_only:
+                return  # the same request again: already done
+            raise FileExistsError(f"{target} is already published with other arguments (a different tier or readOnly)")
+        bind_mount(source, target, read_only=read_only)
 
     def unpublish(self, target_path: str) -> None:
         target = check_target_path(target_path, self.settings.kubelet_dir)
         with self._lock:
-            if mount_point(target) is not None:
+            published = mount_point(target)
+            if published is not None:
                 unmount(target)
+                self.tiers.release(published)
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(target)
-
-
-def _directory(path: str, mode: int, group: int) -> None:
-    """Create `path` (or find it) as a real directory owned by root:`group` with `mode`, never following a link."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, mode)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{path} exists and is not a directory; remove it")
-    if info.st_uid != 0 or info.st_gid != group:
-        os.lchown(path, 0, group)
-    if stat.S_IMODE(info.st_mode) != mode:
-        os.chmod(path, mode)  # mkdir's mode passes through the umask, and a setgid bit may be dropped
 
 
 def _same_directory(a: str, b: str) -> bool:
@@ -149,15 +148,20 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             self.volumes.publish(request)
         except VolumeRequestError as error:
             return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except WriterError as error:
+            return _refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(error))
+        except TierLimitError as error:
+            return _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except FileExistsError as error:
             return _refuse(context, grpc.StatusCode.ALREADY_EXISTS, str(error))
         except OSError as error:
             return _refuse(context, grpc.StatusCode.INTERNAL, f"publishing {request.target_path}: {error}")
         log.info(
-            "published %s for %s/%s on %s (%s) in %.1f ms",
+            "published %s for %s/%s (pod %s) on %s (%s) in %.1f ms",
             request.volume_id,
             request.volume_context.get(POD_NAMESPACE),
             request.volume_context.get(TIER_ATTRIBUTE),
+            request.volume_context.get(POD_NAME),
             request.target_path,
             "ro" if request.readonly else "rw",
             (time.perf_counter() - started) * 1000,

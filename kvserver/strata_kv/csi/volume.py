@@ -16,11 +16,16 @@ from pathlib import PurePosixPath
 DRIVER_NAME = "kv.strata.dev"
 TIER_ATTRIBUTE = "tier"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
+POD_NAME = "csi.storage.k8s.io/pod.name"
 EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # Namespaces and KVCacheTier names are both DNS-1123 labels; a label can never be "." or ".." or hold a "/".
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` would let "kv\n" through
 DNS1123_LABEL_MAX = 63
+# How the DaemonSet controller names its pods: `<daemonset>-` cut to 58 characters, then 5 random characters
+# of this alphabet (the API server's name generator). The operator names a tier's DaemonSet after the tier.
+GENERATED_SUFFIX = "[bcdfghjklmnpqrstvwxz2456789]{5}"
+GENERATED_BASE_MAX = DNS1123_LABEL_MAX - 5
 
 
 class VolumeRequestError(ValueError):
@@ -37,6 +42,19 @@ class NodeDirectory:
 
     namespace: str
     tier: str
+    pod: str = ""
+    """The pod's name, as the kubelet passes it."""
+
+    @property
+    def server_pod_prefix(self) -> str:
+        """What the tier's server pods' names start with (its DaemonSet's generated names)."""
+        return f"{self.tier}-"[:GENERATED_BASE_MAX]
+
+    @property
+    def from_server(self) -> bool:
+        """Whether the pod is named as the tier's DaemonSet names its KV server pods: only those get the
+        directory writable (see the README for what this does and does not prove)."""
+        return re.fullmatch(re.escape(self.server_pod_prefix) + GENERATED_SUFFIX, self.pod) is not None
 
     def path(self, state_dir: str) -> str:
         return os.path.join(state_dir, self.namespace, self.tier)
@@ -83,6 +101,7 @@ def node_directory(volume_context: dict[str, str]) -> NodeDirectory:
     return NodeDirectory(
         namespace=_label(POD_NAMESPACE, namespace, "pod's namespace"),
         tier=_label(TIER_ATTRIBUTE, volume_context[TIER_ATTRIBUTE], "KVCacheTier's name"),
+        pod=volume_context.get(POD_NAME, ""),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from strata_testsupport.csi import mounts_under, publish_request, running_csi_plugin
+from strata_testsupport.csi import mounts_under, publish_request, running_csi_plugin, server_pod
 from strata_testsupport.kvserver import running_kv_server
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_identity_and_node_info_answer_like_a_csi_node_plugin(plugin):
 def test_a_server_in_one_published_directory_serves_a_client_through_another(plugin, tmp_path):
     _, node = _stubs(plugin)
     server_dir, client_dir = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(server_dir, "a", "kv"))
+    node.NodePublishVolume(publish_request(server_dir, "a", "kv", pod=server_pod("kv")))
     node.NodePublishVolume(publish_request(client_dir, "a", "kv", readonly=True))
 
     shared = plugin.state_dir / "a" / "kv"
@@ -112,8 +112,8 @@ def test_a_server_in_one_published_directory_serves_a_client_through_another(plu
 def test_another_namespace_gets_another_directory(plugin, tmp_path):
     _, node = _stubs(plugin)
     mine, theirs = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(mine, "a", "kv"))
-    node.NodePublishVolume(publish_request(theirs, "b", "kv"))
+    node.NodePublishVolume(publish_request(mine, "a", "kv", pod=server_pod("kv")))
+    node.NodePublishVolume(publish_request(theirs, "b", "kv", readonly=True))
     with running_kv_server(tmp_path / "kv", {"listen": {"unix_socket": str(mine / "kv.sock")}}, l2_fs=False):
         assert (mine / "kv.sock").exists()
         assert not (theirs / "kv.sock").exists() and list(theirs.iterdir()) == []
@@ -169,16 +169,17 @@ def test_publish_and_unpublish_are_idempotent(plugin):
 
     _, node = _stubs(plugin)
     target = plugin.target()
-    node.NodePublishVolume(publish_request(target, "a", "kv"))
-    node.NodePublishVolume(publish_request(target, "a", "kv"))  # the kubelet retrying after a timeout
-    assert mounts_under(plugin.root) == [str(target)]
+    node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv")))
+    node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv")))  # the kubelet retrying
+    assert mounts_under(plugin.root) == [str(plugin.state_dir / "a" / "kv"), str(target)]  # the tier's tmpfs
     published = mount_point(str(target))
     assert published is not None and {"nosuid", "nodev", "noexec"} <= published.options, published
     with pytest.raises(grpc.RpcError) as clash:
-        node.NodePublishVolume(publish_request(target, "a", "other"))
+        node.NodePublishVolume(publish_request(target, "a", "other", pod=server_pod("other")))
     assert clash.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert not (plugin.state_dir / "a" / "other").exists(), "a failed publish leaves no directory"
     with pytest.raises(grpc.RpcError) as clash:
-        node.NodePublishVolume(publish_request(target, "a", "kv", readonly=True))
+        node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv"), readonly=True))
     assert clash.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
     _unpublish(node, target)
@@ -186,7 +187,7 @@ def test_publish_and_unpublish_are_idempotent(plugin):
     _unpublish(node, target)  # again: nothing left to do is success
     _unpublish(node, plugin.target())  # a target that was never published
     assert mounts_under(plugin.root) == []
-    assert (plugin.state_dir / "a" / "kv").is_dir(), "the shared directory stays for the tier's other pods"
+    assert not (plugin.state_dir / "a").exists(), "the tier's last unpublish removes its directory"
 
 
 def test_the_kubelet_registration_socket_names_the_csi_endpoint(plugin):

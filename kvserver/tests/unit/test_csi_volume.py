@@ -23,7 +23,7 @@ POD = {"csi.storage.k8s.io/pod.namespace": "team-a", "csi.storage.k8s.io/ephemer
 
 def test_the_directory_is_the_pods_namespace_and_the_tier():
     wanted = node_directory({**POD, "tier": "kv", "csi.storage.k8s.io/pod.name": "p"})
-    assert wanted == NodeDirectory("team-a", "kv")
+    assert wanted == NodeDirectory("team-a", "kv", pod="p")
     assert wanted.path("/var/run/strata-kv") == "/var/run/strata-kv/team-a/kv"
 
 
@@ -45,6 +45,26 @@ def test_refusals_name_the_attribute_to_change(context, attribute):
     with pytest.raises(VolumeRequestError) as refused:
         node_directory(context)
     assert refused.value.attribute == attribute and str(refused.value).startswith(f"{attribute}: ")
+
+
+@pytest.mark.parametrize(
+    ("tier", "pod", "server"),
+    [
+        ("kv", "kv-x2b4c", True),  # what the DaemonSet `kv` names its pods
+        ("kv", "kv-x2b4c7", False),
+        ("kv", "kv-xaeio", False),  # vowels are not in the generated alphabet
+        ("kv", "kv-", False),
+        ("kv", "kv", False),
+        ("kv", "other-x2b4c", False),
+        ("kv", "kv-kv-x2b4c", False),
+        ("kv", "", False),
+        ("t" * 63, "t" * 58 + "x2b4c", True),  # `<tier>-` cut to 58 characters before the suffix
+        ("t" * 57, "t" * 57 + "-x2b4c", True),
+        ("t" * 63, "t" * 63 + "-x2b4c", False),
+    ],
+)
+def test_only_the_tiers_daemonset_pod_names_are_its_server(tier, pod, server):
+    assert NodeDirectory("team-a", tier, pod=pod).from_server is server
 
 
 @given(st.text(max_size=80))

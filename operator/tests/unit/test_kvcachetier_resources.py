@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from strata_kv.config import CONFIG_FILE_NAME, KVServerConfig
+from strata_kv.csi.volume import NodeDirectory
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.config import build_config_map, hash_seed
@@ -438,6 +439,18 @@ def test_the_node_socket_reaches_the_server_its_config_and_the_clients_connectio
     (strata_tier,) = json.loads(data["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]["secondary_tiers"]
     assert strata_tier["unix_socket"] == "/run/strata-kv/kv.sock"
     assert strata_tier["url"].startswith("redis://")
+
+
+@pytest.mark.parametrize("name", ["kv", "t" * 57, "t" * 63])
+def test_the_driver_takes_the_daemonsets_pods_for_the_tiers_server(name: str) -> None:
+    """kv.strata.dev gives the directory writable only to pods named as the tier's DaemonSet names its pods
+    (`<daemonset>-` cut to 58 characters, then 5 generated characters): the DaemonSet must be the tier's name."""
+    tier = TierRef(name, "serving", "0000-uid", 3)
+    daemonset = build_children(spec_of(nodeSocket={"enabled": True}), tier, RUNTIME).daemonset
+    (volume,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "strata-kv-socket"]
+    assert "readOnly" not in volume["csi"], "the server's own volume is writable"
+    generated = f"{daemonset['metadata']['name']}-"[:58] + "x2b4c"
+    assert NodeDirectory("serving", volume["csi"]["volumeAttributes"]["tier"], pod=generated).from_server
 
 
 def test_a_node_socket_driver_of_the_users_choice_is_rendered() -> None:

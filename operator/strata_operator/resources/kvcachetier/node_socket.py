@@ -1,7 +1,8 @@
 """The node-local socket: one directory per (namespace, tier) on each node, published by a CSI driver into the
 tier's server (read-write: it creates the socket) and into the serving pods the webhook wires (read-only:
 connecting to a Unix socket needs no write access to its filesystem, and a read-only mount keeps clients from
-replacing the socket or filling the directory).
+replacing the socket or filling the directory). The driver grants read-write only to pods named as the tier's
+DaemonSet (named after the tier, `TierRef.daemonset`) names its pods, and refuses it to any other.
 
 Why CSI: `restricted` Pod Security allows ephemeral inline `csi` volumes but not hostPath or hostIPC, so a
 small node plugin (the chart's `kvSocketDriver`) is the one way restricted pods on a node can share a directory.
