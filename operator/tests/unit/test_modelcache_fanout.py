@@ -89,7 +89,10 @@ def test_a_ready_first_copy_starts_the_peers_and_the_others_keep_waiting() -> No
     assert pod["nodeSelector"] == {KEY: "Ready"}
     container = pod["containers"][0]
     assert container["args"][:2] == ["serve-peer", "/strata/node/serving/llama"]
-    assert {"name": "node-root", "mountPath": "/strata/node", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "copy", "mountPath": "/strata/node/serving/llama", "readOnly": True} in container["volumeMounts"]
+    # Only this cache's directory: the node root (every namespace's copies) is not in the pod at all.
+    host_paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert host_paths == [f"{storage.node_local(SPEC).path}/serving/llama"]
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"

@@ -5,8 +5,9 @@ The sequence, level-based like the rest of the plan:
 1. Seeding: one node (the first by name, or one whose Job already runs) gets a Job reading the source with
    `--verify checksums`, so its manifest records a SHA-256 per file; the other nodes wait, without Jobs.
 2. Once a copy is Ready (its node carries the cache's `=Ready` label), a per-cache peer DaemonSet runs
-   `strata-loader serve-peer` on the nodes with that label (hostPath read-only, the restricted security
-   context, the token from a Secret the operator creates and owns), behind a headless Service; a
+   `strata-loader serve-peer` on the nodes with that label (only the cache's own directory, by hostPath,
+   read-only; the restricted security context; the token from a Secret the operator creates and owns), behind
+   a headless Service; a
    NetworkPolicy admits only this cache's preload pods. When a peer pod is ready, the waiting nodes get Jobs
    with `--peer http://<service>.<namespace>.svc:8477`, which resolves to every ready peer.
 3. No ready peer `peerWaitSeconds` after the first copy was Ready, or a failed first copy: the waiting nodes
@@ -83,9 +84,13 @@ def _peer_selector(owner: CacheRef) -> dict[str, str]:
 def build_peer_daemonset(
     owner: CacheRef, spec: ModelCacheSpec, runtime: RuntimeImage, *, paused: bool
 ) -> dict[str, Any]:
-    """`serve-peer` on every node whose copy is Ready (none when `paused`), reading the copy read-only."""
+    """`serve-peer` on every node whose copy is Ready (none when `paused`), reading the copy read-only.
+
+    The hostPath is this cache's own directory, not the node root: the peer pod sees no other cache's copy
+    (nor another namespace's), whatever a bug in the server would let a request reach."""
     local = storage.node_local(spec)
     copy_dir = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
+    host_copy_dir = posixpath.join(local.path, owner.namespace, owner.name)
     labels = owner.labels(ROLE_PEER)
     node_selector = PAUSED_SELECTOR if paused else {names.node_label_key(owner.namespace, owner.name): "Ready"}
     container: dict[str, Any] = {
@@ -113,7 +118,7 @@ def build_peer_daemonset(
         "resources": PEER_RESOURCES,
         "securityContext": container_security_context(),
         "volumeMounts": [
-            {"name": "node-root", "mountPath": NODE_ROOT_MOUNT, "readOnly": True},
+            {"name": "copy", "mountPath": copy_dir, "readOnly": True},
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
         ],
     }
@@ -124,7 +129,7 @@ def build_peer_daemonset(
         "nodeSelector": node_selector,
         "containers": [container],
         "volumes": [
-            {"name": "node-root", "hostPath": {"path": local.path, "type": "Directory"}},
+            {"name": "copy", "hostPath": {"path": host_copy_dir, "type": "Directory"}},
             {"name": "token", "secret": {"secretName": token_secret_name(owner), "defaultMode": 0o440}},
         ],
     }
