@@ -11,13 +11,17 @@ from the origin is verified; a mismatch removes the file like any other.
 Ranges go round-robin over the live peers that hold a file, so several peers serve one fetch in parallel. A
 peer that refuses the token, drops a connection, times out or answers short is dropped for the rest of the run
 and the range is read again from the next peer, or from the origin when none is left: a peer killed mid-transfer
-costs the ranges in flight, not the fetch. A busy peer (503) is tried again after a short pause.
+costs the ranges in flight, not the fetch. A busy peer (503) is skipped for that range (the next peer holding
+the file is tried at once) and asked again after a short pause; one that has answered nothing but 503 for
+`PEER_BUSY_S` is dropped like a gone one, so a fetch spends at most that long on a peer that stays busy, not a
+wait per range.
 """
 
 from __future__ import annotations
 
 import http.client
 import itertools
+import os
 import queue
 import random
 import socket
@@ -36,8 +40,9 @@ from .sources import RangeReader
 
 PEER_TIMEOUT_S = 20.0
 """Connect and read timeout for one request to a peer; past it the peer counts as gone."""
-BUSY_WAIT_S = 60.0
-"""How long a range waits for busy peers (503) before it is read from the origin."""
+PEER_BUSY_S = float(os.environ.get("STRATA_PEER_BUSY_S", "10"))
+"""A peer answering only 503 (busy) for this long is dropped for the rest of the fetch (environment
+STRATA_PEER_BUSY_S, default 10): its ranges go to the other peers, or to the origin."""
 CONNECTIONS_PER_PEER = 4
 """Requests one fetch has in flight to one peer: many nodes share a peer (its limit is 64 connections), and
 a few streams fill a node's link."""
@@ -60,6 +65,7 @@ class Peer:
     token: str
     files: dict[str, ManifestFile] = field(default_factory=dict)
     gone: str | None = None
+    busy_since: float | None = None
     _idle: queue.SimpleQueue[http.client.HTTPConnection] = field(default_factory=queue.SimpleQueue)
     slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CONNECTIONS_PER_PEER))
 
@@ -73,12 +79,27 @@ class Peer:
             self.gone = why
             print(f"strata-loader fetch: peer {self.url}: {why}; not used again", file=sys.stderr, flush=True)
 
+    def busy(self) -> None:
+        """It answered 503: dropped once it has answered nothing else for `PEER_BUSY_S`."""
+        now = time.monotonic()
+        if self.busy_since is None:
+            self.busy_since = now
+        elif now - self.busy_since > PEER_BUSY_S:
+            self.drop(f"busy (503) for more than {PEER_BUSY_S:g}s")
+
     def get(self, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes."""
-        conn = self._connection()
+        """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes.
+        A kept-alive connection the peer closed meanwhile (its header timeout) is replaced once, not a failure."""
+        conn, reused = self._connection()
         try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}", **headers})
-            resp = conn.getresponse()
+            try:
+                resp = self._send(conn, path, headers)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not reused:
+                    raise
+                conn.close()
+                conn = self._new_connection()
+                resp = self._send(conn, path, headers)
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise PeerGone(f"{type(e).__name__}: {e}") from None
@@ -86,19 +107,28 @@ class Peer:
             resp.read()
             conn.close()
             raise PeerBusy("503")
+        self.busy_since = None
         if resp.status in (401, 403):
             conn.close()
             raise PeerGone(f"refused the token ({resp.status}); check the token Secret both sides mount")
         return conn, resp
 
+    def _send(self, conn: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}", **headers})
+        return conn.getresponse()
+
     def release(self, conn: http.client.HTTPConnection) -> None:
         self._idle.put(conn)
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A pooled connection (True) or a new one (False)."""
         try:
-            return self._idle.get_nowait()
+            return self._idle.get_nowait(), True
         except queue.Empty:
-            return http.client.HTTPConnection(self.host, self.port, timeout=PEER_TIMEOUT_S)
+            return self._new_connection(), False
+
+    def _new_connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=PEER_TIMEOUT_S)
 
     def read_range(self, relpath: str, offset: int, buf: memoryview) -> None:
         n = len(buf)
@@ -215,14 +245,21 @@ class PeerSet:
 
 
 def _load(p: Peer, source: str, revision: str | None) -> None:
-    try:
-        m = p.fetch_manifest()
-    except PeerBusy:
-        p.drop("busy while asked for its manifest")
-        return
-    except PeerGone as e:
-        p.drop(str(e))
-        return
+    """Its manifest, asked again while it is busy (503), up to `PEER_BUSY_S`."""
+    pause = 0.05
+    while True:
+        try:
+            m = p.fetch_manifest()
+            break
+        except PeerBusy:
+            p.busy()
+            if p.gone is not None:
+                return
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(1.0, pause * 2)
+        except PeerGone as e:
+            p.drop(str(e))
+            return
     if m.source != source or m.revision != revision:
         p.drop(f"holds {m.source} at revision {m.revision}, not {source} at {revision}")
         return
@@ -275,9 +312,8 @@ class FanoutReader:
         self._origin_lock = threading.Lock()
 
     def read_into(self, offset: int, buf: memoryview) -> None:
-        deadline = time.monotonic() + BUSY_WAIT_S
         pause = 0.05
-        while True:
+        while True:  # ends: a peer that stays busy is dropped after PEER_BUSY_S (`Peer.busy`)
             live = [p for p in self.holders if p.gone is None]
             if not live:
                 break
@@ -285,7 +321,7 @@ class FanoutReader:
             outcome = self._try_peers(live[start:] + live[:start], offset, buf)
             if outcome == "done":
                 return
-            if outcome == "gone" or time.monotonic() > deadline:
+            if outcome == "gone":
                 break
             time.sleep(pause * (0.5 + random.random()))
             pause = min(1.0, pause * 2)
@@ -305,6 +341,7 @@ class FanoutReader:
             try:
                 p.read_range(self.src.relpath, offset, buf)
             except PeerBusy:
+                p.busy()
                 busy = True
                 continue
             except PeerGone as e:
