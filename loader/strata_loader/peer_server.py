@@ -1,14 +1,15 @@
 """`strata-loader serve-peer DIR`: serve a verified copy's files to other nodes' fetches, so the origin (S3, the
 Hub) is read once per cluster instead of once per node.
 
-What it serves is deliberately narrow: the copy's manifest and the byte ranges of the files that manifest lists,
-nothing else (no listing, no other path under DIR, no bookkeeping files), read-only, and only after every
-listed file has been hashed and matched the manifest's checksum at start-up. Every request but the health
-probe carries `Authorization: Bearer <token>`, the token the operator keeps in a Secret; it is compared in
-constant time. Connections, request heads and transfers are bounded, and only a token holder's file request
-takes a transfer slot (`peer_limits`); one over a limit gets a 503 and the fetcher tries another peer. Files
-are reached through `paths.DestDir` (no symlink inside DIR is followed) and the request
-path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
+Who may trust what it serves, and how it proves it holds the token and the first copy's manifest before a
+fetcher sends the token: `peer_trust`. What it serves is deliberately narrow: the copy's manifest and the byte
+ranges of the files that manifest lists, nothing else (no listing, no other path under DIR, no bookkeeping
+files), read-only, and only after every listed file has been hashed and matched the manifest's checksum at
+start-up. Every request but the health probe and the proof carries `Authorization: Bearer <token>`, the token
+the operator keeps in a Secret; it is compared in constant time. Connections, request heads and transfers are
+bounded, and only a token holder's file request takes a transfer slot (`peer_limits`); one over a limit gets a
+503 and the fetcher tries another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is
+followed) and the request path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from .contract import MANIFEST_NAME, PEER_HEALTH_PATH
+from .contract import MANIFEST_NAME, PEER_HEALTH_PATH, manifest_digest
 from .manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
 from .paths import DestDir, UnsafePathError, safe_relative_path
 from .peer_limits import ConnectionGate, DeadlineReader, Overflow, PeerLimits
+from .peer_trust import NONCE, PROOF_URL_PATH, connection_address, proof
 
 TOKEN_MIN_LENGTH = 16
 """A shorter token is refused at start: the operator generates 32 random bytes."""
@@ -67,6 +69,7 @@ class VerifiedCopy:
         self.root = root
         self.tree = DestDir(root)
         self.manifest_bytes = b""
+        self.manifest_digest = ""
         self.files: dict[str, ManifestFile] = {}
 
     def verify(self) -> None:
@@ -93,7 +96,7 @@ class VerifiedCopy:
             if what is not None:
                 raise PeerError(f"{self.root / entry.path}: {what}; re-run fetch to repair the copy before serving it")
             served[entry.path] = entry
-        self.manifest_bytes, self.files = data, served
+        self.manifest_bytes, self.manifest_digest, self.files = data, manifest_digest(data), served
 
     def close(self) -> None:
         self.tree.close()
@@ -212,10 +215,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, body: bool) -> None:
         self.connection.settimeout(self.server.limits.send_timeout_s)  # the head is in: now the answer's pace
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         if path == HEALTH_URL_PATH:
             status, text = self.server.health()
             self._refuse(HTTPStatus(status), text)
+            return
+        if path == PROOF_URL_PATH:
+            self._prove(url.query)
             return
         if not self._authorized():
             return
@@ -251,6 +258,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_file(entry, body)
         finally:
             self.server.transfers.release()
+
+    def _prove(self, query: str) -> None:
+        """No token needed: the answer shows the fetcher this peer holds the token and the manifest it expects,
+        before the fetcher sends its token (`peer_trust`)."""
+        nonce = (parse_qs(query).get("nonce") or [""])[0]
+        if not NONCE.match(nonce):
+            self._refuse(HTTPStatus.BAD_REQUEST, "nonce: 32 to 128 lowercase hex digits")
+            return
+        if not self.server.ready.is_set():
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "verifying the copy", {"Retry-After": "1"})
+            return
+        here = connection_address(self.connection.getsockname())
+        answer = proof(self.server.token, nonce, here, self.server.copy.manifest_digest)
+        self._refuse(HTTPStatus.OK, answer)
 
     def _send_file(self, entry: ManifestFile, body: bool) -> None:
         span = _parse_range(self.headers.get("Range"), entry.size)

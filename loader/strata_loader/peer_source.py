@@ -2,7 +2,9 @@
 no peer can serve.
 
 The origin is still listed (one LIST or directory walk: names, sizes, versions, its own checksums; no object
-bytes), and that listing stays the truth: a peer is used for a file only when its manifest names the same
+bytes), and that listing stays the truth. A peer is used at all only once it has proved it holds the token and
+exactly the first copy's manifest (the digest the operator passes), before the token is sent to it
+(`peer_trust`); then it is used for a file only when its manifest names the same
 source and revision and records that file with the same size and version, a checksum, and no checksum that
 contradicts the origin's. The fetch then hashes every file that came from peers against those checksums (the
 origin's where it has them, else the one the first copy computed while reading the origin), exactly as a fetch
@@ -19,11 +21,13 @@ wait per range.
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import itertools
 import os
 import queue
 import random
+import secrets
 import socket
 import sys
 import threading
@@ -33,9 +37,10 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlsplit
 
 from .catalog import SourceFile
-from .contract import PEER_PORT
+from .contract import PEER_PORT, manifest_digest
 from .manifest import Manifest, ManifestFile, strongest_checksum
 from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH
+from .peer_trust import PROOF_URL_PATH, connection_address, proof
 from .sources import RangeReader
 
 PEER_TIMEOUT_S = 20.0
@@ -66,6 +71,8 @@ class Peer:
     files: dict[str, ManifestFile] = field(default_factory=dict)
     gone: str | None = None
     busy_since: float | None = None
+    proven: bool = False
+    """It answered the proof: only then does a request carry the token."""
     _idle: queue.SimpleQueue[http.client.HTTPConnection] = field(default_factory=queue.SimpleQueue)
     slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CONNECTIONS_PER_PEER))
 
@@ -89,7 +96,10 @@ class Peer:
 
     def get(self, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes.
+        The token goes only to a peer that has `proven` itself (`prove`, which sends none).
         A kept-alive connection the peer closed meanwhile (its header timeout) is replaced once, not a failure."""
+        if self.proven:
+            headers = {"Authorization": f"Bearer {self.token}", **headers}
         conn, reused = self._connection()
         try:
             try:
@@ -114,7 +124,7 @@ class Peer:
         return conn, resp
 
     def _send(self, conn: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> http.client.HTTPResponse:
-        conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}", **headers})
+        conn.request("GET", path, headers=headers)
         return conn.getresponse()
 
     def release(self, conn: http.client.HTTPConnection) -> None:
@@ -152,7 +162,26 @@ class Peer:
             raise PeerGone(f"{type(e).__name__} while reading {relpath}: {e}") from None
         self.release(conn)
 
-    def fetch_manifest(self) -> Manifest:
+    def prove(self, digest: str) -> None:
+        """Ask the peer to show, without the token, that it holds the token and the manifest `digest`."""
+        nonce = secrets.token_hex(16)
+        conn, resp = self.get(f"{PROOF_URL_PATH}?nonce={nonce}", {})
+        try:
+            address = connection_address(conn.sock.getpeername()) if conn.sock is not None else ""
+            answer = resp.read().strip().decode("ascii", "replace")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            conn.close()
+            raise PeerGone(f"{type(e).__name__} while reading its proof: {e}") from None
+        self.release(conn)
+        want = proof(self.token.encode(), nonce, address, digest)
+        if resp.status != 200 or not address or not hmac.compare_digest(answer, want):
+            raise PeerGone(
+                f"did not prove it holds our token and the first copy's manifest {digest} (answered {resp.status}):"
+                " it holds another copy, or the token Secret differs on either side; the token was not sent to it"
+            )
+        self.proven = True
+
+    def fetch_manifest(self) -> bytes:
         conn, resp = self.get(MANIFEST_URL_PATH, {})
         try:
             data = resp.read()
@@ -163,10 +192,7 @@ class Peer:
             conn.close()
             raise PeerGone(f"answered {resp.status} for its manifest")
         self.release(conn)
-        try:
-            return Manifest.model_validate_json(data)
-        except ValueError as e:
-            raise PeerGone(f"sent a manifest that is not valid: {e}") from None
+        return data
 
     def close(self) -> None:
         while True:
@@ -196,22 +222,26 @@ def resolve_peers(urls: Iterable[str], token: str) -> list[Peer]:
 class PeerSet:
     """The peers of one fetch, with what each holds, and the byte counts by where they came from."""
 
-    def __init__(self, peers: list[Peer]) -> None:
+    def __init__(self, peers: list[Peer], manifest: bytes | None = None) -> None:
         self.peers = peers
+        self.manifest = manifest
+        """The manifest every peer proved it holds (the first copy's, byte for byte); None without peers."""
         self._lock = threading.Lock()
         self.bytes_from_peers = 0
         self.bytes_from_origin = 0
 
     @classmethod
-    def discover(cls, urls: Iterable[str], token: str, source: str, revision: str | None) -> PeerSet:
-        """Ask every peer for its manifest; keep the peers that hold this source at this revision."""
+    def discover(cls, urls: Iterable[str], token: str, source: str, revision: str | None, digest: str) -> PeerSet:
+        """Keep the peers that prove they hold the manifest `digest`, of this source at this revision."""
         peers = resolve_peers(urls, token)
-        threads = [threading.Thread(target=_load, args=(p, source, revision)) for p in peers]
+        found: dict[Peer, bytes] = {}
+        threads = [threading.Thread(target=_load, args=(p, source, revision, digest, found)) for p in peers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return cls([p for p in peers if p.gone is None])
+        live = [p for p in peers if p.gone is None]
+        return cls(live, found[live[0]] if live else None)
 
     def count(self, n: int, from_peer: bool) -> None:
         with self._lock:
@@ -244,12 +274,14 @@ class PeerSet:
             p.close()
 
 
-def _load(p: Peer, source: str, revision: str | None) -> None:
-    """Its manifest, asked again while it is busy (503), up to `PEER_BUSY_S`."""
+def _load(p: Peer, source: str, revision: str | None, digest: str, found: dict[Peer, bytes]) -> None:
+    """Its proof, then its manifest (asked again while it is busy, 503, up to `PEER_BUSY_S`)."""
     pause = 0.05
     while True:
         try:
-            m = p.fetch_manifest()
+            if not p.proven:
+                p.prove(digest)
+            data = p.fetch_manifest()
             break
         except PeerBusy:
             p.busy()
@@ -260,10 +292,19 @@ def _load(p: Peer, source: str, revision: str | None) -> None:
         except PeerGone as e:
             p.drop(str(e))
             return
+    if (got := manifest_digest(data)) != digest:
+        p.drop(f"serves a manifest with digest {got}, not the first copy's {digest}")
+        return
+    try:
+        m = Manifest.model_validate_json(data)
+    except ValueError as e:
+        p.drop(f"sent a manifest that is not valid: {e}")
+        return
     if m.source != source or m.revision != revision:
         p.drop(f"holds {m.source} at revision {m.revision}, not {source} at {revision}")
         return
     p.files = {f.path: f for f in m.files if strongest_checksum(f.checksums) is not None}
+    found[p] = data
 
 
 def with_peers(files: list[SourceFile], peers: PeerSet) -> list[SourceFile]:
