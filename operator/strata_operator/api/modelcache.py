@@ -454,6 +454,10 @@ class FanOutStatus(CRDModel):
     peers_ready: int | None = Field(default=None, description="Peer servers ready to serve.")
     waiting_since: str | None = Field(default=None, description="When the other nodes started to wait for a peer.")
     service: str | None = Field(default=None, description="The headless Service the other nodes' Jobs reach peers by.")
+    manifest_sha256: str | None = Field(
+        default=None,
+        description="The manifest every peer must prove it holds (the first Ready copy's): fetchers refuse any other.",
+    )
     message: str | None = Field(default=None, description="What the fan-out is doing, for people.")
 
 
