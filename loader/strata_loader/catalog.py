@@ -26,6 +26,7 @@ from .contract import (
     PARTIAL_SUFFIX,
     FetchRequest,
 )
+from .manifest import GIT_BLOB
 from .paths import UnsafePathError, is_within, safe_relative_path
 from .sources import LocalReader, RangeReader
 
@@ -182,9 +183,12 @@ def hf_snapshot(repo_id: str, revision: str | None = None, cache: Path | None = 
 
 
 def _blob_checksum(p: Path) -> dict[str, str]:
-    """LFS blobs in the cache are named by their SHA-256: a checksum the source vouches for."""
+    """Blobs in the cache are named by what vouches for them: LFS files by their SHA-256, the others by their
+    git blob id."""
     name = os.path.basename(os.path.realpath(p))
-    return {"sha256": name} if _HEX64.match(name) else {}
+    if _HEX64.match(name):
+        return {"sha256": name}
+    return {GIT_BLOB: name} if _HEX40.match(name) else {}
 
 
 def _list_hf(uri: str, revision: str | None, concurrency: int) -> tuple[list[SourceFile], str]:
@@ -200,8 +204,11 @@ def _list_hf(uri: str, revision: str | None, concurrency: int) -> tuple[list[Sou
             raise SourceError(str(e)) from None
         out = []
         for f in listed:
-            sums = {"sha256": f.sha256} if f.sha256 and _HEX64.match(f.sha256) else {}
-            version = f"sha256:{f.sha256}" if sums else f"git:{f.blob_id}"
+            if f.sha256 and _HEX64.match(f.sha256):
+                sums = {"sha256": f.sha256}
+            else:  # outside LFS: the git blob id still vouches for the bytes
+                sums = {GIT_BLOB: f.blob_id} if _HEX40.match(f.blob_id) else {}
+            version = f"sha256:{f.sha256}" if "sha256" in sums else f"git:{f.blob_id}"
             out.append(SourceFile(f.path, f.size, hub.opener(repo_id, commit, f, concurrency), sums, version))
         return out, commit
     snapshot, commit = hf_snapshot(repo_id, revision)

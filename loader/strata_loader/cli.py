@@ -20,6 +20,12 @@ from .contract import (
     FetchResult,
     parse_bytes,
 )
+from .peer_limits import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    DEFAULT_MAX_TRANSFERS,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +98,24 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--token-file", required=True, help="file holding the bearer token fetchers must send")
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (in a pod: its pod IP)")
     sp.add_argument("--port", type=int, default=None, help="default 8477; 0 picks a free port")
-    sp.add_argument("--max-connections", type=int, default=None, help="connections served at once (default 64)")
+    sp.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="connections served at once, a thread each"
+    )
+    sp.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        help="of those, from one client address",
+    )
+    sp.add_argument(
+        "--max-transfers", type=int, default=DEFAULT_MAX_TRANSFERS, help="file ranges sent at once (token holders)"
+    )
+    sp.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="seconds a whole request head may take to arrive (also closes idle kept-alive connections)",
+    )
     sp.set_defaults(handler=_serve_peer)
 
     b = sub.add_parser(
@@ -179,11 +202,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _serve_peer(args: argparse.Namespace) -> int:
     from .contract import PEER_PORT
-    from .peer_server import DEFAULT_MAX_CONNECTIONS, serve
+    from .peer_limits import PeerLimits
+    from .peer_server import serve
 
     port = PEER_PORT if args.port is None else args.port
-    limit = DEFAULT_MAX_CONNECTIONS if args.max_connections is None else args.max_connections
-    serve(Path(args.dir), args.token_file, args.host, port, limit)
+    limits = PeerLimits(
+        max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
+        max_transfers=args.max_transfers,
+        header_timeout_s=args.header_timeout,
+    )
+    serve(Path(args.dir), args.token_file, args.host, port, limits)
     return 0
 
 

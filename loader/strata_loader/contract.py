@@ -136,6 +136,10 @@ class FetchRequest(BaseModel):
         " addresses is several peers. Files they hold are read from them, the rest from the source",
     )
     peer_token_file: str | None = Field(default=None, description="file holding the peers' bearer token")
+    peer_manifest_sha256: str | None = Field(
+        default=None,
+        description="sha256:<hex> of the first copy's manifest: only peers that prove they hold exactly it are used",
+    )
 
     @field_validator("peers")
     @classmethod
@@ -145,10 +149,22 @@ class FetchRequest(BaseModel):
                 raise ValueError(f"peer {url!r}: expected http://host[:port] (no path); e.g. http://10.0.0.7:8477")
         return v
 
+    @field_validator("peer_manifest_sha256")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^sha256:[0-9a-f]{64}$", v):
+            raise ValueError(f"peer_manifest_sha256 {v!r}: expected sha256:<64 hex digits>, a manifestSha256")
+        return v
+
     @model_validator(mode="after")
     def _peers_need_token(self) -> FetchRequest:
         if self.peers and not self.peer_token_file:
             raise ValueError("peers are given but no peer_token_file: peers serve only to fetchers with their token")
+        if self.peers and not self.peer_manifest_sha256:
+            raise ValueError(
+                "peers are given but no peer_manifest_sha256: a peer is trusted only when it holds exactly the first"
+                " copy's manifest; give that copy's manifestSha256"
+            )
         return self
 
     @field_validator("block_size", "memory_limit", mode="before")
@@ -227,6 +243,8 @@ class FetchRequest(BaseModel):
         args += [f"--peer={u}" for u in self.peers]
         if self.peer_token_file:
             args.append(f"--peer-token-file={self.peer_token_file}")
+        if self.peer_manifest_sha256:
+            args.append(f"--peer-manifest-sha256={self.peer_manifest_sha256}")
         return args
 
     def to_env(self) -> dict[str, str]:
@@ -256,6 +274,11 @@ class FetchRequest(BaseModel):
             " addresses is several peers); files they hold are read from them, the rest from SOURCE",
         )
         p.add_argument("--peer-token-file", default=None, help="file holding the peers' bearer token")
+        p.add_argument(
+            "--peer-manifest-sha256",
+            default=None,
+            help="sha256:<hex> of the first copy's manifest (its manifestSha256); peers holding another are refused",
+        )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> FetchRequest:
@@ -279,6 +302,7 @@ class FetchRequest(BaseModel):
             shard=shard,
             peers=ns.peers,
             peer_token_file=ns.peer_token_file,
+            peer_manifest_sha256=ns.peer_manifest_sha256,
         )
 
     @classmethod

@@ -27,6 +27,7 @@ from .concurrency import finish
 from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
 from .eviction import measure, node_budget
 from .manifest import (
+    VERIFIABLE,
     Manifest,
     ManifestFile,
     damage,
@@ -34,6 +35,7 @@ from .manifest import (
     manifest_checksums,
     read_manifest,
     remove_manifest,
+    same_manifest,
     write_manifest,
 )
 from .paths import DestDir
@@ -107,8 +109,9 @@ def _fetch_with_peers(
     from .peer_server import read_token
     from .peer_source import PeerSet, with_peers
 
-    assert req.peer_token_file is not None  # the request's validator insists
-    peers = PeerSet.discover(req.peers, read_token(req.peer_token_file), req.source, revision)
+    assert req.peer_token_file is not None and req.peer_manifest_sha256 is not None  # the validator insists
+    token = read_token(req.peer_token_file)
+    peers = PeerSet.discover(req.peers, token, req.source, revision, req.peer_manifest_sha256)
     if not peers.peers:
         print("strata-loader fetch: no peer holds this copy; reading the source", file=sys.stderr, flush=True)
     try:
@@ -121,6 +124,7 @@ def _fetch_with_peers(
                 t0,
                 progress_mode,
                 room,
+                proven=peers.manifest,
             )
     finally:
         peers.close()
@@ -135,7 +139,10 @@ def _fetch_into(
     t0: float,
     progress_mode: str | None,
     room: _Room | None = None,
+    proven: bytes | None = None,
 ) -> FetchResult:
+    """`proven`: the manifest the peers proved they hold; written as it is when this copy's says the same, so
+    every node's copy has the first copy's manifest byte for byte, and can serve as a peer in turn."""
     dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
@@ -185,7 +192,7 @@ def _fetch_into(
             for s in states
         ],
     )
-    write_manifest(dest, manifest)
+    write_manifest(dest, same_manifest(manifest, proven))
     for s in states:  # the manifest now vouches for every file: the per-file markers are done
         tree.unlink(s.marker)
     return _result(req, revision, manifest, dest, t0, resumed=sum(s.resumed for s in states))
@@ -365,8 +372,9 @@ def _complete(s: _FileState, fd: int, progress: Progress) -> None:
 
 
 def _verify_file(s: _FileState, path: str) -> None:
-    """Hash what landed on disk; compare with what the source vouches for (HF blob SHA-256, S3 MD5 ETag)."""
-    algos = ["sha256", "md5"] if "md5" in s.src.checksums else ["sha256"]
+    """Hash what landed on disk; compare with what the source vouches for (HF LFS SHA-256 or git blob id, S3
+    MD5 ETag) and, from peers, the first copy's SHA-256."""
+    algos = ["sha256", *sorted(a for a in s.src.checksums if a in VERIFIABLE and a != "sha256")]
     with open(s.tree.open(path, os.O_RDONLY), "rb", buffering=0) as f:
         digests = hash_file(f, algos)
     for algo, got in digests.items():

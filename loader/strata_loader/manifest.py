@@ -25,6 +25,10 @@ from .paths import DestDir, UnsafePathError, safe_relative_path
 
 CHECKSUM_PREFERENCE = ("sha256", "md5")
 """Strongest first: one of them is enough to tell whether a file's content changed."""
+GIT_BLOB = "git-blob-sha1"
+"""A git blob id, SHA-1 of "blob <size>\\0" and the content: what the Hub vouches for files outside LFS."""
+VERIFIABLE = (*CHECKSUM_PREFERENCE, GIT_BLOB)
+"""The checksums a fetch can compare a file against."""
 
 MANIFEST_VERSION = 1
 
@@ -98,10 +102,27 @@ def remove_manifest(dest: Path) -> None:
     fsync_dir(dest)
 
 
-def write_manifest(dest: Path, manifest: Manifest) -> tuple[Path, str]:
-    """Write via temp file + fsync + rename + directory fsync; returns the path and the manifest's digest."""
-    manifest.created = manifest.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    data = json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True).encode()
+def same_manifest(manifest: Manifest, proven: bytes | None) -> Manifest | bytes:
+    """`proven` (a manifest's bytes) when it records exactly what `manifest` does (its creation time aside),
+    else `manifest`."""
+    if proven is None:
+        return manifest
+    try:
+        other = Manifest.model_validate_json(proven)
+    except ValueError:
+        return manifest
+    same = other.model_copy(update={"created": ""}) == manifest.model_copy(update={"created": ""})
+    return proven if same else manifest
+
+
+def write_manifest(dest: Path, manifest: Manifest | bytes) -> tuple[Path, str]:
+    """Write via temp file + fsync + rename + directory fsync; returns the path and the manifest's digest.
+    Bytes are written as they are (a manifest another copy proved it holds)."""
+    if isinstance(manifest, Manifest):
+        manifest.created = manifest.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        data = json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True).encode()
+    else:
+        data = manifest
     path = dest / MANIFEST_NAME
     tmp = dest / (MANIFEST_NAME + ".tmp")
     tmp.unlink(missing_ok=True)  # a fresh file, never one a link planted under this name points to
@@ -142,13 +163,21 @@ def manifest_checksums(manifest: Manifest) -> dict[str, Any]:
 
 def hash_file(f: io.RawIOBase, algos: Iterable[str]) -> dict[str, str]:
     """Hex digests of everything `f` holds from its current position, every algorithm in one pass."""
-    hashers = {a: hashlib.new(a) for a in algos}
+    hashers = {a: _hasher(a, f) for a in algos}
     buf = bytearray(8 * 2**20)
     mv = memoryview(buf)
     while n := f.readinto(buf):
         for h in hashers.values():
             h.update(mv[:n])
     return {a: h.hexdigest() for a, h in hashers.items()}
+
+
+def _hasher(algo: str, f: io.RawIOBase) -> Any:
+    if algo != GIT_BLOB:
+        return hashlib.new(algo)
+    h = hashlib.sha1(usedforsecurity=False)  # git's object id, compared with the Hub's, not a security choice
+    h.update(b"blob %d\0" % (os.fstat(f.fileno()).st_size - f.tell()))
+    return h
 
 
 def damage(tree: DestDir, entry: ManifestFile, checksums: bool = True) -> str | None:

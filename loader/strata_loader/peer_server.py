@@ -1,39 +1,40 @@
 """`strata-loader serve-peer DIR`: serve a verified copy's files to other nodes' fetches, so the origin (S3, the
 Hub) is read once per cluster instead of once per node.
 
-What it serves is deliberately narrow: the copy's manifest and the byte ranges of the files that manifest lists,
-nothing else (no listing, no other path under DIR, no bookkeeping files), read-only, and only after every
-listed file has been hashed and matched the manifest's checksum at start-up. Every request but the health
-probe carries `Authorization: Bearer <token>`, the token the operator keeps in a Secret; it is compared in
-constant time. Connections are bounded: one over the limit gets a 503 and is closed, and the fetcher tries
-another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is followed) and the request
-path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
+Who may trust what it serves, and how it proves it holds the token and the first copy's manifest before a
+fetcher sends the token: `peer_trust`. What it serves is deliberately narrow: the copy's manifest and the byte
+ranges of the files that manifest lists, nothing else (no listing, no other path under DIR, no bookkeeping
+files), read-only, and only after every listed file has been hashed and matched the manifest's checksum at
+start-up. Every request but the health probe and the proof carries `Authorization: Bearer <token>`, the token
+the operator keeps in a Secret; it is compared in constant time. Connections, request heads and transfers are
+bounded, and only a token holder's file request takes a transfer slot (`peer_limits`); one over a limit gets a
+503 and the fetcher tries another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is
+followed) and the request path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import os
 import signal
 import socket
+import socketserver
 import sys
 import threading
+import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from .contract import MANIFEST_NAME, PEER_HEALTH_PATH
+from .contract import MANIFEST_NAME, PEER_HEALTH_PATH, manifest_digest
 from .manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
 from .paths import DestDir, UnsafePathError, safe_relative_path
+from .peer_limits import ConnectionGate, DeadlineReader, Overflow, PeerLimits
+from .peer_trust import NONCE, PROOF_URL_PATH, connection_address, proof
 
-DEFAULT_MAX_CONNECTIONS = 64
-"""Connections served at once; more are answered 503 and closed (each fetcher opens up to its concurrency)."""
-IDLE_TIMEOUT_S = 30.0
-"""A kept-alive connection idle this long is closed, so a slot is not held by a fetcher that went away."""
-BUSY_READ_TIMEOUT_S = 2.0
-"""How long a connection over the limit may take to send its request before it is answered 503 anyway."""
 TOKEN_MIN_LENGTH = 16
 """A shorter token is refused at start: the operator generates 32 random bytes."""
 
@@ -68,6 +69,7 @@ class VerifiedCopy:
         self.root = root
         self.tree = DestDir(root)
         self.manifest_bytes = b""
+        self.manifest_digest = ""
         self.files: dict[str, ManifestFile] = {}
 
     def verify(self) -> None:
@@ -94,75 +96,83 @@ class VerifiedCopy:
             if what is not None:
                 raise PeerError(f"{self.root / entry.path}: {what}; re-run fetch to repair the copy before serving it")
             served[entry.path] = entry
-        self.manifest_bytes, self.files = data, served
+        self.manifest_bytes, self.manifest_digest, self.files = data, manifest_digest(data), served
 
     def close(self) -> None:
         self.tree.close()
 
 
-class PeerServer(ThreadingHTTPServer):
-    """One thread per connection, at most `max_connections` of them; the copy is served once `ready` is set."""
+class PeerServer(socketserver.TCPServer):
+    """One thread per admitted connection (`peer_limits.ConnectionGate`), the rest answered by one overflow
+    thread; the copy is served once `ready` is set."""
 
-    daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], copy: VerifiedCopy, token: str, max_connections: int) -> None:
+    def __init__(self, address: tuple[str, int], copy: VerifiedCopy, token: str, limits: PeerLimits) -> None:
+        limits.check()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
-        self.copy, self.token = copy, token.encode()
+        self.copy, self.token, self.limits = copy, token.encode(), limits
         self.ready = threading.Event()
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.transfers = threading.BoundedSemaphore(limits.max_transfers)
+        self.gate = ConnectionGate(limits)
+        self.overflow = Overflow(limits, self.health)
         self._served_lock = threading.Lock()
         self.served_bytes = self.served_ranges = 0
+
+    def health(self) -> tuple[int, str]:
+        return (200, "ready") if self.ready.is_set() else (503, "verifying")
 
     def count(self, n: int) -> None:
         with self._served_lock:
             self.served_bytes += n
             self.served_ranges += 1
 
-    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        if not self._slots.acquire(blocking=False):
-            threading.Thread(target=self._busy, args=(request,), daemon=True).start()
+    def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:  # type: ignore[override]
+        client = client_address[0]
+        if not self.gate.admit(client):
+            self.overflow.add(request)
             return
         try:
-            super().process_request(request, client_address)
+            threading.Thread(target=self._connection, args=(request, client_address), daemon=True).start()
         except BaseException:
-            self._slots.release()
+            self.gate.leave(client)
+            self.shutdown_request(request)
             raise
 
-    def _busy(self, request: socket.socket) -> None:
-        """Read the request first, then answer 503: closing on unread bytes would reset the connection, and the
-        fetcher would take a busy peer for a dead one."""
+    def _connection(self, request: socket.socket, client_address: tuple[str, int]) -> None:
         try:
-            request.settimeout(BUSY_READ_TIMEOUT_S)
-            got = b""
-            while b"\r\n\r\n" not in got and len(got) < 65536:
-                chunk = request.recv(65536)
-                if not chunk:
-                    break
-                got += chunk
-            request.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
+            self.finish_request(request, client_address)
         except OSError:
-            pass
+            pass  # the client went away or stopped reading: nothing to answer
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
+            self.gate.leave(client_address[0])
 
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    def server_close(self) -> None:
+        super().server_close()
+        self.overflow.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_TIMEOUT_S
     server: PeerServer
     server_version = "strata-peer"
     sys_version = ""
+    deadline = 0.0
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline))
+
+    def handle_one_request(self) -> None:
+        """Each request head (the first, or the next on a kept-alive connection) has `header_timeout_s` in all."""
+        self.deadline = time.monotonic() + self.server.limits.header_timeout_s
+        super().handle_one_request()
 
     def do_HEAD(self) -> None:
         self._serve(body=False)
@@ -204,10 +214,15 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _serve(self, body: bool) -> None:
-        path = urlsplit(self.path).path
+        self.connection.settimeout(self.server.limits.send_timeout_s)  # the head is in: now the answer's pace
+        url = urlsplit(self.path)
+        path = url.path
         if path == HEALTH_URL_PATH:
-            ok = self.server.ready.is_set()
-            self._refuse(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, "ready" if ok else "verifying")
+            status, text = self.server.health()
+            self._refuse(HTTPStatus(status), text)
+            return
+        if path == PROOF_URL_PATH:
+            self._prove(url.query)
             return
         if not self._authorized():
             return
@@ -236,7 +251,27 @@ class _Handler(BaseHTTPRequestHandler):
         if entry is None:
             self._refuse(HTTPStatus.NOT_FOUND, f"{rel!r} is not a verified file of this copy")
             return
-        self._send_file(entry, body)
+        if not self.server.transfers.acquire(blocking=False):
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "busy: every transfer slot is in use", {"Retry-After": "1"})
+            return
+        try:
+            self._send_file(entry, body)
+        finally:
+            self.server.transfers.release()
+
+    def _prove(self, query: str) -> None:
+        """No token needed: the answer shows the fetcher this peer holds the token and the manifest it expects,
+        before the fetcher sends its token (`peer_trust`)."""
+        nonce = (parse_qs(query).get("nonce") or [""])[0]
+        if not NONCE.match(nonce):
+            self._refuse(HTTPStatus.BAD_REQUEST, "nonce: 32 to 128 lowercase hex digits")
+            return
+        if not self.server.ready.is_set():
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "verifying the copy", {"Retry-After": "1"})
+            return
+        here = connection_address(self.connection.getsockname())
+        answer = proof(self.server.token, nonce, here, self.server.copy.manifest_digest)
+        self._refuse(HTTPStatus.OK, answer)
 
     def _send_file(self, entry: ManifestFile, body: bool) -> None:
         span = _parse_range(self.headers.get("Range"), entry.size)
@@ -289,15 +324,18 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, min(end, size - 1) - start + 1
 
 
-def serve(root: Path, token_file: str, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+def serve(root: Path, token_file: str, host: str, port: int, limits: PeerLimits | None = None) -> None:
     """Listen first (the health probe answers 'verifying'), verify the copy, then serve until killed."""
-    if max_connections < 1:
-        raise PeerError(f"--max-connections {max_connections}: must be at least 1")
+    limits = limits or PeerLimits()
+    try:
+        limits.check()
+    except ValueError as e:
+        raise PeerError(str(e)) from None
     token = read_token(token_file)
     if not root.is_dir():
         raise PeerError(f"{root} is not a directory; give the directory the copy was fetched into")
     copy = VerifiedCopy(root)
-    server = PeerServer((host, port), copy, token, max_connections)
+    server = PeerServer((host, port), copy, token, limits)
     thread = threading.Thread(target=server.serve_forever, name="strata-peer", daemon=True)
     thread.start()
     bound = server.server_address

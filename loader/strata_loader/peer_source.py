@@ -2,7 +2,9 @@
 no peer can serve.
 
 The origin is still listed (one LIST or directory walk: names, sizes, versions, its own checksums; no object
-bytes), and that listing stays the truth: a peer is used for a file only when its manifest names the same
+bytes), and that listing stays the truth. A peer is used at all only once it has proved it holds the token and
+exactly the first copy's manifest (the digest the operator passes), before the token is sent to it
+(`peer_trust`); then it is used for a file only when its manifest names the same
 source and revision and records that file with the same size and version, a checksum, and no checksum that
 contradicts the origin's. The fetch then hashes every file that came from peers against those checksums (the
 origin's where it has them, else the one the first copy computed while reading the origin), exactly as a fetch
@@ -11,15 +13,21 @@ from the origin is verified; a mismatch removes the file like any other.
 Ranges go round-robin over the live peers that hold a file, so several peers serve one fetch in parallel. A
 peer that refuses the token, drops a connection, times out or answers short is dropped for the rest of the run
 and the range is read again from the next peer, or from the origin when none is left: a peer killed mid-transfer
-costs the ranges in flight, not the fetch. A busy peer (503) is tried again after a short pause.
+costs the ranges in flight, not the fetch. A busy peer (503) is skipped for that range (the next peer holding
+the file is tried at once) and asked again after a short pause; one that has answered nothing but 503 for
+`PEER_BUSY_S` is dropped like a gone one, so a fetch spends at most that long on a peer that stays busy, not a
+wait per range.
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import itertools
+import os
 import queue
 import random
+import secrets
 import socket
 import sys
 import threading
@@ -29,15 +37,17 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlsplit
 
 from .catalog import SourceFile
-from .contract import PEER_PORT
+from .contract import PEER_PORT, manifest_digest
 from .manifest import Manifest, ManifestFile, strongest_checksum
 from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH
+from .peer_trust import PROOF_URL_PATH, connection_address, proof
 from .sources import RangeReader
 
 PEER_TIMEOUT_S = 20.0
 """Connect and read timeout for one request to a peer; past it the peer counts as gone."""
-BUSY_WAIT_S = 60.0
-"""How long a range waits for busy peers (503) before it is read from the origin."""
+PEER_BUSY_S = float(os.environ.get("STRATA_PEER_BUSY_S", "10"))
+"""A peer answering only 503 (busy) for this long is dropped for the rest of the fetch (environment
+STRATA_PEER_BUSY_S, default 10): its ranges go to the other peers, or to the origin."""
 CONNECTIONS_PER_PEER = 4
 """Requests one fetch has in flight to one peer: many nodes share a peer (its limit is 64 connections), and
 a few streams fill a node's link."""
@@ -60,6 +70,9 @@ class Peer:
     token: str
     files: dict[str, ManifestFile] = field(default_factory=dict)
     gone: str | None = None
+    busy_since: float | None = None
+    proven: bool = False
+    """It answered the proof: only then does a request carry the token."""
     _idle: queue.SimpleQueue[http.client.HTTPConnection] = field(default_factory=queue.SimpleQueue)
     slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CONNECTIONS_PER_PEER))
 
@@ -73,12 +86,30 @@ class Peer:
             self.gone = why
             print(f"strata-loader fetch: peer {self.url}: {why}; not used again", file=sys.stderr, flush=True)
 
+    def busy(self) -> None:
+        """It answered 503: dropped once it has answered nothing else for `PEER_BUSY_S`."""
+        now = time.monotonic()
+        if self.busy_since is None:
+            self.busy_since = now
+        elif now - self.busy_since > PEER_BUSY_S:
+            self.drop(f"busy (503) for more than {PEER_BUSY_S:g}s")
+
     def get(self, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes."""
-        conn = self._connection()
+        """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes.
+        The token goes only to a peer that has `proven` itself (`prove`, which sends none).
+        A kept-alive connection the peer closed meanwhile (its header timeout) is replaced once, not a failure."""
+        if self.proven:
+            headers = {"Authorization": f"Bearer {self.token}", **headers}
+        conn, reused = self._connection()
         try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}", **headers})
-            resp = conn.getresponse()
+            try:
+                resp = self._send(conn, path, headers)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not reused:
+                    raise
+                conn.close()
+                conn = self._new_connection()
+                resp = self._send(conn, path, headers)
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise PeerGone(f"{type(e).__name__}: {e}") from None
@@ -86,19 +117,28 @@ class Peer:
             resp.read()
             conn.close()
             raise PeerBusy("503")
+        self.busy_since = None
         if resp.status in (401, 403):
             conn.close()
             raise PeerGone(f"refused the token ({resp.status}); check the token Secret both sides mount")
         return conn, resp
 
+    def _send(self, conn: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse()
+
     def release(self, conn: http.client.HTTPConnection) -> None:
         self._idle.put(conn)
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A pooled connection (True) or a new one (False)."""
         try:
-            return self._idle.get_nowait()
+            return self._idle.get_nowait(), True
         except queue.Empty:
-            return http.client.HTTPConnection(self.host, self.port, timeout=PEER_TIMEOUT_S)
+            return self._new_connection(), False
+
+    def _new_connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=PEER_TIMEOUT_S)
 
     def read_range(self, relpath: str, offset: int, buf: memoryview) -> None:
         n = len(buf)
@@ -122,7 +162,26 @@ class Peer:
             raise PeerGone(f"{type(e).__name__} while reading {relpath}: {e}") from None
         self.release(conn)
 
-    def fetch_manifest(self) -> Manifest:
+    def prove(self, digest: str) -> None:
+        """Ask the peer to show, without the token, that it holds the token and the manifest `digest`."""
+        nonce = secrets.token_hex(16)
+        conn, resp = self.get(f"{PROOF_URL_PATH}?nonce={nonce}", {})
+        try:
+            address = connection_address(conn.sock.getpeername()) if conn.sock is not None else ""
+            answer = resp.read().strip().decode("ascii", "replace")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            conn.close()
+            raise PeerGone(f"{type(e).__name__} while reading its proof: {e}") from None
+        self.release(conn)
+        want = proof(self.token.encode(), nonce, address, digest)
+        if resp.status != 200 or not address or not hmac.compare_digest(answer, want):
+            raise PeerGone(
+                f"did not prove it holds our token and the first copy's manifest {digest} (answered {resp.status}):"
+                " it holds another copy, or the token Secret differs on either side; the token was not sent to it"
+            )
+        self.proven = True
+
+    def fetch_manifest(self) -> bytes:
         conn, resp = self.get(MANIFEST_URL_PATH, {})
         try:
             data = resp.read()
@@ -133,10 +192,7 @@ class Peer:
             conn.close()
             raise PeerGone(f"answered {resp.status} for its manifest")
         self.release(conn)
-        try:
-            return Manifest.model_validate_json(data)
-        except ValueError as e:
-            raise PeerGone(f"sent a manifest that is not valid: {e}") from None
+        return data
 
     def close(self) -> None:
         while True:
@@ -166,22 +222,26 @@ def resolve_peers(urls: Iterable[str], token: str) -> list[Peer]:
 class PeerSet:
     """The peers of one fetch, with what each holds, and the byte counts by where they came from."""
 
-    def __init__(self, peers: list[Peer]) -> None:
+    def __init__(self, peers: list[Peer], manifest: bytes | None = None) -> None:
         self.peers = peers
+        self.manifest = manifest
+        """The manifest every peer proved it holds (the first copy's, byte for byte); None without peers."""
         self._lock = threading.Lock()
         self.bytes_from_peers = 0
         self.bytes_from_origin = 0
 
     @classmethod
-    def discover(cls, urls: Iterable[str], token: str, source: str, revision: str | None) -> PeerSet:
-        """Ask every peer for its manifest; keep the peers that hold this source at this revision."""
+    def discover(cls, urls: Iterable[str], token: str, source: str, revision: str | None, digest: str) -> PeerSet:
+        """Keep the peers that prove they hold the manifest `digest`, of this source at this revision."""
         peers = resolve_peers(urls, token)
-        threads = [threading.Thread(target=_load, args=(p, source, revision)) for p in peers]
+        found: dict[Peer, bytes] = {}
+        threads = [threading.Thread(target=_load, args=(p, source, revision, digest, found)) for p in peers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return cls([p for p in peers if p.gone is None])
+        live = [p for p in peers if p.gone is None]
+        return cls(live, found[live[0]] if live else None)
 
     def count(self, n: int, from_peer: bool) -> None:
         with self._lock:
@@ -214,19 +274,37 @@ class PeerSet:
             p.close()
 
 
-def _load(p: Peer, source: str, revision: str | None) -> None:
-    try:
-        m = p.fetch_manifest()
-    except PeerBusy:
-        p.drop("busy while asked for its manifest")
+def _load(p: Peer, source: str, revision: str | None, digest: str, found: dict[Peer, bytes]) -> None:
+    """Its proof, then its manifest (asked again while it is busy, 503, up to `PEER_BUSY_S`)."""
+    pause = 0.05
+    while True:
+        try:
+            if not p.proven:
+                p.prove(digest)
+            data = p.fetch_manifest()
+            break
+        except PeerBusy:
+            p.busy()
+            if p.gone is not None:
+                return
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(1.0, pause * 2)
+        except PeerGone as e:
+            p.drop(str(e))
+            return
+    if (got := manifest_digest(data)) != digest:
+        p.drop(f"serves a manifest with digest {got}, not the first copy's {digest}")
         return
-    except PeerGone as e:
-        p.drop(str(e))
+    try:
+        m = Manifest.model_validate_json(data)
+    except ValueError as e:
+        p.drop(f"sent a manifest that is not valid: {e}")
         return
     if m.source != source or m.revision != revision:
         p.drop(f"holds {m.source} at revision {m.revision}, not {source} at {revision}")
         return
     p.files = {f.path: f for f in m.files if strongest_checksum(f.checksums) is not None}
+    found[p] = data
 
 
 def with_peers(files: list[SourceFile], peers: PeerSet) -> list[SourceFile]:
@@ -275,9 +353,8 @@ class FanoutReader:
         self._origin_lock = threading.Lock()
 
     def read_into(self, offset: int, buf: memoryview) -> None:
-        deadline = time.monotonic() + BUSY_WAIT_S
         pause = 0.05
-        while True:
+        while True:  # ends: a peer that stays busy is dropped after PEER_BUSY_S (`Peer.busy`)
             live = [p for p in self.holders if p.gone is None]
             if not live:
                 break
@@ -285,7 +362,7 @@ class FanoutReader:
             outcome = self._try_peers(live[start:] + live[:start], offset, buf)
             if outcome == "done":
                 return
-            if outcome == "gone" or time.monotonic() > deadline:
+            if outcome == "gone":
                 break
             time.sleep(pause * (0.5 + random.random()))
             pause = min(1.0, pause * 2)
@@ -305,6 +382,7 @@ class FanoutReader:
             try:
                 p.read_range(self.src.relpath, offset, buf)
             except PeerBusy:
+                p.busy()
                 busy = True
                 continue
             except PeerGone as e:

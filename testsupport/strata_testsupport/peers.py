@@ -10,7 +10,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -35,11 +35,17 @@ class PeerProcess:
 
 @contextlib.contextmanager
 def running_peer(
-    copy_dir: Path, token_file: Path, *, max_connections: int | None = None, env: dict[str, str] | None = None
+    copy_dir: Path,
+    token_file: Path,
+    *,
+    max_connections: int | None = None,
+    flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[PeerProcess]:
-    """Start `serve-peer` on a free loopback port, wait until it has verified the copy, stop it afterwards."""
+    """Start `serve-peer` on a free loopback port, wait until it has verified the copy, stop it afterwards.
+    `flags`: more `serve-peer` options (its limits)."""
     args = [sys.executable, "-m", "strata_loader.cli", "serve-peer", str(copy_dir), "--token-file", str(token_file)]
-    args += ["--host", "127.0.0.1", "--port", "0"]
+    args += ["--host", "127.0.0.1", "--port", "0", *flags]
     if max_connections is not None:
         args += ["--max-connections", str(max_connections)]
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- a pipe nobody drains would block the server

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode
+from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode, manifest_digest
 from strata_testsupport.counting_proxy import CountingProxy
 from strata_testsupport.peers import PeerStartError, fetch_process, finish_fetch, running_peer, write_token
 
@@ -58,6 +58,9 @@ def token(tmp_path) -> Path:
 
 
 def node_args(origin: Origin, dest: Path, peers: list[str], token: Path | None, **kw: object) -> list[str]:
+    """A node's fetch; with peers, trusting the manifest of the first copy (`seed`, default: node-1 beside
+    `dest`), as the operator does with the seed's manifestSha256."""
+    seed = Path(str(kw.pop("seed", dest.parent / "node-1")))
     req = FetchRequest(
         source=origin.uri,
         dest=str(dest),
@@ -66,6 +69,7 @@ def node_args(origin: Origin, dest: Path, peers: list[str], token: Path | None, 
         concurrency=kw.pop("concurrency", 4),
         peers=peers,
         peer_token_file=str(token) if peers and token else None,
+        peer_manifest_sha256=manifest_digest((seed / MANIFEST_NAME).read_bytes()) if peers else None,
     )
     return req.to_args()
 
@@ -219,7 +223,7 @@ def test_a_fetcher_with_the_wrong_token_is_refused_and_reads_the_origin(origin, 
         origin.proxy.reset()
         result = run_node(origin, tmp_path / "node-2", [p.url], wrong)
     assert result["bytes_from_peers"] == 0
-    assert "refused the token (403)" in str(result["stderr"])
+    assert "did not prove it holds our token" in str(result["stderr"])
     assert origin.proxy.range_bytes == origin.total
     assert_copy(origin, tmp_path / "node-2")
 
@@ -242,15 +246,17 @@ def test_peer_refuses_to_serve_a_damaged_or_incomplete_copy(origin, token, tmp_p
         pass
 
 
-def test_connections_over_the_limit_are_answered_busy(origin, token, tmp_path):
+def test_connections_over_the_limit_are_answered_busy_but_the_health_probe_is_answered(origin, token, tmp_path):
     run_node(origin, tmp_path / "node-1")
+    auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
     with running_peer(tmp_path / "node-1", token, max_connections=1) as p:
         host, port = p.url.removeprefix("http://").split(":")
         held = http.client.HTTPConnection(host, int(port), timeout=10)
         held.request("GET", "/healthz")
-        assert held.getresponse().read() == b"ready\n"  # the connection stays open, holding the one slot
+        assert held.getresponse().read() == b"ready\n"  # the connection stays open, holding the one thread
         try:
-            status, headers, _ = request(p.url, "/healthz")
+            status, headers, _ = request(p.url, "/v1/manifest", auth)
             assert status == 503 and headers["Retry-After"] == "1"
+            assert request(p.url, "/healthz")[0:3:2] == (200, b"ready\n")  # the probe never waits for a slot
         finally:
             held.close()

@@ -83,7 +83,9 @@ def test_listing_carries_the_hubs_sha256_for_lfs_files(versions, tmp_path):
     weight = "model-00001-of-00002.safetensors"
     assert by_path[weight].checksums == {"sha256": hashlib.sha256(files["v1"][weight]).hexdigest()}
     assert by_path[weight].size == len(files["v1"][weight])
-    assert by_path["config.json"].checksums == {}  # a plain git file: the Hub gives only its git blob id
+    config = files["v1"]["config.json"]  # a plain git file: the Hub's git blob id vouches for it
+    blob_id = hashlib.sha1(b"blob %d\0" % len(config) + config, usedforsecurity=False).hexdigest()
+    assert by_path["config.json"].checksums == {"git-blob-sha1": blob_id}
     assert by_path["config.json"].version.startswith("git:")
 
 

@@ -420,6 +420,9 @@ class NodeState(CRDModel):
     bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
     files: int | None = Field(default=None, description="Files in the verified copy on this node.")
     seconds: float | None = Field(default=None, description="How long this node's copy took, in seconds.")
+    manifest_sha256: str | None = Field(
+        default=None, description="SHA-256 of this node's manifest (fan-out trusts the first copy's, see fanOut)."
+    )
     message: str | None = Field(default=None, description="What happened on this node, for people.")
     recreations: int | None = Field(default=None, description="Times its Job vanished before its result was read.")
     retry_after: str | None = Field(default=None, description="When the vanished Job is created again.")
@@ -454,6 +457,10 @@ class FanOutStatus(CRDModel):
     peers_ready: int | None = Field(default=None, description="Peer servers ready to serve.")
     waiting_since: str | None = Field(default=None, description="When the other nodes started to wait for a peer.")
     service: str | None = Field(default=None, description="The headless Service the other nodes' Jobs reach peers by.")
+    manifest_sha256: str | None = Field(
+        default=None,
+        description="The manifest every peer must prove it holds (the first Ready copy's): fetchers refuse any other.",
+    )
     message: str | None = Field(default=None, description="What the fan-out is doing, for people.")
 
 

@@ -171,7 +171,9 @@ def finish_job(
 
 
 def fetch_result(source: str, **extra: Any) -> FetchResult:
-    fields: dict[str, Any] = {"source": source, "bytes": 5 * 2**30, "files": 7, "seconds": 42.0, **extra}
+    """What a finished fetch reports (a real one always names its manifest's digest: fan-out trusts it)."""
+    fields: dict[str, Any] = {"source": source, "bytes": 5 * 2**30, "files": 7, "seconds": 42.0,
+                              "manifest_sha256": "sha256:" + "5e" * 32, **extra}  # fmt: skip
     return FetchResult(**fields)
 
 

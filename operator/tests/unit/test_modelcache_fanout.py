@@ -25,10 +25,11 @@ SPEC = ModelCacheSpec.model_validate(
 )
 NODES = {n: NodeInfo(n, f"uid-{n}", True, {"pool": "gpu"}) for n in ("gpu-a", "gpu-b", "gpu-c")}
 KEY = names.node_label_key(OWNER.namespace, OWNER.name)
+SEED_MANIFEST = "sha256:" + "5e" * 32
 
 
 def job(node: str, how: str) -> dict[str, Any]:
-    adjust = {"origin": None, "seed": fanout.as_seed, "peers": fanout.from_peers(OWNER)}[how]
+    adjust = {"origin": None, "seed": fanout.as_seed, "peers": fanout.from_peers(OWNER, SEED_MANIFEST)}[how]
     return storage.node_preload(OWNER, SPEC, node, NODES[node].uid, adjust=adjust)[1]
 
 
@@ -47,7 +48,8 @@ def applied(result: Plan, kind: str | None = None) -> list[dict[str, Any]]:
 
 
 def ready_state(node: str, how: str) -> dict[str, Any]:
-    return {"name": node, "job": job(node, how)["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2}
+    state = {"name": node, "job": job(node, how)["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2}
+    return {**state, "manifestSha256": SEED_MANIFEST}
 
 
 def live_daemonset(ready: int) -> dict[str, Any]:
@@ -89,7 +91,10 @@ def test_a_ready_first_copy_starts_the_peers_and_the_others_keep_waiting() -> No
     assert pod["nodeSelector"] == {KEY: "Ready"}
     container = pod["containers"][0]
     assert container["args"][:2] == ["serve-peer", "/strata/node/serving/llama"]
-    assert {"name": "node-root", "mountPath": "/strata/node", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "copy", "mountPath": "/strata/node/serving/llama", "readOnly": True} in container["volumeMounts"]
+    # Only this cache's directory: the node root (every namespace's copies) is not in the pod at all.
+    host_paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert host_paths == [f"{storage.node_local(SPEC).path}/serving/llama"]
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
@@ -116,6 +121,8 @@ def test_a_ready_peer_lets_the_other_nodes_read_from_it() -> None:
     assert [j["metadata"]["name"] for j in jobs] == [job(n, "peers")["metadata"]["name"] for n in ("gpu-b", "gpu-c")]
     req = request_of(jobs[0])
     assert req.peers == ["http://llama-peer.serving.svc:8477"] and req.peer_token_file == "/strata/peer/token"
+    # Only peers holding the first copy's manifest, byte for byte, are used (the pod with the labels).
+    assert req.peer_manifest_sha256 == SEED_MANIFEST == result.status["fanOut"]["manifestSha256"]
     mounts = jobs[0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "peer-token", "mountPath": "/strata/peer", "readOnly": True} in mounts
     assert result.status["fanOut"]["phase"] == "Serving" and result.status["fanOut"]["peersReady"] == 1
@@ -219,7 +226,8 @@ def test_nodes_that_start_after_the_first_copy_copy_the_commit_an_hf_branch_reso
         {"source": {"uri": "hf://org/model", "revision": "main"}, "storage": SPEC.storage.to_k8s()}
     )
     seed = storage.node_preload(OWNER, hub, "gpu-a", NODES["gpu-a"].uid, adjust=fanout.as_seed)[1]
-    ready = {"name": "gpu-a", "job": seed["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2}
+    ready = {"name": "gpu-a", "job": seed["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2,
+             "manifestSha256": SEED_MANIFEST}  # fmt: skip
     previous = {"nodes": [ready], "resolvedRevision": sha, "resolvedFrom": "main"}
     peers = fanout.PeerObjects(daemonset=live_daemonset(ready=1), service=fanout.build_peer_service(OWNER))
 
@@ -235,3 +243,11 @@ def test_nodes_that_start_after_the_first_copy_copy_the_commit_an_hf_branch_reso
     assert {r.revision for r in moved_on.values()} == {"v2"}, "a new spec revision is resolved afresh"
     s3 = later_jobs(SPEC, {"nodes": [ready_state("gpu-a", "seed")], "resolvedRevision": sha, "resolvedFrom": ""})
     assert {r.revision for r in s3.values()} == {None}, "an S3 revision is only a label"
+
+
+def test_the_trusted_manifest_is_the_first_copys_while_a_ready_copy_has_it() -> None:
+    other = "sha256:" + "0" * 64
+    states = [{"name": "a", "phase": "Ready", "manifestSha256": other}, ready_state("gpu-b", "peers")]
+    assert fanout.trusted_manifest({"manifestSha256": SEED_MANIFEST}, states) == SEED_MANIFEST
+    assert fanout.trusted_manifest({"manifestSha256": "sha256:gone"}, states) == other  # ties: the first by name
+    assert fanout.trusted_manifest({}, [{"name": "a", "phase": "Failed", "manifestSha256": other}]) is None

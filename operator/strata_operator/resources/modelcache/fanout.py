@@ -5,8 +5,9 @@ The sequence, level-based like the rest of the plan:
 1. Seeding: one node (the first by name, or one whose Job already runs) gets a Job reading the source with
    `--verify checksums`, so its manifest records a SHA-256 per file; the other nodes wait, without Jobs.
 2. Once a copy is Ready (its node carries the cache's `=Ready` label), a per-cache peer DaemonSet runs
-   `strata-loader serve-peer` on the nodes with that label (hostPath read-only, the restricted security
-   context, the token from a Secret the operator creates and owns), behind a headless Service; a
+   `strata-loader serve-peer` on the nodes with that label (only the cache's own directory, by hostPath,
+   read-only; the restricted security context; the token from a Secret the operator creates and owns), behind
+   a headless Service; a
    NetworkPolicy admits only this cache's preload pods. When a peer pod is ready, the waiting nodes get Jobs
    with `--peer http://<service>.<namespace>.svc:8477`, which resolves to every ready peer.
 3. No ready peer `peerWaitSeconds` after the first copy was Ready, or a failed first copy: the waiting nodes
@@ -83,9 +84,13 @@ def _peer_selector(owner: CacheRef) -> dict[str, str]:
 def build_peer_daemonset(
     owner: CacheRef, spec: ModelCacheSpec, runtime: RuntimeImage, *, paused: bool
 ) -> dict[str, Any]:
-    """`serve-peer` on every node whose copy is Ready (none when `paused`), reading the copy read-only."""
+    """`serve-peer` on every node whose copy is Ready (none when `paused`), reading the copy read-only.
+
+    The hostPath is this cache's own directory, not the node root: the peer pod sees no other cache's copy
+    (nor another namespace's), whatever a bug in the server would let a request reach."""
     local = storage.node_local(spec)
     copy_dir = posixpath.join(NODE_ROOT_MOUNT, owner.namespace, owner.name)
+    host_copy_dir = posixpath.join(local.path, owner.namespace, owner.name)
     labels = owner.labels(ROLE_PEER)
     node_selector = PAUSED_SELECTOR if paused else {names.node_label_key(owner.namespace, owner.name): "Ready"}
     container: dict[str, Any] = {
@@ -113,7 +118,7 @@ def build_peer_daemonset(
         "resources": PEER_RESOURCES,
         "securityContext": container_security_context(),
         "volumeMounts": [
-            {"name": "node-root", "mountPath": NODE_ROOT_MOUNT, "readOnly": True},
+            {"name": "copy", "mountPath": copy_dir, "readOnly": True},
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
         ],
     }
@@ -124,7 +129,7 @@ def build_peer_daemonset(
         "nodeSelector": node_selector,
         "containers": [container],
         "volumes": [
-            {"name": "node-root", "hostPath": {"path": local.path, "type": "Directory"}},
+            {"name": "copy", "hostPath": {"path": host_copy_dir, "type": "Directory"}},
             {"name": "token", "secret": {"secretName": token_secret_name(owner), "defaultMode": 0o440}},
         ],
     }
@@ -199,8 +204,11 @@ def _metadata(owner: CacheRef, name: str) -> dict[str, Any]:
     }
 
 
-def from_peers(owner: CacheRef) -> Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest]:
-    """A node Job's request and mounts when it reads from the peers (the token Secret mounted read-only)."""
+def from_peers(
+    owner: CacheRef, manifest_sha256: str
+) -> Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest]:
+    """A node Job's request and mounts when it reads from the peers (the token Secret mounted read-only): only
+    peers holding exactly the manifest `manifest_sha256` (the first copy's) are used (`peer_trust`)."""
 
     def adjust(request: contract.FetchRequest, mounts: PodMounts) -> contract.FetchRequest:
         mounts.add(
@@ -210,7 +218,9 @@ def from_peers(owner: CacheRef) -> Callable[[contract.FetchRequest, PodMounts], 
             read_only=True,
         )
         token_file = f"{TOKEN_MOUNT}/{TOKEN_KEY}"
-        return request.model_copy(update={"peers": [peer_url(owner)], "peer_token_file": token_file})
+        return request.model_copy(
+            update={"peers": [peer_url(owner)], "peer_token_file": token_file, "peer_manifest_sha256": manifest_sha256}
+        )
 
     return adjust
 
@@ -256,9 +266,12 @@ def decide(
     """How each wanted node reads, given the previous node states and the live Jobs and peer objects."""
 
     pin = st.pinned_revision(spec.source.uri, spec.source.revision, previous)
+    before = {s["name"]: s for s in previous.get("nodes") or []}
+    trusted = trusted_manifest(previous.get("fanOut") or {}, [before[n] for n in sorted(wanted) if n in before])
 
     def build(how: str, pinned: bool = True) -> JobBuilder:
-        adjust = _pinned({ORIGIN: None, PEERS: from_peers(owner), "seed": as_seed}[how], pin if pinned else None)
+        peers = from_peers(owner, trusted) if trusted else None
+        adjust = _pinned({ORIGIN: None, PEERS: peers, "seed": as_seed}[how], pin if pinned else None)
         return lambda node, uid: storage.node_preload(owner, spec, node, uid, runtime, adjust=adjust)
 
     if not active(spec, wanted):
@@ -268,7 +281,6 @@ def decide(
             decision.apply = [b for b in decision.apply if not is_subset(b, peers.daemonset)]
         return decision
 
-    before = {s["name"]: s for s in previous.get("nodes") or []}
     ready = {n for n in wanted if before.get(n, {}).get("phase") == st.PHASE_READY}
     fan_before = previous.get("fanOut") or {}
     running = {n for n in wanted if _has_job(n, jobs, before, build, wanted)}
@@ -276,7 +288,7 @@ def decide(
     failed_seed = seed is not None and before.get(seed, {}).get("phase") == st.PHASE_FAILED
     service = peer_name(owner)
     # Every key, always: status is written as a merge patch, where a key left out would keep its old value.
-    status: dict[str, Any] = {"service": service, "peersReady": None, "waitingSince": None}
+    status: dict[str, Any] = {"service": service, "peersReady": None, "waitingSince": None, "manifestSha256": trusted}
 
     if ready == set(wanted):
         status.update(phase=PHASE_DONE, message="every selected node holds a verified copy; no peer runs")
@@ -288,7 +300,8 @@ def decide(
         return decision
 
     desired_ds = build_peer_daemonset(owner, spec, runtime, paused=False)
-    peers_ready = _ready_pods(desired_ds, peers.daemonset, is_subset)
+    # Without a trusted manifest no fetcher could use a peer: the nodes wait, then read the source.
+    peers_ready = _ready_pods(desired_ds, peers.daemonset, is_subset) if trusted else 0
     since = _parse(fan_before.get("waitingSince")) if ready else None
     if ready and peers_ready == 0 and since is None:
         since = now
@@ -342,6 +355,16 @@ def decide(
 
 
 Adjust = Callable[[contract.FetchRequest, PodMounts], contract.FetchRequest]
+
+
+def trusted_manifest(fan_out: Mapping[str, Any], states: list[Mapping[str, Any]]) -> str | None:
+    """The manifest digest fetchers accept from peers: the one recorded when the first copy became Ready, while
+    a Ready copy still has it; else the one most Ready copies have (ties: the first node's by name). Copies read
+    from peers have it byte for byte; one read from the source has its own, and its peer is not used."""
+    held = [s["manifestSha256"] for s in states if s.get("phase") == st.PHASE_READY and s.get("manifestSha256")]
+    if fan_out.get("manifestSha256") in held:
+        return str(fan_out["manifestSha256"])
+    return str(max(held, key=held.count)) if held else None
 
 
 def _pinned(adjust: Adjust | None, revision: str | None) -> Adjust | None:

@@ -528,6 +528,7 @@ def _state_from_job(
         "bytes": result.bytes,
         "files": result.files,
         "seconds": round(result.seconds, 3),
+        "manifestSha256": result.manifest_sha256,  # fan-out: what peers must prove they hold
         "message": f"verified copy: {result.files} files",
     }
     return ready, result
