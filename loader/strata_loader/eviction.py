@@ -46,6 +46,7 @@ from pathlib import Path
 
 from .capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
 from .contract import MANIFEST_NAME
+from .eviction_messages import no_room, over_budget
 
 LOCK_NAME = ".strata-capacity.lock"
 RESERVATIONS = ".strata-reservations"
@@ -120,9 +121,9 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
                     team.freed(key, freed)
                     usage = _fill(report, Usage.measure(root_fd), req)
             if not team.fits(needed):
-                raise InsufficientStorage(_over_budget(req, report, team, kept), report)
+                raise InsufficientStorage(over_budget(req, report, team.name, team.used, team.budget, kept), report)
             if not _fits(usage, reserved, needed, report.high_bytes):
-                raise InsufficientStorage(_no_room(req, report, usage, reserved, kept), report)
+                raise InsufficientStorage(no_room(req, report, usage, reserved, kept), report)
             reservation = _reserve(root_fd, own, needed)
         yield report
     except BaseException as e:
@@ -153,27 +154,6 @@ def _fill(report: CapacityReport, usage: Usage, req: CapacityRequest) -> Usage:
     high = min(usage.limit(req.high_watermark), usage.capacity - req.min_free_bytes)
     report.high_bytes, report.low_bytes = high, min(usage.limit(req.low_watermark), high)
     return usage
-
-
-def _no_room(req: CapacityRequest, report: CapacityReport, usage: Usage, reserved: int, kept: list[str]) -> str:
-    parts = [
-        f"the copy needs {report.needed_bytes} more bytes but {req.root} (NodeCachePolicy {req.policy}) has "
-        f"{usage.free} free of {usage.capacity} ({usage.used} used); the high watermark {req.high_watermark}% "
-        + (f"and minFree {req.min_free_bytes} allow " if req.min_free_bytes else "allows ")
-        + f"{report.high_bytes} used"
-    ]
-    if reserved:
-        parts.append(f"{reserved} bytes are reserved by other copies being written")
-    if report.evicted:
-        parts.append("evicted " + ", ".join(f"{e.copy_key} ({e.bytes} bytes)" for e in report.evicted))
-    not_evicted = kept + req.protected
-    if not_evicted or req.protected_more:
-        more = f" and {req.protected_more} more" if req.protected_more else ""
-        parts.append("could not evict " + ", ".join(not_evicted) + more)
-    elif not req.candidates:
-        parts.append("no other copy on this node may be evicted")
-    parts.append("free space on the node, unpin or delete a cache there, or raise the policy's highWatermark")
-    return "; ".join(parts)
 
 
 @dataclass
@@ -212,24 +192,6 @@ class _Namespace:
 
     def report(self) -> tuple[int | None, int | None]:
         return (None, None) if self.budget is None else (self.used, self.budget)
-
-
-def _over_budget(req: CapacityRequest, report: CapacityReport, team: _Namespace, kept: list[str]) -> str:
-    parts = [
-        f"the copy needs {report.needed_bytes} more bytes but namespace {team.name}'s copies on this node already "
-        f"take {team.used} of its budget of {team.budget} bytes (NodeCachePolicy {req.policy})"
-    ]
-    if report.evicted:
-        parts.append("evicted " + ", ".join(f"{e.copy_key} ({e.bytes} bytes)" for e in report.evicted))
-    not_evicted = kept + req.protected
-    if not_evicted or req.protected_more:
-        more = f" and {req.protected_more} more" if req.protected_more else ""
-        parts.append("could not evict " + ", ".join(not_evicted) + more)
-    parts.append(
-        f"delete or unpin another of {team.name}'s caches on this node, or ask the platform team to raise the "
-        f"policy's namespaceBudgets for {team.name}"
-    )
-    return "; ".join(parts)
 
 
 def _own_key(root: Path, dest: Path) -> str:
