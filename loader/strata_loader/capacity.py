@@ -2,12 +2,13 @@
 what the Job reports back (inside its `FetchResult`).
 
 The operator cannot see a node's filesystem; the Job on the node can. So the operator decides *which* copies may
-go (other caches' copies on that node that are not pinned and that no pod there consumes, least recently used
-first) and the Job decides *whether* any must go: it measures the filesystem with `statvfs` (the numbers `df`
-prints), evicts candidates in order only while the new copy would not fit under the high watermark, down to the
-low watermark, and says what it did. The request travels in one environment variable (`ENV_NODE_CAPACITY`, compact
-JSON) so it stays out of the fetch arguments and out of the Job's request hash: a copy is not fetched again
-because another cache was used more recently.
+go (other caches' idle copies on that node, of the Job's own namespace unless the policy allows more, least
+recently used first) and the Job decides *whether* any must go: it measures the filesystem with `statvfs` (the
+numbers `df` prints) and its namespace's copies as `du` would, evicts candidates in order only while the new copy
+would not fit under the high watermark (down to the low one) or its namespace's budget, and says what it did.
+The request travels in one environment variable (`ENV_NODE_CAPACITY`, compact JSON) so it stays out of the fetch
+arguments and out of the Job's request hash: a copy is not fetched again because another cache was used more
+recently.
 
 This module has no imports from the rest of the loader, so `contract` can embed the report.
 """
@@ -69,6 +70,12 @@ class CapacityRequest(BaseModel):
         "use): only for the message when the copy cannot fit",
     )
     protected_more: int = Field(default=0, ge=0, description="protected copies left out of `protected`")
+    namespace_budget_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="bytes the copies of the Job's own namespace may take under the root (allocated, as du counts, "
+        "with that namespace's reservations); None: no budget. Only that namespace's candidates bring it down.",
+    )
 
     @field_validator("root")
     @classmethod
@@ -129,3 +136,7 @@ class CapacityReport(BaseModel):
     high_bytes: int = Field(default=0, description="used bytes the high watermark allows")
     low_bytes: int = Field(default=0, description="used bytes the low watermark aims eviction at")
     evicted: list[EvictedCopy] = Field(default_factory=list)
+    namespace_used_bytes: int | None = Field(
+        default=None, description="with a namespace budget: bytes the namespace's copies took when planned"
+    )
+    namespace_budget_bytes: int | None = Field(default=None, description="the namespace's budget, when it has one")

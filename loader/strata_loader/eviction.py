@@ -5,10 +5,12 @@
 1. Under an exclusive `flock` on `<root>/.strata-capacity.lock` (one decision at a time per node path, across
    Jobs of every cache), it measures the filesystem with `os.statvfs` and adds the bytes other running fetches
    have reserved but not written yet.
-2. If the copy fits under the high watermark, nothing is evicted. Otherwise candidates go in the operator's order
-   (least recently used first) until usage plus the copy is at or under the low watermark; when the candidates
-   run out, the copy still proceeds if it fits under the high watermark, and fails with `InsufficientStorage`
-   (numbers in the message) if it does not.
+2. If the copy fits under the high watermark (and its namespace's budget, when the policy gives one), nothing is
+   evicted. Otherwise candidates go in the operator's order (least recently used first) until usage plus the copy
+   is at or under the low watermark and within the budget; once the filesystem is fine, only the namespace's own
+   candidates are evicted (others would not bring its budget down). When the candidates run out, the copy still
+   proceeds if it fits under the high watermark and the budget, and fails with `InsufficientStorage` (numbers in
+   the message) if it does not.
 3. The copy's bytes are reserved in `<root>/.strata-reservations/<namespace>.<name>`, a file this process holds
    an exclusive lock on until the fetch ends: a reservation whose lock nobody holds belongs to a Job that died,
    and is dropped.
@@ -44,6 +46,7 @@ from pathlib import Path
 
 from .capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
 from .contract import MANIFEST_NAME
+from .eviction_messages import no_room, over_budget
 
 LOCK_NAME = ".strata-capacity.lock"
 RESERVATIONS = ".strata-reservations"
@@ -97,23 +100,30 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
     try:
         with _locked(root_fd, LOCK_NAME):
             _clear_evicting(root_fd)
-            reserved = _reserved_by_others(root_fd, own)
+            reservations = _reserved_by_others(root_fd, own)
+            reserved = sum(reservations.values())
             usage = _fill(report, Usage.measure(root_fd), req)
+            team = _Namespace.measure(root_fd, own, reservations, req.namespace_budget_bytes)
+            report.namespace_used_bytes, report.namespace_budget_bytes = team.report()
             kept: list[str] = []
-            if not _fits(usage, reserved, needed, report.high_bytes):
+            if not (_fits(usage, reserved, needed, report.high_bytes) and team.fits(needed)):
                 for key in req.candidates:
-                    if key == own:
-                        continue
-                    if _fits(usage, reserved, needed, report.low_bytes):
+                    disk_done = _fits(usage, reserved, needed, report.low_bytes)
+                    if key == own or (disk_done and not team.owns(key)):
+                        continue  # only the namespace's own copies bring its budget down
+                    if disk_done and team.fits(needed):
                         break
                     freed, why = evict(root_fd, key)
                     if why is not None:
                         kept.append(f"{key} ({why})")
                         continue
                     report.evicted.append(EvictedCopy(copy_key=key, bytes=freed))
+                    team.freed(key, freed)
                     usage = _fill(report, Usage.measure(root_fd), req)
+            if not team.fits(needed):
+                raise InsufficientStorage(over_budget(req, report, team.name, team.used, team.budget, kept), report)
             if not _fits(usage, reserved, needed, report.high_bytes):
-                raise InsufficientStorage(_no_room(req, report, usage, reserved, kept), report)
+                raise InsufficientStorage(no_room(req, report, usage, reserved, kept), report)
             reservation = _reserve(root_fd, own, needed)
         yield report
     except BaseException as e:
@@ -146,25 +156,42 @@ def _fill(report: CapacityReport, usage: Usage, req: CapacityRequest) -> Usage:
     return usage
 
 
-def _no_room(req: CapacityRequest, report: CapacityReport, usage: Usage, reserved: int, kept: list[str]) -> str:
-    parts = [
-        f"the copy needs {report.needed_bytes} more bytes but {req.root} (NodeCachePolicy {req.policy}) has "
-        f"{usage.free} free of {usage.capacity} ({usage.used} used); the high watermark {req.high_watermark}% "
-        + (f"and minFree {req.min_free_bytes} allow " if req.min_free_bytes else "allows ")
-        + f"{report.high_bytes} used"
-    ]
-    if reserved:
-        parts.append(f"{reserved} bytes are reserved by other copies being written")
-    if report.evicted:
-        parts.append("evicted " + ", ".join(f"{e.copy_key} ({e.bytes} bytes)" for e in report.evicted))
-    not_evicted = kept + req.protected
-    if not_evicted or req.protected_more:
-        more = f" and {req.protected_more} more" if req.protected_more else ""
-        parts.append("could not evict " + ", ".join(not_evicted) + more)
-    elif not req.candidates:
-        parts.append("no other copy on this node may be evicted")
-    parts.append("free space on the node, unpin or delete a cache there, or raise the policy's highWatermark")
-    return "; ".join(parts)
+@dataclass
+class _Namespace:
+    """The Job's namespace against its budget: its copies' allocated bytes under the root (its own copy's
+    partial files included, as statvfs counts them) plus what its other running fetches reserved."""
+
+    name: str
+    used: int
+    budget: int | None
+
+    @classmethod
+    def measure(cls, root_fd: int, own: str, reservations: dict[str, int], budget: int | None) -> _Namespace:
+        name = own.partition("/")[0]
+        if budget is None:
+            return cls(name, 0, None)
+        ns_fd = _subdir(root_fd, name)
+        used = 0
+        if ns_fd is not None:
+            try:
+                used = _allocated(ns_fd)
+            finally:
+                os.close(ns_fd)
+        used += sum(b for key, b in reservations.items() if key.partition("/")[0] == name)
+        return cls(name, used, budget)
+
+    def owns(self, key: str) -> bool:
+        return key.partition("/")[0] == self.name
+
+    def fits(self, needed: int) -> bool:
+        return self.budget is None or self.used + needed <= self.budget
+
+    def freed(self, key: str, freed: int) -> None:
+        if self.owns(key):
+            self.used = max(0, self.used - freed)
+
+    def report(self) -> tuple[int | None, int | None]:
+        return (None, None) if self.budget is None else (self.used, self.budget)
 
 
 def _own_key(root: Path, dest: Path) -> str:
@@ -297,14 +324,15 @@ def _release(root_fd: int, own: str, fd: int) -> None:
     os.close(fd)
 
 
-def _reserved_by_others(root_fd: int, own: str) -> int:
-    """Bytes other running fetches reserved; a reservation nobody holds a lock on is dropped (its Job died).
+def _reserved_by_others(root_fd: int, own: str) -> dict[str, int]:
+    """Bytes other running fetches reserved, by `<namespace>/<name>`; a reservation nobody holds a lock on is
+    dropped (its Job died).
 
     Counted in full even though those fetches have written part of it already: conservative, never optimistic."""
     res_fd = _subdir(root_fd, RESERVATIONS)
     if res_fd is None:
-        return 0
-    total = 0
+        return {}
+    total: dict[str, int] = {}
     try:
         for entry in os.listdir(res_fd):
             if entry == _reservation_name(own):
@@ -318,7 +346,8 @@ def _reserved_by_others(root_fd: int, own: str) -> int:
                     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except BlockingIOError:  # held: that fetch is running
                     with contextlib.suppress(ValueError):
-                        total += int(os.pread(fd, 32, 0) or b"0")
+                        # a namespace is a DNS label (no dot), so the first dot ends it
+                        total[entry.replace(".", "/", 1)] = int(os.pread(fd, 32, 0) or b"0")
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry, dir_fd=res_fd)

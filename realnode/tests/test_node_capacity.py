@@ -132,6 +132,7 @@ def test_lru_idle_copy_is_evicted_pinned_never_and_a_copy_that_cannot_fit_says_w
     message = state["message"]
     print(f"InsufficientStorage: {message}")
     assert f"has {free} free" in message and f"({used} used)" in message
-    assert f"{namespace}/{pinned} (pinned)" in message and f"{namespace}/{new} (pinned)" in message
+    assert f"{namespace}/{pinned} (pinned by its cache)" in message
+    assert f"{namespace}/{new} (pinned by its cache)" in message
     assert condition(status, "Degraded")["reason"] == "InsufficientStorage"
     assert used_and_free(small_node_path) == (used, free), "nothing of the copy that cannot fit was written"

@@ -46,9 +46,11 @@ def sources(tmp_path):
     return make
 
 
-def fetch_cli(node: Path, source: Path, name: str, tmp_path: Path, **budget) -> tuple[int, FetchResult, str]:
-    term = tmp_path / f"termination-{name}"
-    req = FetchRequest(source=str(source), dest=str(node / NS / name))
+def fetch_cli(
+    node: Path, source: Path, name: str, tmp_path: Path, ns: str = NS, **budget
+) -> tuple[int, FetchResult, str]:
+    term = tmp_path / f"termination-{ns}-{name}"
+    req = FetchRequest(source=str(source), dest=str(node / ns / name))
     env = {"STRATA_TERMINATION_MESSAGE_PATH": str(term), **req.to_env()}
     if budget:
         env.update(CapacityRequest(root=str(node), policy="nvme", **budget).to_env())
@@ -265,3 +267,47 @@ def test_a_budget_the_job_cannot_parse_fails_the_fetch_in_one_line(tmp_path, sou
     r = run_cli(*req.to_args(), env=env)
     assert r.returncode == 1 and "STRATA_NODE_CAPACITY is not a valid node budget" in r.stderr
     assert FetchResult.from_termination_message(term.read_text()).status == "Failed"
+
+
+def test_a_namespace_over_its_budget_evicts_its_own_idle_copy_and_never_another_namespaces(node, sources, tmp_path):
+    # 64 MiB, watermarks out of the way (32 + 16 MiB is 75%): only the namespace budget (24 MiB) binds. The other
+    # namespace's copy is offered first, as a cluster-wide policy would, and still stays: it would not help.
+    assert fetch_cli(node, sources("theirs", 16 * MiB), "theirs", tmp_path, ns="other")[0] == 0
+    assert fetch_cli(node, sources("old", 16 * MiB), "old", tmp_path)[0] == 0
+    rc, res, err = fetch_cli(
+        node,
+        sources("new", 16 * MiB),
+        "new",
+        tmp_path,
+        high_watermark=90,
+        low_watermark=80,
+        candidates=["other/theirs", f"{NS}/old"],
+        namespace_budget_bytes=24 * MiB,
+    )
+    assert rc == 0, err
+    assert copies(node) == {"new"} and (node / "other" / "theirs" / MANIFEST_NAME).is_file()
+    cap = res.capacity
+    assert cap is not None and [e.copy_key for e in cap.evicted] == [f"{NS}/old"]
+    assert cap.namespace_budget_bytes == 24 * MiB and cap.namespace_used_bytes >= 16 * MiB
+
+
+def test_a_copy_over_its_namespace_budget_with_nothing_of_its_own_to_evict_fails_saying_what_to_change(
+    node, sources, tmp_path
+):
+    assert fetch_cli(node, sources("kept", 8 * MiB), "kept", tmp_path)[0] == 0
+    rc, res, err = fetch_cli(
+        node,
+        sources("new", 16 * MiB),
+        "new",
+        tmp_path,
+        high_watermark=90,
+        low_watermark=80,
+        protected=[f"{NS}/kept (pinned by its cache)"],
+        namespace_budget_bytes=20 * MiB,
+    )
+    assert rc == EXIT_INSUFFICIENT_STORAGE, err
+    assert res.reason == "InsufficientStorage" and res.error is not None
+    assert f"namespace {NS}'s copies on this node already take" in res.error
+    assert "budget of 20971520 bytes (NodeCachePolicy nvme)" in res.error
+    assert f"raise the policy's namespaceBudgets for {NS}" in res.error
+    assert copies(node) == {"kept"} and not (node / NS / "new" / MANIFEST_NAME).exists()

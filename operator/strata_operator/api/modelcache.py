@@ -236,8 +236,11 @@ class NodeLocalStorage(CRDModel):
     )
     pinned: bool = Field(
         default=False,
-        description="Never evict this cache's copies to make room for others (a NodeCachePolicy's budget on the "
-        "node path). Copies a running pod uses are never evicted either, pinned or not.",
+        description="Deprecated request, within the namespace only: keep this cache's copies from being evicted "
+        "by the other caches of its own namespace. It does not protect against other namespaces (only a "
+        "NodeCachePolicy's evictAcrossNamespaces lets them evict at all, and its pinned list decides what they "
+        "may not), and a pinned copy still counts against the namespace's budget. Copies a live pod on the node "
+        "uses are never evicted, pinned or not.",
     )
     fan_out: FanOut = Field(
         default_factory=FanOut,

@@ -1,9 +1,12 @@
 """NodeCachePolicy (cluster-scoped): the budget of a node path that NodeLocal ModelCache copies share.
 
 A platform team sets it once per kind of node (its selector) and host path: how full the path's filesystem may
-get (the high watermark, in percent of what `df` shows) and how far least recently used copies are evicted when
-a new copy does not fit (the low watermark). The operator reads policies when it creates a node's preload Job and
-hands the Job the budget and the copies it may evict; the Job measures the filesystem itself (see
+get (the high watermark, in percent of what `df` shows), how far least recently used copies are evicted when
+a new copy does not fit (the low watermark), how many bytes each namespace's copies may take on one node, which
+copies are never evicted, and whether one namespace's caches may evict another's (not by default). These are the
+platform team's calls, not the tenants': a tenant's own ModelCache cannot raise its budget, pin itself against
+other namespaces or evict them. The operator reads policies when it creates a node's preload Job and hands the
+Job the budget and the copies it may evict; the Job measures the filesystem itself (see
 `strata_loader.eviction`). Without a policy for a node and path, copies are not evicted there (a copy that does
 not fit fails, as before). The CRD in `crds/nodecachepolicies.strata.dev.yaml` is generated from this module.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
+from strata_units import parse_bytes
 
 from strata_operator.api.base import BYTE_SIZE_UNITS, HOST_PATH_RULES, CRDModel, HostDirectory, WholeBytes, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
@@ -32,6 +36,38 @@ _ORDERED: dict[str, Any] = {
         )
     ]
 }
+
+
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class PinnedCaches(CRDModel):
+    """ModelCaches whose copies no other cache's preload may evict under this policy."""
+
+    namespace: str = Field(
+        min_length=1, max_length=63, pattern=NAMESPACE_PATTERN, description="The namespace of the caches, e.g. team-a."
+    )
+    names: list[Annotated[str, Field(min_length=1, max_length=253, pattern=NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="ModelCache names in that namespace, e.g. [llama-70b]; every cache of the namespace when empty.",
+    )
+
+    def covers(self, namespace: str, name: str) -> bool:
+        return namespace == self.namespace and (not self.names or name in self.names)
+
+
+class NamespaceBudget(CRDModel):
+    """One namespace's byte budget on each node the policy covers, instead of `namespaceBudget`."""
+
+    namespace: str = Field(
+        min_length=1, max_length=63, pattern=NAMESPACE_PATTERN, description="The namespace, e.g. team-a."
+    )
+    max_bytes: Annotated[int | str, WholeBytes("namespaceBudgets[].maxBytes", minimum=0)] = Field(
+        description="Bytes that namespace's copies may take on one node's path (as `du` counts them, with "
+        "copies being written), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 2Ti); 0 allows none.",
+    )
 
 
 class NodeCachePolicySpec(CRDModel):
@@ -78,6 +114,44 @@ class NodeCachePolicySpec(CRDModel):
         description="Percent eviction brings usage (with the new copy) down to, so the next copy does not evict "
         "again at once; below highWatermark. Default 80.",
     )
+    evict_across_namespaces: bool = Field(
+        default=False,
+        description="Whether one namespace's new copy may evict other namespaces' idle copies on the node. Default "
+        "false: a cache evicts only copies of its own namespace, and a copy that does not fit otherwise waits "
+        "(InsufficientStorage) until space is freed. true: any namespace's idle copies are candidates, least "
+        "recently used first, except those in `pinned` (a ModelCache's own storage.nodeLocal.pinned then only "
+        "keeps it from caches of its own namespace).",
+    )
+    namespace_budget: Annotated[int | str, WholeBytes("namespaceBudget", minimum=0)] | None = Field(
+        default=None,
+        description="Bytes each namespace's copies may take on one node's path (what `du` counts, with copies "
+        "being written), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 500Gi); unlimited when omitted (the watermarks "
+        "still apply). A namespace's new copy that would pass it evicts that namespace's own idle copies, and "
+        "ends InsufficientStorage when they are not enough. namespaceBudgets overrides it per namespace.",
+    )
+    namespace_budgets: list[NamespaceBudget] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Per-namespace budgets that replace namespaceBudget for the namespaces listed, e.g. "
+        "[{namespace: team-a, maxBytes: 2Ti}]. A namespace listed twice gets the first entry.",
+    )
+    pinned: list[PinnedCaches] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Caches whose copies are never evicted on the nodes this policy covers, e.g. [{namespace: "
+        "team-a, names: [llama-70b]}]. Only this list protects a copy from other namespaces; a pinned copy still "
+        "counts against its namespace's budget.",
+    )
+
+    def budget_of(self, namespace: str) -> int | None:
+        """The namespace's byte budget on one node, None when unlimited."""
+        for entry in self.namespace_budgets:
+            if entry.namespace == namespace:
+                return parse_bytes(entry.max_bytes, minimum=0)
+        return None if self.namespace_budget is None else parse_bytes(self.namespace_budget, minimum=0)
+
+    def pins(self, namespace: str, name: str) -> bool:
+        return any(p.covers(namespace, name) for p in self.pinned)
 
 
 class NodeCachePolicyStatus(CRDModel):
@@ -99,7 +173,10 @@ CRD = CRDSpec(
         PrinterColumn("Path", ".spec.path"),
         PrinterColumn("High", ".spec.highWatermark", "integer"),
         PrinterColumn("Low", ".spec.lowWatermark", "integer"),
+        PrinterColumn("Namespace Budget", ".spec.namespaceBudget"),
+        PrinterColumn("Across Namespaces", ".spec.evictAcrossNamespaces", "boolean"),
     ),
-    description="The budget NodeLocal model copies share on a node path: high/low watermarks on its filesystem "
-    "and least-recently-used eviction of copies no pod uses.",
+    description="The budget NodeLocal model copies share on a node path: high/low watermarks on its filesystem, "
+    "per-namespace byte budgets, pinned caches, and least-recently-used eviction of copies no pod uses (within "
+    "a namespace unless evictAcrossNamespaces).",
 )

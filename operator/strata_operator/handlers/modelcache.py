@@ -23,6 +23,8 @@ from strata_operator.handlers.modelcache_reconcile import reconcile
 from strata_operator.handlers.process import settings_of
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.status import PHASE_EVICTED
+from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 PLURAL = "modelcaches"
 CLEANUP_ATTEMPTS = 150
@@ -66,6 +68,7 @@ async def modelcache_daemon(
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
         previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime, wake=waker.wake)
+        waker.tags["evicted"] = any(n.get("phase") == PHASE_EVICTED for n in previous.get("nodes") or [])
         return events
 
     await controller.run_daemon(
@@ -99,6 +102,19 @@ async def pod_changed(
     """Only an ended pod carries news (its termination message); a pending pod's scheduling retries do not."""
     if event.get("type") == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
         memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
+
+
+@kopf.on.event("", "v1", "pods", labels={MODEL_CACHE_LABEL: kopf.PRESENT})
+async def consumer_waiting(
+    meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+) -> None:
+    """A consumer pod that has not started wakes its cache when the cache has an evicted copy: the pod may need
+    it back (`resources/modelcache/demand.py`). Caches with every copy in place are not woken."""
+    if status.get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp"):
+        return
+    waker = memory(memo).wakers.get((meta.get("namespace") or "", labels[MODEL_CACHE_LABEL]))
+    if waker is not None and waker.tags.get("evicted"):
+        waker.wake()
 
 
 @kopf.on.event("", "v1", "nodes")

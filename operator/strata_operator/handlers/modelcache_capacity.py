@@ -1,6 +1,7 @@
 """The reads behind a NodeLocal cache's node budgets (`resources/modelcache/capacity.py` decides with them).
 
-Cheap part, every NodeLocal reconcile: this cache's own consumer pods, per node (its copies' lastUsed). The
+Cheap part, every NodeLocal reconcile: this cache's own consumer pods, per node (its copies' lastUsed) and those
+not started yet (an evicted copy they need comes back). The
 rest only when a preload Job is about to be created (the plan's `needs_inputs` round): the NodeCachePolicies,
 every ModelCache (their status says which copies are Ready where) and every pod that opts into a model cache
 (which copies are consumed on which node). A namespaced install cannot list other namespaces: then only the
@@ -13,21 +14,26 @@ from kubernetes.dynamic.exceptions import ApiException, ResourceNotFoundError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
-from strata_operator.resources.modelcache import capacity
+from strata_operator.resources.modelcache import capacity, demand
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 FORBIDDEN = 403
 
 
-def consumers_by_node(owner: CacheRef) -> dict[str, int]:
+def consumer_pods(owner: CacheRef) -> tuple[dict[str, int], list[demand.WaitingPod]]:
+    """This cache's live consumer pods per node (its copies' lastUsed), and those that have not started yet
+    (they may need an evicted copy back)."""
     pods = kube.list_objects("v1", "Pod", namespace=owner.namespace, label_selector=f"{MODEL_CACHE_LABEL}={owner.name}")
     found: dict[str, int] = {}
+    waiting = []
     for pod in pods:
+        if (pending := demand.WaitingPod.from_body(pod)) is not None:
+            waiting.append(pending)
         node = (pod.get("spec") or {}).get("nodeName")
         if node and (pod.get("status") or {}).get("phase") not in capacity.ENDED_POD_PHASES:
             found[node] = found.get(node, 0) + 1
-    return found
+    return found, waiting
 
 
 def gather_capacity(owner: CacheRef) -> capacity.CapacityView:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
-from strata_operator.handlers.modelcache_capacity import consumers_by_node, gather_capacity
+from strata_operator.handlers.modelcache_capacity import consumer_pods, gather_capacity
 from strata_operator.handlers.modelcache_nodes import NodeCache
 from strata_operator.resources.core import Problem, label_selector
 from strata_operator.resources.modelcache import fanout, plan, storage
@@ -71,7 +71,7 @@ def gather(
         if name not in settled and st.job_phase(job) in (st.JOB_SUCCEEDED, st.JOB_FAILED)
     }
     if mode == StorageMode.NODE_LOCAL:
-        observed.consumers_on = consumers_by_node(owner)
+        observed.consumers_on, observed.waiting = consumer_pods(owner)
     if inputs:
         observed.inputs_checked = True
         observed.input_problem = input_problem(owner, spec)

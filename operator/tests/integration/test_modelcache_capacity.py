@@ -114,7 +114,7 @@ def test_candidates_reach_the_job_and_a_reported_eviction_lands_in_status_and_la
     assert given.candidates == [f"{namespace}/{idle}"]
     assert sorted(given.protected) == [
         f"{namespace}/{busy} (in use by 1 pod(s) on this node)",
-        f"{namespace}/{pinned} (pinned)",
+        f"{namespace}/{pinned} (pinned by its cache)",
     ]
     assert (given.policy, given.high_watermark, given.low_watermark) == (policy["name"], 85, 70)
     assert job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [EXIT_INSUFFICIENT_STORAGE]
@@ -207,6 +207,9 @@ def test_a_copy_that_cannot_fit_ends_insufficient_storage_without_retries(
         ({"lowWatermark": -1}, "spec.lowWatermark"),
         ({"path": "/var/lib"}, "spec.path"),
         ({"minFree": "1.5Gi"}, "minFree must be a whole number of bytes"),
+        ({"namespaceBudget": "1.5Gi"}, "namespaceBudget must be a whole number of bytes"),
+        ({"namespaceBudgets": [{"namespace": "a", "maxBytes": "10m"}]}, "maxBytes must be a whole number"),
+        ({"pinned": [{"namespace": "Team_A"}]}, "spec.pinned[0].namespace"),
     ],
 )
 def test_the_api_server_refuses_watermarks_out_of_order_or_range(
@@ -235,4 +238,9 @@ def test_the_sample_policy_is_accepted_with_its_defaults(k8s: DynamicClient, str
         body={"apiVersion": API_VERSION, "kind": "NodeCachePolicy", "metadata": {"name": unique("d")}, "spec": {}},
         dry_run="All",
     )
-    assert defaulted.to_dict()["spec"] == {"highWatermark": 90, "lowWatermark": 80, "path": "/var/lib/strata/models"}
+    assert defaulted.to_dict()["spec"] == {
+        "highWatermark": 90,
+        "lowWatermark": 80,
+        "path": "/var/lib/strata/models",
+        "evictAcrossNamespaces": False,
+    }

@@ -33,7 +33,7 @@ POLICY = capacity.NodePolicy("nvme", NodeCachePolicySpec(nodeSelector={"disk": "
 KEY = names.node_label_key(OWNER.namespace, OWNER.name)
 
 
-def copy_on(name: str, *, node: str = "gpu-a", last_used: str, namespace: str = "team", **facts: Any):
+def copy_on(name: str, *, node: str = "gpu-a", last_used: str, namespace: str = OWNER.namespace, **facts: Any):
     return capacity.CopyOnNode(
         namespace=namespace,
         name=name,
@@ -75,13 +75,16 @@ VIEW = capacity.CapacityView(
 )
 
 
-def test_a_nodes_job_may_evict_other_idle_unpinned_copies_there_least_recently_used_first() -> None:
+def test_a_nodes_job_may_evict_its_namespaces_other_idle_unpinned_copies_there_least_recently_used_first() -> None:
     result = plan(observe(SPEC, nodes=NODES, inputs_checked=True, capacity=VIEW))
     jobs = created_jobs(result)
     given = budget_of(jobs["gpu-a"])
     assert given is not None
-    assert given.candidates == ["team/oldest", "team/newer"]
-    assert given.protected == ["team/busy (in use by 2 pod(s) on this node)", "team/pinned (pinned)"]
+    assert given.candidates == ["serving/oldest", "serving/newer"]
+    assert given.protected == [
+        "serving/busy (in use by 2 pod(s) on this node)",
+        "serving/pinned (pinned by its cache)",
+    ]
     assert (given.policy, given.high_watermark, given.low_watermark, given.root) == ("nvme", 85, 80, "/strata/node")
     rules = jobs["gpu-a"]["spec"]["podFailurePolicy"]["rules"]
     assert rules == [
@@ -115,7 +118,8 @@ def test_a_job_evicting_every_candidate_can_still_report_it() -> None:
     long = [
         copy_on(f"{i:02}" + "m" * 61, namespace="n" * 63, last_used=f"2025-12-{i + 1:02}T00:00:00Z") for i in range(30)
     ]
-    given = capacity.budget(capacity.CapacityView([POLICY], long), OWNER, SPEC, NODES["gpu-a"])
+    across = capacity.NodePolicy("nvme", POLICY.spec.model_copy(update={"evict_across_namespaces": True}))
+    given = capacity.budget(capacity.CapacityView([across], long), OWNER, SPEC, NODES["gpu-a"])
     assert given is not None and 10 <= len(given.candidates) < 30
     report = CapacityReport(
         policy="p" * 253,
@@ -146,7 +150,7 @@ def test_more_candidates_than_a_job_takes_are_cut_to_the_least_recently_used() -
     many += [copy_on(f"n{i:02}", last_used="2025-12-31T00:00:00Z") for i in range(10)]
     given = capacity.budget(capacity.CapacityView([POLICY], many), OWNER, SPEC, NODES["gpu-a"])
     assert given is not None and len(given.candidates) == 32
-    assert given.candidates[:2] == ["team/m00", "team/m01"] and given.candidates[-1] == "team/n01"
+    assert given.candidates[:2] == ["serving/m00", "serving/m01"] and given.candidates[-1] == "serving/n01"
 
 
 def reported(node: str, *, evicted: list[str], succeeded: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:

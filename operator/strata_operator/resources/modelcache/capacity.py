@@ -4,10 +4,13 @@ its result means for the other caches (pure: plain data in, plain data out).
 The split (the README's "Node capacity for NodeLocal copies"): the operator cannot see a node's filesystem, so it
 decides *which* copies may go and in what order, and the Job on the node decides *whether* any must go
 (`strata_loader.eviction`). A copy is offered for eviction only when it is another cache's complete (Ready) copy on
-that node and the same node path, its cache is not pinned (`storage.nodeLocal.pinned`), and no live pod on that node
-consumes it; least recently used first, by the `lastUsed` its cache keeps in status (the last time a consumer was
-seen on the node, or when the copy became Ready). The budget is computed when the Job is created and travels in its
-environment, outside the request hash: another cache being used more recently never causes a new preload.
+that node and the same node path, of the same namespace unless the policy's `evictAcrossNamespaces` allows more,
+not in the policy's `pinned` list (nor `storage.nodeLocal.pinned` by a cache of the same namespace), and no live
+pod on that node consumes it; least recently used first, by the `lastUsed` its cache keeps in status (the last
+time a consumer was seen on the node, or when the copy became Ready). The namespace's byte budget on the node
+(the policy's `namespaceBudget`/`namespaceBudgets`) travels with it and the Job enforces it. The budget is computed
+when the Job is created and travels in its environment, outside the request hash: another cache being used more
+recently never causes a new preload.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 NODE_LABEL_EVICTED = "Evicted"
 """The value of `strata.dev/model.<key>` on a node whose copy was evicted: pods select `=Ready`, so none is placed
-there; the cache keeps the node in status as Evicted until the label is removed (then it fetches again)."""
+there; the cache keeps the node in status as Evicted until a waiting pod needs the copy there (`demand`) or the
+label is removed, and then fetches it again."""
 
 LAST_USED_RESOLUTION = datetime.timedelta(minutes=10)
 """How stale `lastUsed` may get before a consumer seen on the node moves it: finer would rewrite status on every
@@ -157,9 +161,19 @@ def budget(view: CapacityView, owner: CacheRef, spec: ModelCacheSpec, node: Node
         return None
     own = f"{owner.namespace}/{owner.name}"
     here = [c for c in view.copies if c.node == node.name and _clean(c.path) == _clean(path) and c.key != own]
-    evictable = sorted((c for c in here if not c.pinned and not c.consumers), key=lambda c: (c.last_used, c.key))
-    kept = sorted((c for c in here if c.pinned or c.consumers), key=lambda c: c.key)
-    reasons = [f"{c.key} ({_why_kept(c)})" for c in kept]
+    offered, kept, elsewhere = [], [], 0
+    for c in here:
+        why = why_kept(c, owner.namespace, policy)
+        if why is None:
+            offered.append(c)
+        elif c.namespace == owner.namespace:
+            kept.append(f"{c.key} ({why})")
+        else:
+            elsewhere += 1  # other namespaces' cache names are not the tenant's to read in its status
+    reasons = sorted(kept)
+    if elsewhere:
+        rule = "in use or pinned" if policy.spec.evict_across_namespaces else "other namespaces are not evicted"
+        reasons.append(f"{elsewhere} copies of other namespaces ({rule}, NodeCachePolicy {policy.name})")
     if view.partial:
         reasons.append(f"caches not seen: {view.partial}")
     return CapacityRequest(
@@ -168,10 +182,28 @@ def budget(view: CapacityView, owner: CacheRef, spec: ModelCacheSpec, node: Node
         high_watermark=policy.spec.high_watermark,
         low_watermark=policy.spec.low_watermark,
         min_free_bytes=parse_bytes(policy.spec.min_free, minimum=0) if policy.spec.min_free is not None else 0,
-        candidates=_fitting([c.key for c in evictable]),
+        candidates=_fitting([c.key for c in sorted(offered, key=lambda c: (c.last_used, c.key))]),
         protected=reasons[:MAX_PROTECTED],
         protected_more=max(0, len(reasons) - MAX_PROTECTED),
+        namespace_budget_bytes=policy.spec.budget_of(owner.namespace),
     )
+
+
+def why_kept(c: CopyOnNode, namespace: str, policy: NodePolicy) -> str | None:
+    """Why a cache of `namespace` may not evict copy `c` under `policy`; None when it may.
+
+    The rules are the platform team's (the policy): other namespaces only when it allows, never what it pins;
+    a cache's own `pinned` only keeps it from the caches of its own namespace; a copy in use is never evicted."""
+    if c.namespace != namespace and not policy.spec.evict_across_namespaces:
+        return "another namespace"
+    reasons = []
+    if policy.spec.pins(c.namespace, c.name):
+        reasons.append(f"pinned by NodeCachePolicy {policy.name}")
+    elif c.pinned and c.namespace == namespace:
+        reasons.append("pinned by its cache")
+    if c.consumers:
+        reasons.append(f"in use by {c.consumers} pod(s) on this node")
+    return ", ".join(reasons) or None
 
 
 def _fitting(keys: list[str]) -> list[str]:
@@ -184,11 +216,6 @@ def _fitting(keys: list[str]) -> list[str]:
             break
         taken.append(key)
     return taken
-
-
-def _why_kept(c: CopyOnNode) -> str:
-    used = f"in use by {c.consumers} pod(s) on this node" if c.consumers else ""
-    return "pinned" + (f", {used}" if used else "") if c.pinned else used
 
 
 def with_budget(body: Mapping[str, Any], request: CapacityRequest) -> dict[str, Any]:
@@ -244,8 +271,9 @@ def evicted_state(prev: Mapping[str, Any]) -> dict[str, Any]:
     return {
         **kept,
         "phase": st.PHASE_EVICTED,
-        "message": "copy evicted to make room for another cache's copy under the node's NodeCachePolicy; "
-        "remove the node label to fetch it again, or set storage.nodeLocal.pinned",
+        "message": "copy evicted to make room for another copy under the node's NodeCachePolicy; it is fetched "
+        "again when a pod of this cache waits for a node like this one (or remove the node label); to keep it, "
+        "ask the platform team to add it to the policy's pinned list",
     }
 
 

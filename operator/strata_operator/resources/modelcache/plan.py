@@ -25,7 +25,7 @@ from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import Problem
-from strata_operator.resources.modelcache import capacity, fanout, names, storage
+from strata_operator.resources.modelcache import capacity, demand, fanout, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.nodes import NodeInfo
@@ -102,6 +102,8 @@ class Observed:
     """NodeLocal, read with the Job references (`inputs_checked`): node budgets and the other caches' copies."""
     consumers_on: Mapping[str, int] = field(default_factory=dict)
     """NodeLocal: this cache's live consumer pods per node (for each copy's lastUsed)."""
+    waiting: Sequence[demand.WaitingPod] = ()
+    """NodeLocal: this cache's consumer pods that have not started (they may need an evicted copy back)."""
     peers: fanout.PeerObjects = field(default_factory=fanout.PeerObjects)
     """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
 
@@ -136,6 +138,8 @@ class _Planner:
         """NodeLocal: this cache's node label key (its value Evicted marks an evicted copy)."""
         self.build: Callable[[str], Mapping[str, Any]] = lambda node: {}
         """NodeLocal: the preload Job for a node (to start one again after an eviction)."""
+        self.needed_again: dict[str, str] = {}
+        """NodeLocal: evicted node → the waiting pod its copy is fetched again for (`demand`)."""
         self.peer_token_secret: str | None = None
         self.wake_again = False
 
@@ -379,8 +383,9 @@ def node_states(planner: _Planner, role: str, wanted: Mapping[str, NodeInfo], bu
 def _evicted(
     planner: _Planner, node: str, job_name: str, prev: Mapping[str, Any], live: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
-    """An evicted copy's state: Evicted while the node label says so (another cache's Job removed the copy);
-    once the label is removed, the old Job goes so the copy is fetched again. None when not evicted."""
+    """An evicted copy's state: Evicted while the node label says so (another cache's Job removed the copy) and
+    no waiting pod needs it; once one does (`demand`), or the label is removed, the old Job goes so the copy is
+    fetched again (within the node's budget, like any new copy). None when not evicted."""
     key = planner.node_label
     if key is None or prev.get("job") != job_name:
         return None
@@ -390,11 +395,26 @@ def _evicted(
     if prev.get("phase") != st.PHASE_EVICTED:
         return None
     if label == capacity.NODE_LABEL_EVICTED:
-        return dict(prev)
+        pod = planner.needed_again.get(node)
+        if pod is None:
+            return dict(prev)
+        why = f"pod {pod} is waiting and could run on {node}"
+        planner.events.append(("Normal", "CopyNeededAgain", f"fetching the evicted copy on {node} again: {why}"))
+    else:
+        why = "its node label was removed"
     if live is not None:  # its result describes a copy that is gone: a new Job fetches again
         planner.delete_job(job_name, ("Normal", "PreloadAgain", f"Job {job_name}: fetching the evicted copy again"))
-        return {"name": node, "job": job_name, "phase": st.PHASE_PENDING, "message": "fetching the evicted copy again"}
+        return {"name": node, "job": job_name, "phase": st.PHASE_PENDING, "message": f"fetching again: {why}"}
     return _start_node_job(planner, node, planner.build(node), storage.ROLE_PRELOAD)
+
+
+def _needed_again(planner: _Planner, wanted: Mapping[str, NodeInfo]) -> dict[str, str]:
+    """The evicted copies waiting pods need back (`demand`), from the node states this plan starts with."""
+    before = {str(n.get("name")): n for n in planner.observed.previous.get("nodes") or []}
+    gone = (st.PHASE_EVICTED, st.PHASE_FAILED, st.PHASE_INSUFFICIENT_STORAGE)
+    evicted = {n: str(s.get("lastUsed") or "") for n, s in before.items() if s.get("phase") == st.PHASE_EVICTED}
+    having = {n for n in wanted if (before.get(n) or {}).get("phase") not in gone}
+    return demand.needed_again(planner.observed.waiting, wanted, evicted, having)
 
 
 def _capacity_outcome(planner: _Planner, node: str, prev: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -555,6 +575,7 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         owner, spec, wanted, observed.previous, observed.jobs, observed.peers, observed.now, observed.runtime, is_subset
     )
     planner.build = lambda node: fan.builder(node, wanted[node].uid)[1]
+    planner.needed_again = _needed_again(planner, wanted)
     starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
     found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
     waiting = [{"name": n, "phase": fanout.NODE_WAITING, "message": m} for n, m in fan.waiting.items()]
