@@ -21,6 +21,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.settings import Settings
+from strata_testsupport.helm import CHART
 from strata_testsupport.kube import resource, service_account_may, wait_for
 
 
@@ -337,3 +338,55 @@ def test_upgrade_keeps_the_ca_until_near_expiry_and_uninstall_removes_the_webhoo
     finally:
         helm.run("uninstall", release, *base[:4], check=False)
         resource(k8s, "v1", "Namespace").delete(name=namespace)
+
+
+def env_of(objects: list[dict[str, Any]]) -> dict[str, str]:
+    (container,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def test_by_default_the_webhook_is_bounded_and_open_to_any_caller_with_a_warning(helm):
+    objects = rendered(helm)
+    env = env_of(objects)
+    assert env["STRATA_WEBHOOK_MAX_BODY_BYTES"] == "3145728"
+    assert (env["STRATA_WEBHOOK_MAX_CONCURRENT"], env["STRATA_WEBHOOK_MAX_QUEUED"]) == ("8", "24")
+    assert "STRATA_WEBHOOK_CLIENT_CA" not in env
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy"]
+    notes = helm.run("install", "strata", str(CHART), "--dry-run=client", "--namespace", "strata-system").stdout
+    assert "WARNING: the pod admission webhook answers any caller" in notes
+
+
+def test_client_auth_serves_only_the_api_servers_certificate(helm):
+    values = {"webhook": {"clientAuth": {"caConfigMap": "apiserver-webhook-client-ca", "allowedNames": ["a", "b"]}}}
+    objects = rendered(helm, values)
+    env = env_of(objects)
+    assert env["STRATA_WEBHOOK_CLIENT_CA"] == "/etc/strata/webhook-client/ca.crt"
+    assert env["STRATA_WEBHOOK_CLIENT_NAMES"] == "a,b"
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-client-ca")
+    assert volume["configMap"] == {
+        "name": "apiserver-webhook-client-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    settings = Settings.from_env(env).webhook_access
+    assert settings.client_ca == "/etc/strata/webhook-client/ca.crt" and settings.client_names == ("a", "b")
+    refused = helm.template_raw({"webhook": {"clientAuth": {"caConfigMap": "apiserver-webhook-client-ca"}}})
+    assert refused.returncode != 0 and "webhook.clientAuth.allowedNames" in refused.stderr
+
+
+def test_the_network_policy_admits_the_api_servers_addresses_to_the_webhook_port_alone(helm):
+    values = {"webhook": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/28", "fd00::/64"]}}}
+    policy = only(rendered(helm, values), "NetworkPolicy")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"]
+        == (only(rendered(helm, values), "Deployment")["spec"]["selector"]["matchLabels"])
+    )
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook_rule, health_rule = policy["spec"]["ingress"]
+    assert webhook_rule == {
+        "ports": [{"port": "webhook", "protocol": "TCP"}],
+        "from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+    }
+    assert health_rule == {"ports": [{"port": "health", "protocol": "TCP"}]}
+    refused = helm.template_raw({"webhook": {"networkPolicy": {"enabled": True}}})
+    assert refused.returncode != 0 and "webhook.networkPolicy.apiServerCIDRs" in refused.stderr

@@ -6,6 +6,12 @@ operator needs no rights on webhook configurations), the patch is the exact JSON
 computes, and tests can start and stop it apart from the operator. It reads the ModelCache and KVCacheTier a pod
 names at admission time (two GETs), so the gate decision sees the cache as it is now. The certificate files are
 re-read when they change (cert-manager or a rotated Secret), without a restart.
+
+Its answers name a namespace's claims, Secrets, ConfigMaps and pods, read with the operator's cluster-wide rights,
+so only the API server should get them: with a client CA (`WebhookAccess.client_ca`) the TLS handshake needs a
+certificate it signed, and with `client_names` one of those names, before any byte of a request is read. Every
+caller is bounded: the body's size, decisions at once and requests waiting for one (beyond: 413 or 429 at once),
+and a decision makes at most two GETs or one LIST of `LISTED_PODS`.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from strata_operator.resources.serving import (
     WiringRequest,
     build_pod_patch,
 )
-from strata_operator.settings import DEFAULT_WEBHOOK_PORT
+from strata_operator.settings import DEFAULT_WEBHOOK_PORT, WebhookAccess
 
 MUTATE_PODS_PATH = "/mutate-pods"
 VALIDATE_DELETION_PATH = "/validate-deletion"
@@ -40,6 +46,8 @@ FORCE_DELETE_ANNOTATION = "strata.dev/delete-while-in-use"
 """`"true"` on a ModelCache or KVCacheTier lets it be deleted although pods still use it."""
 CONSUMER_LABELS = {"ModelCache": MODEL_CACHE_LABEL, "KVCacheTier": KV_TIER_LABEL}
 SHOWN_CONSUMERS = 5
+LISTED_PODS = 500
+"""A deletion's check reads at most this many of the pods that name the object (one page)."""
 HEALTH_PATH = "/healthz"
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
@@ -58,7 +66,7 @@ def api_lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None
 
 
 def api_list_pods(namespace: str, selector: str) -> list[Mapping[str, Any]]:
-    return list(kube.list_objects("v1", "Pod", namespace=namespace, label_selector=selector))
+    return list(kube.list_objects("v1", "Pod", namespace=namespace, label_selector=selector, limit=LISTED_PODS))
 
 
 def decide_deletion(request: Mapping[str, Any], list_pods: ListPods) -> dict[str, Any]:
@@ -80,8 +88,9 @@ def decide_deletion(request: Mapping[str, Any], list_pods: ListPods) -> dict[str
     if not pods:
         return {"allowed": True}
     shown = ", ".join(sorted(pods)[:SHOWN_CONSUMERS]) + (", ..." if len(pods) > SHOWN_CONSUMERS else "")
+    count = f"{len(pods)} or more" if len(pods) >= LISTED_PODS else str(len(pods))
     return deny(
-        f"{kind} {name} is used by {len(pods)} pod(s) ({shown}): delete them or remove their label {label} "
+        f"{kind} {name} is used by {count} pod(s) ({shown}): delete them or remove their label {label} "
         f"first, or annotate the {kind} {FORCE_DELETE_ANNOTATION}=true to delete it anyway"
     )
 
@@ -125,6 +134,14 @@ def deny(message: str) -> dict[str, Any]:
     return {"allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": f"strata: {message}"}}
 
 
+def certificate_names(peercert: Mapping[str, Any] | None) -> set[str]:
+    """The common names and DNS SANs of a verified peer certificate (`SSLObject.getpeercert()`)."""
+    if not peercert:
+        return set()
+    names = {value for rdn in peercert.get("subject") or () for key, value in rdn if key == "commonName"}
+    return names | {value for kind, value in peercert.get("subjectAltName") or () if kind == "DNS"}
+
+
 @dataclass
 class AdmissionServer:
     """Serves `MUTATE_PODS_PATH` over TLS on `host:port` (port 0 picks a free one; `port` tells it after start)."""
@@ -134,17 +151,32 @@ class AdmissionServer:
     port: int = DEFAULT_WEBHOOK_PORT
     lookup: Lookup = api_lookup
     list_pods: ListPods = api_list_pods
+    access: WebhookAccess = field(default_factory=WebhookAccess)
     requests: int = 0
     """Pod admission requests answered: tests prove with it which pods were sent."""
     deletion_requests: int = 0
+    deciding: int = 0
+    """Decisions running now; `admitted` counts those and the requests waiting for one."""
+    admitted: int = 0
+    _slots: asyncio.Semaphore | None = field(default=None, repr=False)
     _runner: web.AppRunner | None = field(default=None, repr=False)
     _watch: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def start(self) -> None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.access.client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=self.access.client_ca)
+        else:
+            log.warning(
+                "the admission webhook answers any caller that reaches its port (it reads with the operator's "
+                "rights): set STRATA_WEBHOOK_CLIENT_CA (chart: webhook.clientAuth) or restrict the port "
+                "(chart: webhook.networkPolicy)"
+            )
         stamp = self._load(context)
-        app = web.Application()
+        self._slots = asyncio.Semaphore(self.access.max_concurrent)
+        app = web.Application(client_max_size=self.access.max_body_bytes, middlewares=[self._guard])
         app.router.add_post(MUTATE_PODS_PATH, self._review)
         app.router.add_post(VALIDATE_DELETION_PATH, self._review_deletion)
         app.router.add_get(HEALTH_PATH, self._health)
@@ -193,6 +225,30 @@ class AdmissionServer:
     async def _review_deletion(self, request: web.Request) -> web.Response:
         return await self._answer(request, lambda admission: decide_deletion(admission, self.list_pods))
 
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Before any byte of the body is read: the client's name, then room among the requests admitted."""
+        allowed = self.access.client_names
+        if allowed:
+            ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+            names = certificate_names(ssl_object.getpeercert() if ssl_object is not None else None)
+            if not names & set(allowed):
+                log.warning(
+                    "refused a webhook client whose certificate names %s", ", ".join(sorted(names)) or "nothing"
+                )
+                return web.Response(status=403, text="this client certificate is not accepted")
+        if self.admitted >= self.access.max_concurrent + self.access.max_queued:
+            return web.Response(
+                status=429,
+                text=f"busy: {self.admitted} admission requests in progress or waiting "
+                "(STRATA_WEBHOOK_MAX_CONCURRENT, STRATA_WEBHOOK_MAX_QUEUED)",
+            )
+        self.admitted += 1
+        try:
+            return await handler(request)
+        finally:
+            self.admitted -= 1
+
     async def _answer(
         self, request: web.Request, decision: Callable[[Mapping[str, Any]], dict[str, Any]]
     ) -> web.Response:
@@ -205,11 +261,16 @@ class AdmissionServer:
             self.requests += 1
         else:
             self.deletion_requests += 1
-        try:
-            response = await asyncio.to_thread(decision, admission)
-        except Exception as error:  # an API outage: refuse with the reason rather than answer 500
-            log.exception("admission of %s failed", admission.get("name") or "an object")
-            response = deny(f"could not read what the decision needs: {type(error).__name__}: {error}")
+        assert self._slots is not None
+        async with self._slots:
+            self.deciding += 1
+            try:
+                response = await asyncio.to_thread(decision, admission)
+            except Exception as error:  # an API outage: refuse with the reason rather than answer 500
+                log.exception("admission of %s failed", admission.get("name") or "an object")
+                response = deny(f"could not read what the decision needs: {type(error).__name__}: {error}")
+            finally:
+                self.deciding -= 1
         return web.json_response(
             {
                 "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),

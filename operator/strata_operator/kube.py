@@ -112,11 +112,20 @@ def read(api_version: str, kind: str, name: str, namespace: str | None = None) -
 
 
 def list_objects(
-    api_version: str, kind: str, *, namespace: str | None = None, label_selector: str | None = None
+    api_version: str,
+    kind: str,
+    *,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
+    """The objects (with `limit`, only the first page of that many)."""
     handle = resource(api_version, kind)
     response = handle.get(
-        namespace=namespace if handle.namespaced else None, label_selector=label_selector, serialize=False
+        namespace=namespace if handle.namespaced else None,
+        label_selector=label_selector,
+        limit=limit,
+        serialize=False,
     )
     return list(json.loads(response.data).get("items") or [])
 

@@ -15,6 +15,13 @@
   and keeps the `caBundle` of `STRATA_WEBHOOK_CONFIGURATIONS` (`Kind/name,...`) trusting them, for the
   names of `STRATA_WEBHOOK_SERVICE` (`namespace/name`). `STRATA_WEBHOOK_CERT_VALIDITY_DAYS`: the
   certificate's lifetime (365); it is renewed in the last third.
+- `STRATA_WEBHOOK_CLIENT_CA`: a PEM file of the CAs that sign the API server's webhook client certificate. When
+  set, the webhook completes a TLS handshake only with a client that presents a certificate they signed; unset,
+  anyone who reaches its port can ask it (a warning at start). `STRATA_WEBHOOK_CLIENT_NAMES`: comma-separated
+  names (certificate common name or DNS SAN) to accept among those; needed where the CA signs other clients too.
+- `STRATA_WEBHOOK_MAX_BODY_BYTES` (3 MiB), `STRATA_WEBHOOK_MAX_CONCURRENT` (8 decisions at once),
+  `STRATA_WEBHOOK_MAX_QUEUED` (24 waiting for one): the work one caller can make the webhook do; a request beyond
+  them is answered 413 or 429 at once.
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
 - `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made.
 
@@ -45,6 +52,11 @@ WEBHOOK_TLS_SECRET_ENV = "STRATA_WEBHOOK_TLS_SECRET"
 WEBHOOK_SERVICE_ENV = "STRATA_WEBHOOK_SERVICE"
 WEBHOOK_CONFIGURATIONS_ENV = "STRATA_WEBHOOK_CONFIGURATIONS"
 WEBHOOK_CERT_VALIDITY_ENV = "STRATA_WEBHOOK_CERT_VALIDITY_DAYS"
+WEBHOOK_CLIENT_CA_ENV = "STRATA_WEBHOOK_CLIENT_CA"
+WEBHOOK_CLIENT_NAMES_ENV = "STRATA_WEBHOOK_CLIENT_NAMES"
+WEBHOOK_MAX_BODY_ENV = "STRATA_WEBHOOK_MAX_BODY_BYTES"
+WEBHOOK_MAX_CONCURRENT_ENV = "STRATA_WEBHOOK_MAX_CONCURRENT"
+WEBHOOK_MAX_QUEUED_ENV = "STRATA_WEBHOOK_MAX_QUEUED"
 WEBHOOK_CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 POD_ID_ENV = "POD_ID"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -69,6 +81,46 @@ class WebhookTLS:
     service: tuple[str, str]
     configurations: tuple[tuple[str, str], ...]  # kind, name
     validity_days: int = 365
+
+
+@dataclass(frozen=True)
+class WebhookAccess:
+    """Who may call the admission webhook and how much work callers can make it do at once (see `admission`).
+
+    3 MiB is the API server's own limit on a request body, so any object it admits fits; 8 decisions (each at
+    most two GETs or one LIST) and 24 waiting keep a burst of pod creations queued rather than refused, while
+    at most 32 request bodies are held at once."""
+
+    client_ca: str | None = None
+    client_names: tuple[str, ...] = ()
+    max_body_bytes: int = 3 * 1024 * 1024
+    max_concurrent: int = 8
+    max_queued: int = 24
+
+
+def _positive(env: Mapping[str, str], variable: str, default: int) -> int:
+    value = env.get(variable) or str(default)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{variable}={value!r}: give a whole number of at least 1 (default {default})")
+    return int(value)
+
+
+def _webhook_access(env: Mapping[str, str]) -> WebhookAccess:
+    defaults = WebhookAccess()
+    names = tuple(n.strip() for n in (env.get(WEBHOOK_CLIENT_NAMES_ENV) or "").split(",") if n.strip())
+    client_ca = env.get(WEBHOOK_CLIENT_CA_ENV) or None
+    if names and client_ca is None:
+        raise ValueError(
+            f"{WEBHOOK_CLIENT_NAMES_ENV} is set but {WEBHOOK_CLIENT_CA_ENV} is not: names are checked only on "
+            "certificates the client CA signed"
+        )
+    return WebhookAccess(
+        client_ca=client_ca,
+        client_names=names,
+        max_body_bytes=_positive(env, WEBHOOK_MAX_BODY_ENV, defaults.max_body_bytes),
+        max_concurrent=_positive(env, WEBHOOK_MAX_CONCURRENT_ENV, defaults.max_concurrent),
+        max_queued=_positive(env, WEBHOOK_MAX_QUEUED_ENV, defaults.max_queued),
+    )
 
 
 def _namespaced(env: Mapping[str, str], variable: str) -> tuple[str, str]:
@@ -110,6 +162,7 @@ class Settings:
     webhook_cert_dir: str | None = None
     webhook_port: int = DEFAULT_WEBHOOK_PORT
     webhook_tls: WebhookTLS | None = None
+    webhook_access: WebhookAccess = field(default_factory=WebhookAccess)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -134,6 +187,7 @@ class Settings:
             webhook_cert_dir=env.get(WEBHOOK_CERT_DIR_ENV) or None,
             webhook_port=int(port),
             webhook_tls=_webhook_tls(env),
+            webhook_access=_webhook_access(env),
         )
 
     @property

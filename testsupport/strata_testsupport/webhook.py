@@ -2,7 +2,9 @@
 MutatingWebhookConfiguration so that the local kube-apiserver itself calls it over TLS.
 
 The server runs in a thread of the test process (its own event loop), apart from the session's operator, so a
-test can stop it and start it again on the same port. The configuration mirrors the chart's
+test can stop it and start it again on the same port. The session's webhook accepts only the API server: a client
+certificate signed by the local cluster's CA and named `WEBHOOK_CLIENT_NAME` (`api_server_access`), which the
+harness has the API server present to every webhook. The configuration mirrors the chart's
 (`charts/strata/templates/webhook.yaml`): one webhook per opt-in label, chosen by objectSelector.
 """
 
@@ -26,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.dynamic import DynamicClient
 
 from strata_testsupport.kube import resource
+from strata_testsupport.localcluster.pki import WEBHOOK_CLIENT_NAME
 
 CONFIGURATION_NAME = "strata-test-pod-wiring"
 WEBHOOK_TIMEOUT_SECONDS = 5
@@ -70,6 +73,48 @@ def write_webhook_tls(directory: Path) -> bytes:
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return ca.public_bytes(serialization.Encoding.PEM)
+
+
+def write_client_certificates(directory: Path, *names: str) -> Path:
+    """A client CA (`client-ca.crt`, returned) and, per name, `<name>.crt` and `<name>.key` it signed for that name:
+    the identities a webhook's callers present."""
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "strata-webhook-test-client-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        key = ec.generate_private_key(ec.SECP256R1())
+        leaf = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        (directory / f"{name}.crt").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+        (directory / f"{name}.key").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    (directory / "client-ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return directory / "client-ca.crt"
 
 
 def webhook_configuration(name: str, url: str, ca_pem: bytes, timeout: int = WEBHOOK_TIMEOUT_SECONDS) -> dict[str, Any]:
@@ -128,12 +173,21 @@ def deletion_webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[s
     }
 
 
+def api_server_access(control_plane: Any) -> Any:
+    """The `WebhookAccess` that admits the local API server alone (its webhook client certificate)."""
+    from strata_operator.settings import WebhookAccess
+
+    return WebhookAccess(client_ca=str(control_plane.pki["ca_crt"]), client_names=(WEBHOOK_CLIENT_NAME,))
+
+
 @dataclass
 class RunningWebhook:
     """Strata's AdmissionServer on 127.0.0.1 in a thread; `stop()` and `start()` keep the port."""
 
     cert_dir: Path
     port: int = 0
+    access: Any = None
+    """A `WebhookAccess`; None: the server's default (any caller)."""
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _thread: threading.Thread | None = None
     _server: Any = None
@@ -154,14 +208,20 @@ class RunningWebhook:
     def requests(self) -> int:
         return int(self._server.requests) if self._server is not None else 0
 
+    @property
+    def deletion_requests(self) -> int:
+        return int(self._server.deletion_requests) if self._server is not None else 0
+
     def start(self) -> None:
         from strata_operator.admission import AdmissionServer
 
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name="strata-webhook", daemon=True)
             self._thread.start()
-        previous = (self.requests, self._server.deletion_requests if self._server is not None else 0)
+        previous = (self.requests, self.deletion_requests)
         server = AdmissionServer(self.cert_dir, host="127.0.0.1", port=self.port)
+        if self.access is not None:
+            server.access = self.access
         asyncio.run_coroutine_threadsafe(server.start(), self._loop).result(timeout=30)
         server.requests, server.deletion_requests = previous
         self.port, self._server = server.port, server
@@ -178,11 +238,13 @@ class RunningWebhook:
 
 
 @pytest.fixture(scope="session")
-def pod_webhook(k8s: DynamicClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningWebhook]:
-    """The webhook serving and registered with the API server for the whole session; removed at the end."""
+def pod_webhook(
+    control_plane: Any, k8s: DynamicClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningWebhook]:
+    """The webhook serving the API server alone, registered with it for the whole session; removed at the end."""
     cert_dir = tmp_path_factory.mktemp("webhook-tls")
     ca = write_webhook_tls(cert_dir)
-    running = RunningWebhook(cert_dir)
+    running = RunningWebhook(cert_dir, access=api_server_access(control_plane))
     running.start()
     configurations = resource(k8s, "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
     configurations.create(body=webhook_configuration(CONFIGURATION_NAME, running.url, ca))

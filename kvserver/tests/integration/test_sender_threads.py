@@ -4,8 +4,11 @@ reply alone stays on the loop; a client that stops reading holds no thread; a cl
 gives its connection and descriptors back.
 
 Each test keeps one large reply going out to a client that does not read (`_stalled`), so that the next ones take
-the threads."""
+the threads. The count of replies sent from threads is read on the connection that received them, after them: a
+connection's next command runs only once its previous reply is counted, while another connection's may be answered
+between a thread's last byte and the count (which is what made these counts flaky)."""
 
+import json
 import os
 import socket
 import time
@@ -66,8 +69,23 @@ def _stalled(server, key: str = "stall", size: int = BIG) -> Iterator[tuple[sock
         s.close()
 
 
-def _sender_replies(server) -> int:
-    return int(server.client().stats()["sender_replies"])
+def _sender_replies(r: redis.Redis) -> int:
+    """The server's count of replies sent from threads, asked on `r`'s connection (see the module's docstring)."""
+    return int(json.loads(r.execute_command("STRATA.STATS"))["sender_replies"])
+
+
+def _stats_on(s: socket.socket) -> dict:
+    """STRATA.STATS on a raw connection, after the replies it has read (see the module's docstring)."""
+    s.sendall(b"*1\r\n$12\r\nSTRATA.STATS\r\n")
+    header = b""
+    while not header.endswith(b"\r\n"):
+        header += _read_exactly(s, 1)
+    assert header.startswith(b"$"), header
+    return dict(json.loads(_read_exactly(s, int(header[1:-2]) + 2)[:-2]))
+
+
+def _one_connection(server, **kwargs) -> redis.Redis:
+    return server.redis(single_connection_client=True, **kwargs)
 
 
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
@@ -76,36 +94,36 @@ def test_large_replies_are_byte_exact_and_in_order_among_small_ones(kv_server_fa
     if event_loop == "uvloop":
         pytest.importorskip("uvloop")
     server = _server(kv_server_factory, event_loop=event_loop)
-    unix = redis.Redis(unix_socket_path=server.unix_socket, socket_timeout=30)
-    r = server.redis() if transport == "tcp" else unix
+    unix = redis.Redis(unix_socket_path=server.unix_socket, socket_timeout=30, single_connection_client=True)
+    r = _one_connection(server) if transport == "tcp" else unix
     values = [os.urandom(size) for size in SIZES]
     for i, value in enumerate(values):
         r.set(f"big{i}", value)
     assert r.get("big1") == values[1]
-    assert _sender_replies(server) == 0, "one large reply alone is the loop's"
+    assert _sender_replies(r) == 0, "one large reply alone is the loop's"
     small = {f"s{i}": os.urandom(100) for i in range(600)}
     r.mset(small)
     with _stalled(server):
         pipe = r.pipeline(transaction=False)  # one read of requests, one stream of replies: any overtaking shows
         pipe.get("s0").get("big0").get("s1").get("big1").get("big2")
         pipe.mget([*small, "big3"])  # 602 parts in one reply, more than one sendmsg takes
-        pipe.get("big3").ping()
+        pipe.get("big3").ping().execute_command("STRATA.STATS")  # the count, after the replies it counts
         got = pipe.execute()
         assert got[:5] == [small["s0"], values[0], small["s1"], values[1], values[2]]
         assert got[5] == [*small.values(), values[3]]
-        assert got[6:] == [values[3], True]
-        assert _sender_replies(server) == 5
+        assert got[6:8] == [values[3], True]
+        assert json.loads(got[8])["sender_replies"] == 5
 
 
 def test_with_no_sender_threads_the_loop_sends_every_large_reply(kv_server_factory) -> None:
     server = _server(kv_server_factory, threads=0)
-    r = server.redis()
+    r = _one_connection(server)
     values = [os.urandom(size) for size in SIZES]
     for i, value in enumerate(values):
         r.set(f"big{i}", value)
     with _stalled(server):
         assert r.mget([f"big{i}" for i in range(len(values))]) == values
-    assert _sender_replies(server) == 0
+    assert _sender_replies(r) == 0
 
 
 def _nice(pid: int, tid: int) -> int:
@@ -120,14 +138,14 @@ def test_sender_threads_run_below_the_loops_priority(kv_server_factory) -> None:
     server = _server(kv_server_factory, threads=2)
     assert server.process is not None
     pid = server.process.pid
-    r = server.redis()
+    r = _one_connection(server)
     value = os.urandom(4 * MiB)
     r.set("big", value)
     before = {t.id for t in psutil.Process(pid).threads()}
     with _stalled(server):
         for _ in range(3):
             assert r.get("big") == value
-    assert _sender_replies(server) == 3
+        assert _sender_replies(r) == 3, "every reply while the stalled one went out was sent from a thread"
     senders = {t.id for t in psutil.Process(pid).threads()} - before
     assert senders, "the replies were sent from threads started for them"
     assert _nice(pid, pid) == 0
@@ -148,19 +166,19 @@ def test_a_client_that_stops_reading_holds_no_sender_thread(kv_server_factory) -
     """With one sender thread, a client that stops reading a 32 MiB reply sent from it does not hold up the next
     large replies: a full socket is waited for on the loop, not on the thread. It then gets every byte."""
     server = _server(kv_server_factory, threads=1)
-    r = server.redis()
+    r = _one_connection(server)
     slow_value, value = os.urandom(32 * MiB), os.urandom(8 * MiB)
     r.set("slow", slow_value)
     r.set("fast", value)
     with _stalled(server), _stalled(server, "slow", len(slow_value)) as (slow, head):
-        before = _sender_replies(server)
+        before = _sender_replies(r)
         for _ in range(10):
             assert r.get("fast") == value
             assert r.ping()
-        assert _sender_replies(server) == before + 10
+        assert _sender_replies(r) == before + 10
         rest = _read_exactly(slow, len(_bulk_reply(slow_value)) - len(head), pause=0.0005)
         assert head + rest == _bulk_reply(slow_value)
-    assert _sender_replies(server) == before + 11
+        assert _stats_on(slow)["sender_replies"] == before + 11, "the slow reply, too, went from a thread"
 
 
 def test_a_client_gone_mid_reply_gives_its_connection_back(kv_server_factory) -> None:

@@ -61,7 +61,7 @@ async def start_webhook(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         except (ApiException, webhook_tls.SecretMissing) as error:
             raise kopf.TemporaryError(f"webhook certificate not ready: {error}", delay=10) from error
         memory(memo).keeping_tls = asyncio.create_task(keep_tls(process.webhook_tls, cert_dir))
-    server = AdmissionServer(cert_dir, port=process.webhook_port)
+    server = AdmissionServer(cert_dir, port=process.webhook_port, access=process.webhook_access)
     await server.start()
     memory(memo).server = server
 

@@ -87,6 +87,22 @@ def test_settings_reject_an_unknown_pull_policy() -> None:
 OPERATOR_PACKAGE = Path(cli.__file__).parent
 
 
+def test_webhook_access_defaults_and_checks() -> None:
+    default = settings.Settings.from_env({}).webhook_access
+    assert default == settings.WebhookAccess(None, (), 3 * 1024 * 1024, 8, 24)
+    env = {
+        settings.WEBHOOK_CLIENT_CA_ENV: "/etc/strata/webhook-client/ca.crt",
+        settings.WEBHOOK_CLIENT_NAMES_ENV: "kube-apiserver-webhook-client, other",
+        settings.WEBHOOK_MAX_CONCURRENT_ENV: "4",
+    }
+    access = settings.Settings.from_env(env).webhook_access
+    assert access.client_names == ("kube-apiserver-webhook-client", "other") and access.max_concurrent == 4
+    with pytest.raises(ValueError, match="STRATA_WEBHOOK_CLIENT_CA is not"):
+        settings.Settings.from_env({settings.WEBHOOK_CLIENT_NAMES_ENV: "kube-apiserver"})
+    with pytest.raises(ValueError, match="STRATA_WEBHOOK_MAX_QUEUED='0'"):
+        settings.Settings.from_env({settings.WEBHOOK_MAX_QUEUED_ENV: "0"})
+
+
 def test_only_the_settings_module_reads_the_environment() -> None:
     readers = {
         path.relative_to(OPERATOR_PACKAGE)

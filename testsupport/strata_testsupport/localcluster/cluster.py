@@ -72,6 +72,7 @@ class LocalCluster(Started):
     def start(self) -> None:
         self.pki = write_pki(self.workdir, self.address)
         self._write_kubeconfig()
+        self._write_admission_config()
         self._start_etcd()
         self._start_apiserver()
         if self.want_controller_manager:
@@ -125,6 +126,8 @@ class LocalCluster(Started):
                 f"--tls-cert-file={self.pki['server_crt']}",
                 f"--tls-private-key-file={self.pki['server_key']}",
                 f"--client-ca-file={self.pki['ca_crt']}",
+                # The client certificate the API server presents to admission webhooks.
+                f"--admission-control-config-file={self.workdir / 'admission.yaml'}",
                 # Logs and exec on a real node's kubelet (which authorizes the admin identity).
                 f"--kubelet-client-certificate={self.pki['admin_crt']}",
                 f"--kubelet-client-key={self.pki['admin_key']}",
@@ -220,6 +223,32 @@ class LocalCluster(Started):
         return self._api_ok("/api/v1/namespaces/default/serviceaccounts/default")
 
     # -- client configuration --------------------------------------------------------------------------------
+    def _write_admission_config(self) -> None:
+        """The API server calls every admission webhook (user `*`: any host) with the `webhook_client_*` pair,
+        as a cluster that authenticates itself to webhooks does (`WEBHOOK_CLIENT_NAME`, signed by the CA)."""
+        webhooks_kubeconfig = self.workdir / "admission-webhooks.kubeconfig"
+        user = {
+            "client-certificate": str(self.pki["webhook_client_crt"]),
+            "client-key": str(self.pki["webhook_client_key"]),
+        }
+        webhooks_kubeconfig.write_text(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": user}]})
+        )
+        webhook_config = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(webhooks_kubeconfig),
+        }
+        plugins = [
+            {"name": plugin, "configuration": webhook_config}
+            for plugin in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")
+        ]
+        (self.workdir / "admission.yaml").write_text(
+            yaml.safe_dump(
+                {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": plugins}
+            )
+        )
+
     def _write_kubeconfig(self) -> None:
         config = {
             "apiVersion": "v1",

@@ -1,4 +1,5 @@
-"""Certificates and keys for a throwaway control plane: one CA, a serving cert, a service-account key."""
+"""Certificates and keys for a throwaway control plane: one CA, a serving cert, client certs (the admin's, and the
+one the API server presents to admission webhooks), a service-account key."""
 
 from __future__ import annotations
 
@@ -20,6 +21,31 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+WEBHOOK_CLIENT_NAME = "strata-local-apiserver-webhook-client"
+"""The API server's identity towards admission webhooks (a webhook accepts this name among the CA's clients)."""
+
+
+def _client_cert(
+    subject: x509.Name,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    validity: tuple[datetime.datetime, datetime.datetime],
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert, key
 
 
 def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
@@ -61,25 +87,14 @@ def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    admin_key = ec.generate_private_key(ec.SECP256R1())
-    admin_cert = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, "strata-admin"),
-                ]
-            )
-        )
-        .issuer_name(ca_cert.subject)
-        .public_key(admin_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    admin = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "strata-admin"),
+        ]
     )
+    admin_cert, admin_key = _client_cert(admin, ca_cert, ca_key, validity)
+    webhook_client_cert, webhook_client_key = _client_cert(_name(WEBHOOK_CLIENT_NAME), ca_cert, ca_key, validity)
     sa_key = ec.generate_private_key(ec.SECP256R1())
 
     files = {
@@ -89,6 +104,11 @@ def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
         "server_key": (directory / "server.key", _key_pem(server_key)),
         "admin_crt": (directory / "admin.crt", admin_cert.public_bytes(serialization.Encoding.PEM)),
         "admin_key": (directory / "admin.key", _key_pem(admin_key)),
+        "webhook_client_crt": (
+            directory / "webhook-client.crt",
+            webhook_client_cert.public_bytes(serialization.Encoding.PEM),
+        ),
+        "webhook_client_key": (directory / "webhook-client.key", _key_pem(webhook_client_key)),
         "sa_key": (directory / "sa.key", _key_pem(sa_key)),
         "sa_pub": (
             directory / "sa.pub",
