@@ -79,6 +79,10 @@ NON_ZERO_PATTERN = "[1-9]"
 """A size matching BYTE_SIZE_PATTERN is above 0 exactly when one of its digits is (suffixes have none)."""
 
 
+BYTE_SIZE_MAX_LENGTH = 32
+"""Characters of a byte size written as a string: more than any size up to 2**64 with its suffix."""
+
+
 @dataclass(frozen=True)
 class WholeBytes:
     """Marks a spec field as a byte size: `Annotated[str, WholeBytes("l1.size")]`, or `int | str` for
@@ -100,6 +104,8 @@ class WholeBytes:
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
         json_schema = dict(handler(schema))
         json_schema["pattern"] = BYTE_SIZE_PATTERN
+        # Bounds the CEL rules' cost (the API server refuses a CRD whose estimate has no bound, as in a list).
+        json_schema["maxLength"] = BYTE_SIZE_MAX_LENGTH
         json_schema["x-kubernetes-validations"] = self.rules(int_or_string="anyOf" in json_schema)
         return json_schema
 
