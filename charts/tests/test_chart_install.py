@@ -449,7 +449,12 @@ def test_two_replicas_leave_exactly_one_active(k8s, control_plane, helm, tmp_pat
                 return {"replica-a", "replica-b"} <= set(status)
 
             wait_for(both_joined, timeout=30, what="both replicas in the KopfPeering")
-            time.sleep(3)  # each replica reacts to the other's keep-alive
+            # The replica with the lower priority says when it stands by; only then is exactly one active.
+            wait_for(
+                lambda: [op for op in (first, second) if "Pausing operations in favour of" in op.output()],
+                timeout=60,
+                what="one replica standing by",
+            )
             tier = {"apiVersion": "strata.dev/v1alpha1", "kind": "KVCacheTier", "metadata": {"name": "ha-kv"}}
             tiers = resource(k8s, "strata.dev/v1alpha1", "KVCacheTier")
             tiers.create(body={**tier, "spec": {}}, namespace=namespace)

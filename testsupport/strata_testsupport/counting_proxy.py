@@ -3,7 +3,11 @@
 It forwards bytes unchanged both ways and reads the requests as they pass (HTTP/1.1, kept-alive connections
 included): `range_bytes` sums the lengths of the `Range: bytes=a-b` headers of GETs, `response_bytes` counts
 every byte the origin sent back (bodies, headers, listings). Tests and benchmarks use it to show how often the
-origin was read; it adds no behaviour of its own.
+origin was read; it adds no behaviour of its own, except a gate when asked for one.
+
+The gate (`hold_ranges_after=N`) forwards the first N ranged GETs and holds every later request on its
+connection until `release()`: a copy then stops at a point the test chose, however fast or slow this machine
+runs, and `holding` says it got there (a test interrupting a copy waits for it instead of racing the copy).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import subprocess
 import threading
+import time
 from collections import Counter
 
 _RANGE = re.compile(rb"^range:\s*bytes=(\d+)-(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -21,9 +27,18 @@ _LENGTH = re.compile(rb"^content-length:\s*(\d+)\s*$", re.IGNORECASE | re.MULTIL
 class CountingProxy:
     """Listens on 127.0.0.1 (a free port) and forwards to `upstream_port` on 127.0.0.1."""
 
-    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream_port: int, upstream_host: str = "127.0.0.1", hold_ranges_after: int | None = None
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self._lock = threading.Lock()
+        self.hold_ranges_after = hold_ranges_after
+        self.holding = threading.Event()
+        """Set once a request was held at the gate."""
+        self._released = threading.Event()
+        if hold_ranges_after is None:
+            self._released.set()
+        self.ranged_gets = 0
         self.range_bytes = 0
         self.response_bytes = 0
         self.gets = 0
@@ -39,10 +54,25 @@ class CountingProxy:
 
     def reset(self) -> None:
         with self._lock:
-            self.range_bytes = self.response_bytes = self.gets = self.unranged_gets = 0
+            self.range_bytes = self.response_bytes = self.gets = self.unranged_gets = self.ranged_gets = 0
             self.range_bytes_by_path.clear()
 
+    def wait_until_holding(self, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+        """Until the gate holds a request of `process` (its client); fails if the process ends first. The
+        timeout only bounds a hang: reaching the gate is certain while the process runs."""
+        deadline = time.monotonic() + timeout
+        while not self.holding.wait(0.05):
+            if process.poll() is not None:
+                raise AssertionError(f"the client ended ({process.returncode}) before the gate held a request")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no request reached the gate in {timeout:.0f} s")
+
+    def release(self) -> None:
+        """Open the gate: held requests go on to the origin, and so does every later one."""
+        self._released.set()
+
     def close(self) -> None:
+        self.release()  # no thread stays parked at the gate
         with contextlib.suppress(OSError):
             self._srv.close()
 
@@ -70,13 +100,14 @@ class CountingProxy:
         self._requests(client, up)
 
     def _requests(self, src: socket.socket, dst: socket.socket) -> None:
-        """Forward requests, reading each header block (and skipping over a body of Content-Length bytes)."""
+        """Forward requests, reading each header block (and skipping over a body of Content-Length bytes); a
+        chunk that holds a request past the gate waits for `release()` before it goes on."""
         pending = b""
         body_left = 0
         try:
             while chunk := src.recv(1 << 16):
-                dst.sendall(chunk)
                 pending += chunk
+                gated = False
                 while True:
                     if body_left:
                         skip = min(body_left, len(pending))
@@ -86,19 +117,24 @@ class CountingProxy:
                     head, sep, rest = pending.partition(b"\r\n\r\n")
                     if not sep:
                         break
-                    self._count_request(head)
+                    gated = self._count_request(head) or gated
                     m = _LENGTH.search(head)
                     body_left = int(m.group(1)) if m else 0
                     pending = rest
+                if gated and not self._released.is_set():
+                    self.holding.set()
+                    self._released.wait()
+                dst.sendall(chunk)
         except OSError:
             pass
         finally:
             _close_both(src, dst)
 
-    def _count_request(self, head: bytes) -> None:
+    def _count_request(self, head: bytes) -> bool:
+        """Count one request; True when the gate must hold it (a ranged GET past `hold_ranges_after`)."""
         line = head.split(b"\r\n", 1)[0].split(b" ")
         if len(line) < 2 or line[0] != b"GET":
-            return
+            return False
         path = line[1].split(b"?", 1)[0].decode(errors="replace")
         m = _RANGE.search(head)
         with self._lock:
@@ -107,8 +143,11 @@ class CountingProxy:
                 n = int(m.group(2)) - int(m.group(1)) + 1
                 self.range_bytes += n
                 self.range_bytes_by_path[path] += n
-            elif "/" in path.strip("/"):  # an object, not a bucket listing
+                self.ranged_gets += 1
+                return self.hold_ranges_after is not None and self.ranged_gets > self.hold_ranges_after
+            if "/" in path.strip("/"):  # an object, not a bucket listing
                 self.unranged_gets += 1
+        return False
 
     def _responses(self, src: socket.socket, dst: socket.socket) -> None:
         try:

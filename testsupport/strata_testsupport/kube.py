@@ -112,3 +112,25 @@ def service_account_may(
         }
     )
     return bool(review.status.allowed)
+
+
+def delete_and_collect(
+    client: DynamicClient, api_version: str, kind: str, name: str, namespace: str | None, timeout: float = 90
+) -> None:
+    """Delete an owner in the foreground and wait until it is gone.
+
+    The garbage collector removes an owner deleted this way only after it has deleted every dependent whose
+    ownerReference blocks owner deletion (Strata sets `blockOwnerDeletion` on all of its own), checking each
+    against the live object. So the owner's absence is the positive signal that the collector has judged its
+    dependents: a test that something outlived its former owner checks after it, never after a sleep.
+    """
+    resource(client, api_version, kind).delete(
+        name=name,
+        namespace=namespace,
+        body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"},
+    )
+    wait_for(
+        lambda: get_or_none(client, api_version, kind, name, namespace) is None,
+        timeout=timeout,
+        what=f"{kind} {name} deleted in the foreground",
+    )

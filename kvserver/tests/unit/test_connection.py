@@ -18,6 +18,7 @@ import pytest
 from strata_kv import resp
 from strata_kv.config import KVServerConfig
 from strata_kv.server import _SEND_CHUNK, _SEND_VIEWS, KVServer, RespConnection, _advance, _take, usable_cpus
+from strata_kv.state import IDLE_TIMEOUT
 
 MiB = 1024 * 1024
 
@@ -107,6 +108,31 @@ def no_cyclic_gc() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+async def test_each_request_restarts_the_idle_clock() -> None:
+    """The reaper's verdict at given instants (`expired(now)` takes the clock as an argument): idle only once a
+    whole `idle_timeout_seconds` passed since the last request was answered, whenever the sweep happens to run.
+    The real server's reaper, sockets and metric are in the integration tests (test_hardening)."""
+    server = make_server(limits={"idle_timeout_seconds": 1.5})
+    conn, transport = open_connection(server)
+    receive(conn, resp.command("PING"))
+    await turns()
+    assert transport.written == resp.PONG
+    first = conn.last_active
+    assert conn.expired(first + 1.4) is None
+    assert conn.expired(first + 1.6) == IDLE_TIMEOUT
+    await asyncio.sleep(0.2)  # the next request comes at least 0.2 s later (more under load: the same verdicts)
+    receive(conn, resp.command("PING"))
+    await turns()
+    assert transport.written == resp.PONG * 2
+    second = conn.last_active
+    assert second >= first + 0.2
+    assert conn.expired(first + 1.6) is None, "the second request must restart the clock"
+    assert conn.expired(second + 1.4) is None
+    assert conn.expired(second + 1.6) == IDLE_TIMEOUT
+    transport.close()
+    await turns()
 
 
 @pytest.mark.usefixtures("no_cyclic_gc")

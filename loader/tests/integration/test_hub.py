@@ -13,8 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from safetensors.torch import save
 from strata_loader.catalog import SourceError, list_source
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, FetchResult, VerifyMode
 from strata_loader.fetch import FetchError, fetch
+from strata_testsupport.counting_proxy import CountingProxy
 from strata_testsupport.hub import HubServer
 
 pytestmark = pytest.mark.integration
@@ -167,17 +168,22 @@ def test_killed_fetch_resumes_where_it_stopped_and_verifies(hub_env, tmp_path):
         source=f"hf://{repo}", dest=str(tmp_path / "d"), block_size="64Ki", concurrency=1, verify=VerifyMode.CHECKSUMS
     ).to_args()
     env = {**os.environ, "STRATA_PROGRESS": "none"}
-    proc = subprocess.Popen([sys.executable, "-m", "strata_loader", *args], env=env)
     marker = tmp_path / "d" / "model.safetensors.strata-partial.progress"
-    deadline = time.monotonic() + 120
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), "the copy finished before it could be interrupted"
+    # The copy reaches the origin through a gate that lets 8 blocks through and holds the next one: it is
+    # killed exactly there, whatever the speed of this machine, and resumes from the last checkpoint (every
+    # CHECKPOINT_BLOCKS = 4 blocks, so at block 8).
+    with CountingProxy(urlsplit(os.environ["HF_ENDPOINT"]).port or 80, hold_ranges_after=8) as gate:
+        env["HF_ENDPOINT"] = gate.endpoint_url
+        proc = subprocess.Popen([sys.executable, "-m", "strata_loader", *args], env=env)
+        try:
+            gate.wait_until_holding(proc)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert marker.exists()
     assert not (tmp_path / "d" / MANIFEST_NAME).exists()
     res = fetch(FetchRequest.parse_args(args), progress_mode="none")
-    assert 0 < res.bytes_resumed < len(data)
+    assert res.bytes_resumed == 8 * 64 * 1024
     assert res.revision == sha
     assert (tmp_path / "d" / "model.safetensors").read_bytes() == data
     assert res.checksums["model.safetensors"] == "sha256:" + hashlib.sha256(data).hexdigest()

@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import strata_loader
@@ -18,6 +18,7 @@ from safetensors.torch import save
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode
 from strata_loader.fetch import fetch
 from strata_loader.s3 import S3Error, S3Reader
+from strata_testsupport.counting_proxy import CountingProxy
 
 from .faulty_proxy import FaultyProxy
 
@@ -173,22 +174,27 @@ def test_endless_resets_end_in_a_clear_error(model_bucket, s3_env, monkeypatch):
 
 def test_killed_fetch_resumes_where_it_stopped(s3_env, tmp_path):
     bucket = s3_env.create_bucket()
-    data = os.urandom(96 * 2**20)
+    data = os.urandom(24 * 2**20)
     s3_env.client().put_object(Bucket=bucket, Key="big/model.bin", Body=data)
     args = FetchRequest(
         source=f"s3://{bucket}/big", dest=str(tmp_path / "d"), block_size="1Mi", concurrency=1
     ).to_args()
     env = {**os.environ, **s3_env.env(), "STRATA_PROGRESS": "none"}
-    proc = subprocess.Popen([sys.executable, "-m", "strata_loader", *args], env=env)
     marker = tmp_path / "d" / "model.bin.strata-partial.progress"
-    deadline = time.monotonic() + 120
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), "the copy finished before it could be interrupted"
+    # The copy reaches the origin through a gate that lets 8 blocks through and holds the next one: it is
+    # killed exactly there, whatever the speed of this machine, and resumes from the last checkpoint (every
+    # CHECKPOINT_BLOCKS = 4 blocks, so at block 8).
+    with CountingProxy(urlsplit(os.environ["AWS_ENDPOINT_URL"]).port or 80, hold_ranges_after=8) as gate:
+        env["AWS_ENDPOINT_URL"] = gate.endpoint_url
+        proc = subprocess.Popen([sys.executable, "-m", "strata_loader", *args], env=env)
+        try:
+            gate.wait_until_holding(proc)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert marker.exists()
     assert not (tmp_path / "d" / MANIFEST_NAME).exists()
     res = fetch(FetchRequest.parse_args(args), progress_mode="none")
-    assert 0 < res.bytes_resumed < len(data)
+    assert res.bytes_resumed == 8 * 2**20
     assert (tmp_path / "d" / "model.bin").read_bytes() == data
     assert not marker.exists() and not Path(str(marker).removesuffix(".progress")).exists()

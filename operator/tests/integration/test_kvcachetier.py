@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,14 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from strata_operator.handlers import kvcachetier_reconcile as reconciler
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION
-from strata_testsupport.kube import create_fake_node, delete_quietly, get_or_none, resource, wait_for
+from strata_testsupport.kube import (
+    create_fake_node,
+    delete_and_collect,
+    delete_quietly,
+    get_or_none,
+    resource,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -363,10 +369,9 @@ def test_a_users_config_map_under_a_childs_name_is_never_taken_over(
     live = config_maps.get(name="kv-config", namespace=namespace).to_dict()
     assert live["data"] == {"mine": "yes"} and not live["metadata"].get("ownerReferences")
     assert daemonset(k8s, namespace, "kv") is None
-    resource(k8s, API, KIND).delete(name="kv", namespace=namespace)
-    wait_for(lambda: get_or_none(k8s, API, KIND, "kv", namespace) is None, timeout=30, what="tier gone")
-    time.sleep(2)  # give the garbage collector its chance
-    assert get_or_none(k8s, "v1", "ConfigMap", "kv-config", namespace) is not None
+    delete_and_collect(k8s, API, KIND, "kv", namespace)  # the garbage collector is done with the tier's dependents
+    mine_now = get_or_none(k8s, "v1", "ConfigMap", "kv-config", namespace)
+    assert mine_now is not None and mine_now.metadata.deletionTimestamp is None
 
 
 def test_l1_larger_than_every_selected_node_is_reported(

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
 from strata_operator.api import API_VERSION
-from strata_testsupport.kube import get_or_none, resource, wait_for
+from strata_testsupport.kube import delete_and_collect, get_or_none, resource, wait_for
 
 from .test_modelcache_support import (
+    ReconcilePasses,
     cache_jobs,
     condition,
     create_cache,
@@ -104,20 +104,29 @@ def test_a_deleted_claim_is_recreated_and_refilled(k8s: DynamicClient, operator:
     assert status["phase"] == "Preloading"
 
 
-def test_nothing_is_written_when_nothing_changed(k8s: DynamicClient, operator: Any, namespace: str) -> None:
+def test_nothing_is_written_when_nothing_changed(
+    k8s: DynamicClient, operator: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name, status = ready_cache(k8s, namespace, shared_spec())
     caches = resource(k8s, API_VERSION, "ModelCache")
     before = caches.get(name=name, namespace=namespace).metadata.resourceVersion
     claim_before = resource(k8s, "v1", "PersistentVolumeClaim").get(name=f"{name}-model", namespace=namespace)
     events_before = len(events_for(k8s, namespace, name))
+    jobs = resource(k8s, "batch/v1", "Job")
+
+    def touched() -> bool:
+        annotations = jobs.get(name=status["job"], namespace=namespace).metadata.annotations or {}
+        return annotations.get("touched") == "yes"
+
+    passes = ReconcilePasses(monkeypatch, namespace, name, visible=touched)
     # Touching a child wakes the reconcile; it must find nothing to do.
-    resource(k8s, "batch/v1", "Job").patch(
+    jobs.patch(
         name=status["job"],
         namespace=namespace,
         body={"metadata": {"annotations": {"touched": "yes"}}},
         content_type="application/merge-patch+json",
     )
-    time.sleep(3)
+    assert passes.wait() == []  # a pass that read the touched Job has finished, and posted no Event
     assert caches.get(name=name, namespace=namespace).metadata.resourceVersion == before
     claim_after = resource(k8s, "v1", "PersistentVolumeClaim").get(name=f"{name}-model", namespace=namespace)
     assert claim_after.metadata.resourceVersion == claim_before.metadata.resourceVersion
@@ -175,9 +184,7 @@ def test_retain_policy_keeps_the_claim(k8s: DynamicClient, operator: Any, namesp
         lambda: not claims.get(name=f"{name}-model", namespace=namespace).metadata.ownerReferences,
         what="the claim released from the cache",
     )
-    caches.delete(name=name, namespace=namespace)
-    wait_for(lambda: get_or_none(k8s, API_VERSION, "ModelCache", name, namespace) is None, what="deleted")
-    time.sleep(2)  # the garbage collector had its chance
+    delete_and_collect(k8s, API_VERSION, "ModelCache", name, namespace)  # the garbage collector is done with it
     assert claims.get(name=f"{name}-model", namespace=namespace).metadata.deletionTimestamp is None
 
 
@@ -224,7 +231,6 @@ def test_a_users_claim_under_the_default_name_is_never_taken_over(
     assert not claim["metadata"].get("ownerReferences") and claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
     assert cache_jobs(k8s, namespace, name) == []
 
-    resource(k8s, API_VERSION, "ModelCache").delete(name=name, namespace=namespace)
-    wait_for(lambda: get_or_none(k8s, API_VERSION, "ModelCache", name, namespace) is None, what="cache gone")
-    time.sleep(2)  # give the garbage collector its chance
-    assert get_or_none(k8s, "v1", "PersistentVolumeClaim", f"{name}-model", namespace) is not None
+    delete_and_collect(k8s, API_VERSION, "ModelCache", name, namespace)  # the garbage collector is done with it
+    claim = get_or_none(k8s, "v1", "PersistentVolumeClaim", f"{name}-model", namespace)
+    assert claim is not None and claim.metadata.deletionTimestamp is None

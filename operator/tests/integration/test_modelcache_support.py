@@ -11,10 +11,13 @@ controller, scheduler, garbage collector, CEL validation) is the real thing.
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes.dynamic import DynamicClient
 from strata_loader.contract import FetchResult
 from strata_operator.api import API_VERSION
@@ -236,3 +239,36 @@ class Heartbeat:
         self._thread.join(timeout=10)
         for name in list(self.nodes):
             self.remove(name)
+
+
+class ReconcilePasses:
+    """Watches the ModelCache controller's reconcile passes over one cache (the operator runs in this process, so
+    the pass is wrapped in place and still does all its work). A pass counts once `visible()` already held when
+    it began, e.g. a change the test made is readable; `wait()` returns the Events of the first such pass that
+    finished. That is the positive signal a "nothing was written" check needs: the change was read and acted
+    on, so what did not change afterwards was really left alone (a sleep would pass without a pass having run).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, namespace: str, name: str, visible: Callable[[], bool]) -> None:
+        from strata_operator.handlers import modelcache
+
+        self._done = threading.Event()
+        self.events: list[tuple[str, str, str]] = []
+        real = modelcache.reconcile
+
+        def spied(snapshot: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            meta = snapshot.get("metadata") or {}
+            ours = (meta.get("namespace"), meta.get("name")) == (namespace, name) and not self._done.is_set()
+            counts = ours and visible()  # read before the pass: everything the pass reads is at least as new
+            result = real(snapshot, *args, **kwargs)
+            if counts:
+                self.events = list(result[1])
+                self._done.set()
+            return result
+
+        monkeypatch.setattr(modelcache, "reconcile", spied)
+
+    def wait(self, timeout: float = 60) -> list[tuple[str, str, str]]:
+        """The first counting pass's Events; the timeout only bounds a hang (the change wakes the daemon)."""
+        assert self._done.wait(timeout), f"no reconcile pass began after the change within {timeout:.0f} s"
+        return self.events
