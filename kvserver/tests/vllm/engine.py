@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from strata_kv.vllm_compat import manager_lock, request_block_hasher
 from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
@@ -143,7 +144,7 @@ def prompt_request(config: Any, request_id: str, tokens: list[int]) -> Any:
     """A v1 Request whose block hashes vLLM computes as its engine core does (algorithm, NONE_HASH seed)."""
     hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(GPU_BLOCK_TOKENS, hash_fn, config.num_hash_lookahead_tokens)
+    hasher = request_block_hasher(GPU_BLOCK_TOKENS, hash_fn, config)
     return Request(request_id, tokens, SamplingParams(max_tokens=1), None, block_hasher=hasher)
 
 
@@ -230,14 +231,14 @@ def primary_bytes(manager: Any) -> np.ndarray:
 
 
 def step(manager: Any) -> None:
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_schedule_end(ScheduleEndContext((), ()))
 
 
 def write_and_offload(manager: Any, keys: list[bytes], ctx: ReqContext, memory: np.ndarray) -> None:
     """One request's store: the primary tier takes `keys`, each chunk's bytes are written where a worker's
     GPU→CPU copy would put them, and the store completes (which cascades it into the secondary tier)."""
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_new_request(ctx)
         out = manager.prepare_store(keys, ctx)
         assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
@@ -261,7 +262,7 @@ def store(request: dict[str, Any]) -> dict[str, Any]:
     elapsed = time.monotonic() - start
     step(manager)  # ends the step of prepare_store (which already polled the tiers in it)
     step(manager)  # the next step collects the finished store jobs (and their events)
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_request_finished(ctx)
         events = [e for e in manager.take_events() if e.ownership is not None or e.medium.name == "STORAGE"]
     stats = tier_stats(tier)
@@ -282,7 +283,7 @@ def lookup_until_settled(manager: Any, keys: list[bytes], ctx: Any, steps: int, 
     """Ask vLLM's manager for each key every step (as the scheduler does) until none is pending."""
     verdicts: list[str] = []
     for _ in range(steps):
-        with manager.lock:
+        with manager_lock(manager):
             verdicts = [manager.lookup(k, ctx).name for k in keys]
         if all(v in (LookupResult.HIT.name, LookupResult.MISS.name) for v in verdicts):
             break
@@ -296,7 +297,7 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
     tier = secondary_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="load-1")
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_new_request(ctx)
     verdicts = lookup_until_settled(manager, keys, ctx, request.get("steps", 2000))
     hits = [k for k, v in zip(keys, verdicts, strict=True) if v == LookupResult.HIT.name]
@@ -304,14 +305,14 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
     sources: list[str] = []
     if hits:
         memory = primary_bytes(manager)
-        with manager.lock:
+        with manager_lock(manager):
             load_spec = manager.prepare_load(hits, ctx)
             sources = [manager.get_load_source(k, ctx).name for k in hits]
         for key, chunk_id in zip(hits, load_spec.chunk_ids, strict=True):
             equal += bool(np.array_equal(memory[chunk_id], content(key, memory.shape[1])))
-        with manager.lock:
+        with manager_lock(manager):
             manager.complete_load(hits, ctx)
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_request_finished(ctx)
     stats = tier_stats(tier)
     close(manager)
@@ -329,10 +330,10 @@ def lookup(request: dict[str, Any]) -> dict[str, Any]:
     tier = strata_tier(manager)
     keys = chunk_keys(request["chunks"], request["salt"])
     ctx = ReqContext(req_id="lookup-1")
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_new_request(ctx)
     verdicts = lookup_until_settled(manager, keys, ctx, request.get("steps", 2000))
-    with manager.lock:
+    with manager_lock(manager):
         manager.on_request_finished(ctx)
     stats = tier.stats()
     close(manager)
@@ -371,7 +372,7 @@ def schedule(request: dict[str, Any]) -> dict[str, Any]:
     equal = sum(
         bool(np.array_equal(memory[c], content(k, memory.shape[1]))) for k, c in zip(expected, src_chunks, strict=False)
     )
-    with manager.lock:
+    with manager_lock(manager):
         sources = [manager.get_load_source(k, ReqContext(req_id=req.request_id)).name for k in expected]
     result = {
         "steps": steps,
@@ -397,20 +398,20 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
     memory = primary_bytes(writer)
     chunk_bytes = int(memory.shape[1])
     ctx = ReqContext(req_id="bench-store")
-    with writer.lock:
+    with manager_lock(writer):
         writer.on_new_request(ctx)
         out = writer.prepare_store(keys, ctx)
         assert out is not None and list(out.keys_to_store) == keys, "the primary tier refused the store"
     for key, chunk_id in zip(keys, out.store_spec.chunk_ids, strict=True):
         memory[chunk_id][:] = content(key, chunk_bytes)
     start = time.monotonic()
-    with writer.lock:
+    with manager_lock(writer):
         writer.complete_store(keys, ctx)
     (tier,) = writer.secondary_tiers
     tier.drain_jobs()
     store_seconds = time.monotonic() - start
     step(writer)
-    with writer.lock:
+    with manager_lock(writer):
         writer.on_request_finished(ctx)
     close(writer)
 
@@ -419,7 +420,7 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     _config, _spec, reader = build_manager(request, "bench-load")
     ctx = ReqContext(req_id="bench-load")
-    with reader.lock:
+    with manager_lock(reader):
         reader.on_new_request(ctx)
     start = time.monotonic()
     verdicts = lookup_until_settled(reader, keys, ctx, request.get("steps", 100000), pause=0.0005)
@@ -428,13 +429,13 @@ def bench(request: dict[str, Any]) -> dict[str, Any]:
     equal = 0
     if hits:
         memory = primary_bytes(reader)
-        with reader.lock:
+        with manager_lock(reader):
             load_spec = reader.prepare_load(hits, ctx)
         for key, chunk_id in zip(hits, load_spec.chunk_ids, strict=True):
             equal += bool(np.array_equal(memory[chunk_id], content(key, chunk_bytes)))
-        with reader.lock:
+        with manager_lock(reader):
             reader.complete_load(hits, ctx)
-    with reader.lock:
+    with manager_lock(reader):
         reader.on_request_finished(ctx)
     close(reader)
     return {
@@ -462,7 +463,7 @@ def store_in_jobs(manager: Any, keys: list[bytes], sizes: list[int]) -> list[Any
         tier.drain_jobs()
         step(manager)
         step(manager)
-        with manager.lock:
+        with manager_lock(manager):
             manager.on_request_finished(ctx)
             payloads.append(manager.get_stats())
     return payloads

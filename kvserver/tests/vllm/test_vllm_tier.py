@@ -1,5 +1,5 @@
-"""Strata's tier inside real vLLM 0.33 (CPU), configured by the ConfigMap the operator renders, against a real
-`strata-kv` process.
+"""Strata's tier inside real vLLM on CPU (0.33, and 0.32's CPU build), configured by the ConfigMap the operator
+renders, against a real `strata-kv` process.
 
 vLLM runs in its own virtualenv (strata_testsupport.vllm); `engine.py` is the vLLM side. What cannot run without
 a GPU is the worker's GPU→CPU copy: `engine.py` writes each chunk into the CPU primary tier's memory instead, the
@@ -21,7 +21,7 @@ from strata_operator.resources.kvcachetier.connection import build_connection_co
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_testsupport.kvevents import Subscriber, as_uint64
 from strata_testsupport.kvserver import KVServerFactory, KVServerProcess
-from strata_testsupport.vllm import VllmScript
+from strata_testsupport.vllm import VLLM_VERSIONS, VllmScript
 
 pytestmark = pytest.mark.integration
 
@@ -45,11 +45,11 @@ def pointed_at(connection: dict[str, str], server: KVServerProcess) -> str:
     return json.dumps(transfer)
 
 
-@pytest.fixture(scope="module")
-def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmScript]:
+@pytest.fixture(scope="module", params=sorted(VLLM_VERSIONS))
+def vllm_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmScript]:
     """One vLLM-side process for the module (vLLM imports once); every request builds a fresh engine in it.
     The tiers rendered here use sha256_cbor, so the ConfigMap carries no PYTHONHASHSEED for the process."""
-    script = VllmScript(ENGINE, tmp_path_factory.mktemp("vllm"))
+    script = VllmScript(ENGINE, tmp_path_factory.mktemp("vllm"), requirements=VLLM_VERSIONS[request.param])
     try:
         yield script
     finally:

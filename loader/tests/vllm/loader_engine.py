@@ -46,10 +46,13 @@ def ensure_distributed(rank: int, world: int, port: int | None) -> None:
     """One gloo group per process, as a CPU worker has (tensor parallel over every rank)."""
     if parallel_state.model_parallel_is_initialized():
         return
+    port = port or free_port()
+    # vLLM 0.32's CPU communicator names its shared-memory group from this, which its CPU worker sets first.
+    os.environ.setdefault("VLLM_DIST_IDENT", str(port))
     parallel_state.init_distributed_environment(
         world_size=world,
         rank=rank,
-        distributed_init_method=f"tcp://127.0.0.1:{port or free_port()}",
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
         local_rank=rank,
         backend="gloo",
     )
@@ -78,9 +81,23 @@ def build(
     with set_current_vllm_config(config):
         ensure_distributed(rank, tp_size, port)
         loader = get_model_loader(config.load_config)
+        keep_loaded_weights(loader)
         start = time.perf_counter()
         model = loader.load_model(vllm_config=config, model_config=config.model_config)
         return model, loader, time.perf_counter() - start
+
+
+def keep_loaded_weights(loader: Any) -> None:
+    """Keep a copy of the model's weights as the loader left them (`loader.loaded_weights`), before vLLM's
+    post-load processing: on CPU it repacks some linear weights (down_proj, o_proj) for its GEMM kernels, so the
+    parameters after `load_model` no longer hold the files' bytes even when the load was exact."""
+    load_weights = loader.load_weights
+
+    def load_and_keep(model: torch.nn.Module, model_config: Any) -> None:
+        load_weights(model, model_config)
+        loader.loaded_weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+    loader.load_weights = load_and_keep
 
 
 def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -94,15 +111,14 @@ def differences(a: torch.nn.Module, b: torch.nn.Module) -> list[str]:
     return sorted(set(sa) ^ set(sb)) + [n for n in sorted(set(sa) & set(sb)) if not same_bytes(sa[n], sb[n])]
 
 
-def file_differences(model: torch.nn.Module, directory: str) -> tuple[int, list[str]]:
-    """Parameters stored under their checkpoint name (vLLM fuses q/k/v and gate/up; the rest keep theirs),
-    compared with the files' tensors as safetensors reads them: (how many compared, which differ)."""
+def file_differences(params: dict[str, torch.Tensor], directory: str) -> tuple[int, list[str]]:
+    """Parameters stored under their checkpoint name (vLLM fuses q/k/v and gate/up; the rest keep theirs), as the
+    loader left them, compared with the files' tensors as safetensors reads them: (how many compared, which differ)."""
     from safetensors.torch import load_file
 
     files: dict[str, torch.Tensor] = {}
     for f in sorted(Path(directory).glob("*.safetensors")):
         files.update(load_file(f))
-    params = model.state_dict()
     both = sorted(set(params) & set(files))
     return len(both), [n for n in both if not same_bytes(params[n], files[n])]
 
@@ -116,7 +132,7 @@ def load_one(request: dict[str, Any], rank: int) -> dict[str, Any]:
     strata, loader, strata_s = build(model_dir, "strata", request.get("extra", {}), tp, rank, port)
     if not request.get("reference_first"):
         reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
-    compared, file_differ = file_differences(strata, request["reference_dir"]) if tp == 1 else (0, [])
+    compared, file_differ = file_differences(loader.loaded_weights, request["reference_dir"]) if tp == 1 else (0, [])
     return {
         "file_compared": compared,
         "file_differ": file_differ,

@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 from strata_loader.shard import shard_directory
-from strata_testsupport.vllm import VllmScript
+from strata_testsupport.vllm import VLLM_VERSIONS, VllmScript
 from strata_testsupport.vllm_loader import CONFIG, llama_weights, loader_script, write_model
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def vllm_loader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmScript]:
-    """One vLLM-side process for the module (vLLM imports once)."""
-    script = loader_script(tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("vllm-loader"))
+@pytest.fixture(scope="module", params=sorted(VLLM_VERSIONS))
+def vllm_loader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmScript]:
+    """One vLLM-side process for the module (vLLM imports once), for each vLLM version Strata supports."""
+    requirements = VLLM_VERSIONS[request.param]
+    script = loader_script(tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("vllm-loader"), requirements)
     try:
         yield script
     finally:
