@@ -2,15 +2,19 @@
 
 1. start a local S3-compatible server (moto, loopback) and upload a generated multi-GB model to it;
 2. `strata-loader fetch s3://... DIR` with its progress bar (what a ModelCache preloader Job runs);
-3. load the fetched files with the streamer and with plain `safetensors.torch.load_file`, print throughput.
+3. load the fetched files with the streamer and with plain `safetensors.torch.load_file`, round after round with
+   the two sides alternating which goes first, warm (page cache full) and cold (emptied, where this user may), and
+   print each side's median throughput with its range and the ratio: one unrepeated pair right after the builds
+   told newcomers the opposite of what a quiet run shows.
 
-    python bench/loader_demo.py [--size-gib 2] [--dir /tmp/strata-demo]
+    python bench/loader_demo.py [--size-gib 2] [--rounds 3] [--dir /tmp/strata-demo]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-gib", type=float, default=2.0)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/strata-demo"))
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
     from loader_bench import make_model
@@ -55,12 +60,39 @@ def main() -> None:
 
     files = sorted(str(p) for p in dest.glob("*.safetensors"))
     total = sum(os.path.getsize(f) for f in files)
-    for name, load in (("strata_loader.load_files", _strata), ("safetensors load_file+clone", _safetensors)):
-        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # both start from a warm cache
-        t0 = time.perf_counter()
-        load(files)
-        dt = time.perf_counter() - t0
-        print(f"{name:30} {total / dt / 1e9:6.2f} GB/s ({dt:.1f} s for {total / 2**30:.2f} GiB)", flush=True)
+    sides = {"strata_loader.load_files": _strata, "safetensors load_file+clone": _safetensors}
+    states = ["warm", "cold"] if _can_drop_caches() else ["warm"]
+    for state in states:
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        for round_no in range(args.rounds):
+            order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
+            for name in order:
+                _prepare(files, state)
+                t0 = time.perf_counter()
+                sides[name](files)
+                rates[name].append(total / (time.perf_counter() - t0) / 1e9)
+        print(f"{state} ({args.rounds} rounds, sides alternating, {total / 2**30:.2f} GiB): median GB/s (range)")
+        for name, values in rates.items():
+            print(f"  {name:30} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})", flush=True)
+        ratios = [a / b for a, b in zip(*rates.values(), strict=True)]
+        print(
+            f"  strata / safetensors per round: median {statistics.median(ratios):.2f}x "
+            f"({min(ratios):.2f}-{max(ratios):.2f})",
+            flush=True,
+        )
+
+
+def _can_drop_caches() -> bool:
+    return os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def _prepare(files: list[str], state: str) -> None:
+    """Warm: every file in the page cache; cold: the page cache emptied (root only)."""
+    if state == "warm":
+        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    else:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def _strata(files: list[str]) -> object:
