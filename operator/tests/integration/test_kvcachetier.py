@@ -189,7 +189,7 @@ def test_defaults_come_from_the_schema(k8s: DynamicClient, strata_crds: Any, nam
     assert spec["hash"] == {"algorithm": "sha256_cbor"}
     assert spec["updateStrategy"] == {"type": "RollingUpdate"}
     assert (spec["chunkTokens"], spec["port"], spec["metricsPort"]) == (256, 6379, 9121)
-    assert spec["connector"] == {"type": "vllm", "cpuBytes": "4Gi", "offloadPromptOnly": True}
+    assert spec["connector"] == {"type": "vllm", "cpuBytes": "4Gi", "offloadPromptOnly": True, "engine": "gpu"}
     assert spec["events"] == {"enabled": False, "port": 5557}
 
 
