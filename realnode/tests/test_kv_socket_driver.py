@@ -80,7 +80,16 @@ def _plugin_logs(client: DynamicClient) -> str:
     pods = resource(client, "v1", "Pod").get(
         namespace=RELEASE_NAMESPACE, label_selector="app.kubernetes.io/component=kv-socket-driver"
     )
-    return "\n".join(pod_log(client, RELEASE_NAMESPACE, p.metadata.name) for p in pods.items)
+    return "\n".join(_log_or_state(client, p) for p in pods.items)
+
+
+def _log_or_state(client: DynamicClient, pod: Any) -> str:
+    """A pod's log, or why its containers have none (CreateContainerError and its message, for one)."""
+    try:
+        return pod_log(client, RELEASE_NAMESPACE, pod.metadata.name)
+    except ApiException:
+        statuses = pod.to_dict().get("status", {}).get("containerStatuses") or []
+        return f"{pod.metadata.name}: " + json.dumps([s.get("state") for s in statuses])
 
 
 @pytest.fixture
@@ -106,7 +115,11 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
         names = [d["name"] for d in node["spec"].get("drivers") or []]
         return names if DRIVER in names else None
 
-    wait_for(registered, timeout=90, interval=1, what=f"the kubelet to list {DRIVER} in CSINode {NODE_NAME}")
+    try:
+        wait_for(registered, timeout=90, interval=1, what=f"the kubelet to list {DRIVER} in CSINode {NODE_NAME}")
+    except AssertionError as error:
+        kubelet = "\n".join(line for line in real_node.logs("kubelet", 400).splitlines() if "plugin" in line.lower())
+        raise AssertionError(f"{error}\nplugin:\n{_plugin_logs(node_k8s)}\nkubelet (plugins):\n{kubelet}") from error
     namespace = unique("rn-kvsock")
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
