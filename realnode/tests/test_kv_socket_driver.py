@@ -1,8 +1,9 @@
 """The CSI node plugin kv.strata.dev on the real node, deployed by the chart (`kvSocketDriver.enabled`): the
 kubelet registers it through its plugin-registration socket (the CSINode lists the driver), and in a namespace
-that enforces restricted Pod Security a KV server pod listens on a Unix socket in its inline `csi` volume while
-a serving-style pod, another user holding only the socket's group, reaches it through its own read-only volume
-of the same tier and gets back the bytes it SET. Then the same through the operator: a KVCacheTier with
+that enforces restricted Pod Security a KV server DaemonSet's pod listens on a Unix socket in its inline `csi`
+volume (the chart's admission policy refuses that volume writable to a hand-made pod) while a serving-style pod,
+another user holding only the socket's group, reaches it through its own read-only volume of the same tier and
+gets back the bytes it SET. Then the same through the operator: a KVCacheTier with
 `nodeSocket` runs its server on the socket, and a pod the webhook wires by label alone (volume, group, token,
 `STRATA_KV_SOCKET`) takes a value back as the server's memory."""
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ApiException
 from strata_testsupport.helm import CHART
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR, RealNode
@@ -35,8 +37,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 DRIVER = "kv.strata.dev"
 STATE_DIR = WORK_DIR / "kv-sockets"  # under the node's work dir: the node's sweep removes it
-# The driver gives tier `kv`'s directory writable only to a pod named as a DaemonSet `kv` names its pods.
-SERVER_POD = "kv-srvr2"
+# The driver gives tier `kv`'s directory writable only to a pod named as a DaemonSet `kv` names its pods, and
+# the chart's admission policy only to a pod the DaemonSet controller creates for DaemonSet `kv`.
+SERVER = "kv"
 
 # In the client pod: wait for the server's socket, SET a 2 MiB value made from a seed, GET it, print its digest.
 CLIENT = """
@@ -77,7 +80,16 @@ def _plugin_logs(client: DynamicClient) -> str:
     pods = resource(client, "v1", "Pod").get(
         namespace=RELEASE_NAMESPACE, label_selector="app.kubernetes.io/component=kv-socket-driver"
     )
-    return "\n".join(pod_log(client, RELEASE_NAMESPACE, p.metadata.name) for p in pods.items)
+    return "\n".join(_log_or_state(client, p) for p in pods.items)
+
+
+def _log_or_state(client: DynamicClient, pod: Any) -> str:
+    """A pod's log, or why its containers have none (CreateContainerError and its message, for one)."""
+    try:
+        return pod_log(client, RELEASE_NAMESPACE, pod.metadata.name)
+    except ApiException:
+        statuses = pod.to_dict().get("status", {}).get("containerStatuses") or []
+        return f"{pod.metadata.name}: " + json.dumps([s.get("state") for s in statuses])
 
 
 @pytest.fixture
@@ -103,7 +115,11 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
         names = [d["name"] for d in node["spec"].get("drivers") or []]
         return names if DRIVER in names else None
 
-    wait_for(registered, timeout=90, interval=1, what=f"the kubelet to list {DRIVER} in CSINode {NODE_NAME}")
+    try:
+        wait_for(registered, timeout=90, interval=1, what=f"the kubelet to list {DRIVER} in CSINode {NODE_NAME}")
+    except AssertionError as error:
+        kubelet = "\n".join(line for line in real_node.logs("kubelet", 400).splitlines() if "plugin" in line.lower())
+        raise AssertionError(f"{error}\nplugin:\n{_plugin_logs(node_k8s)}\nkubelet (plugins):\n{kubelet}") from error
     namespace = unique("rn-kvsock")
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
@@ -126,13 +142,29 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
             "securityContext": RESTRICTED_CONTAINER,
             "volumeMounts": [{"name": "kv", "mountPath": "/kv"}],
         }
-        pods.create(
+        hand_made = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "kv-x2b4c"},
+            "spec": {"containers": [server], "volumes": [_csi_volume(False)]},
+        }
+        with pytest.raises(ApiException) as refused:
+            pods.create(namespace=namespace, body=hand_made, query_params=[("dryRun", "All")])
+        assert "set readOnly: true on the csi volume" in str(refused.value.body), refused.value.body
+        labels = {"app": SERVER}
+        resource(node_k8s, "apps/v1", "DaemonSet").create(
             namespace=namespace,
             body={
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": SERVER_POD},
-                "spec": {"restartPolicy": "Never", "containers": [server], "volumes": [_csi_volume(False)]},
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": SERVER},
+                "spec": {
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [server], "volumes": [_csi_volume(False)]},
+                    },
+                },
             },
         )
         seed = namespace.encode()
@@ -151,7 +183,8 @@ def test_restricted_pods_share_a_kv_socket_through_the_driver(real_node, node_k8
                 },
             )
         except AssertionError as error:
-            server_log = pod_log(node_k8s, namespace, SERVER_POD)
+            server_pods = pods.get(namespace=namespace, label_selector=f"app={SERVER}").items
+            server_log = "\n".join(pod_log(node_k8s, namespace, p.metadata.name) for p in server_pods)
             raise AssertionError(
                 f"{error}\nserver:\n{server_log}\nplugin:\n{_plugin_logs(node_k8s)}\n{real_node.logs('kubelet', 40)}"
             ) from error

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from strata_testsupport.localcluster.binaries import ControlPlaneBinaries, find_binaries
-from strata_testsupport.localcluster.pki import write_pki
+from strata_testsupport.localcluster.pki import CONTROLLER_MANAGER_USER, write_pki
 from strata_testsupport.localcluster.processes import ManagedProcess, Started, wait_ready
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -51,10 +51,14 @@ class LocalCluster(Started):
         startup_timeout: float = 120.0,
         address: str = "127.0.0.1",
         parent_dir: Path | None = None,
+        service_account_credentials: bool = False,
     ) -> None:
         """`address` is where the API server listens: loopback, unless pods of a real node must reach it.
         `parent_dir` holds the work directory (the system's temp dir by default): a real node puts it under its
-        own, so the sweep after a killed owner removes it too."""
+        own, so the sweep after a killed owner removes it too. The controller manager authenticates as
+        `system:kube-controller-manager`; its controllers act as that user too, unless
+        `service_account_credentials` (kubeadm's setting) gives each its own service account in kube-system
+        (`controller_user("daemon-set-controller")`)."""
         self.binaries = binaries or find_binaries()
         self.want_controller_manager = controller_manager and self.binaries.kube_controller_manager is not None
         self.want_scheduler = scheduler and self.binaries.kube_scheduler is not None
@@ -66,12 +70,21 @@ class LocalCluster(Started):
         self.api_port = free_port()
         self.server = f"https://{address}:{self.api_port}"
         self.kubeconfig = self.workdir / "kubeconfig"
+        self.controller_manager_kubeconfig = self.workdir / "controller-manager.kubeconfig"
+        self.service_account_credentials = service_account_credentials
         self.pki: dict[str, Path] = {}
+
+    def controller_user(self, controller: str) -> str:
+        """The user the API server sees when `controller` (e.g. `daemon-set-controller`) creates an object."""
+        if self.service_account_credentials:
+            return f"system:serviceaccount:kube-system:{controller}"
+        return CONTROLLER_MANAGER_USER
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
         self.pki = write_pki(self.workdir, self.address)
-        self._write_kubeconfig()
+        self._write_kubeconfig(self.kubeconfig, "strata-admin", "admin")
+        self._write_kubeconfig(self.controller_manager_kubeconfig, CONTROLLER_MANAGER_USER, "controller_manager")
         self._write_admission_config()
         self._start_etcd()
         self._start_apiserver()
@@ -147,11 +160,12 @@ class LocalCluster(Started):
         )
         self._wait(apiserver, lambda: self._api_ok("/readyz"))
 
-    def _component_flags(self) -> list[str]:
+    def _component_flags(self, kubeconfig: Path | None = None) -> list[str]:
+        kubeconfig = kubeconfig or self.kubeconfig
         return [
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
@@ -164,11 +178,11 @@ class LocalCluster(Started):
             "kube-controller-manager",
             [
                 str(self.binaries.kube_controller_manager),
-                *self._component_flags(),
+                *self._component_flags(self.controller_manager_kubeconfig),
                 "--controllers=*",
                 f"--service-account-private-key-file={self.pki['sa_key']}",
                 f"--root-ca-file={self.pki['ca_crt']}",
-                "--use-service-account-credentials=false",
+                f"--use-service-account-credentials={str(self.service_account_credentials).lower()}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--concurrent-gc-syncs=5",
                 "--v=1",
@@ -249,7 +263,8 @@ class LocalCluster(Started):
             )
         )
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path, user: str, cert: str) -> None:
+        """A kubeconfig for `user` with the `<cert>_crt`/`<cert>_key` client certificate."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -261,15 +276,15 @@ class LocalCluster(Started):
             ],
             "users": [
                 {
-                    "name": "strata-admin",
+                    "name": user,
                     "user": {
-                        "client-certificate": str(self.pki["admin_crt"]),
-                        "client-key": str(self.pki["admin_key"]),
+                        "client-certificate": str(self.pki[f"{cert}_crt"]),
+                        "client-key": str(self.pki[f"{cert}_key"]),
                     },
                 }
             ],
-            "contexts": [{"name": "strata-local", "context": {"cluster": "strata-local", "user": "strata-admin"}}],
+            "contexts": [{"name": "strata-local", "context": {"cluster": "strata-local", "user": user}}],
             "current-context": "strata-local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)

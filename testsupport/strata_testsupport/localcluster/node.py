@@ -92,6 +92,15 @@ def _run(*argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check)
 
 
+def _share_work_dir() -> None:
+    """Make WORK_DIR a shared mount, as systemd makes every mount of a node at boot (PID 1 here is not systemd, and
+    `/` is private). The kubelet shares its own root dir, but a Bidirectional hostPath elsewhere (the socket
+    driver's state dir) needs it too, or containerd refuses the container: "... is not a shared mount". The
+    sweep unmounts it with everything else under WORK_DIR."""
+    _run("mount", "--bind", str(WORK_DIR), str(WORK_DIR), check=True)
+    _run("mount", "--make-rshared", str(WORK_DIR), check=True)
+
+
 # -- the sweep: whatever a node (this run's or an interrupted one's) left behind ---------------------------------
 def _node_pids() -> set[int]:
     """containerd's shims outlive containerd (they detach on purpose); container processes sit in our cgroups."""
@@ -239,6 +248,7 @@ class RealNode(Started):
         sweep(self.binaries.kube_proxy)
         for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes", "control-plane"):
             (WORK_DIR / directory).mkdir(parents=True, exist_ok=True)
+        self._phase("shared mounts", _share_work_dir)
         self._phase("network", self._host_network)
         _create_cgroups()
         self.cluster = LocalCluster(kwok=False, address=NODE_IP, parent_dir=WORK_DIR / "control-plane")

@@ -27,6 +27,13 @@ WEBHOOK_CLIENT_NAME = "strata-local-apiserver-webhook-client"
 """The API server's identity towards admission webhooks (a webhook accepts this name among the CA's clients)."""
 
 
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+"""Who kube-controller-manager is towards the API server (and, without --use-service-account-credentials, the
+user its controllers create objects as: a DaemonSet's pods, for one)."""
+DAEMON_SET_CONTROLLER_USER = "system:serviceaccount:kube-system:daemon-set-controller"
+"""Who the DaemonSet controller creates pods as with --use-service-account-credentials."""
+
+
 def _client_cert(
     subject: x509.Name,
     ca_cert: x509.Certificate,
@@ -49,7 +56,8 @@ def _client_cert(
 
 
 def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
-    """Write the CA, a serving cert (127.0.0.1, localhost), an admin client cert and the service-account key."""
+    """Write the CA, a serving cert (127.0.0.1, localhost), client certs (admin, controller manager, the API
+    server towards webhooks) and the service-account key."""
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2))
 
@@ -94,6 +102,15 @@ def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
         ]
     )
     admin_cert, admin_key = _client_cert(admin, ca_cert, ca_key, validity)
+    # The controller manager's own user, as clusters name it. In system:masters: without
+    # --use-service-account-credentials every controller acts as this user and needs every right.
+    controller_manager = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, CONTROLLER_MANAGER_USER),
+        ]
+    )
+    cm_cert, cm_key = _client_cert(controller_manager, ca_cert, ca_key, validity)
     webhook_client_cert, webhook_client_key = _client_cert(_name(WEBHOOK_CLIENT_NAME), ca_cert, ca_key, validity)
     sa_key = ec.generate_private_key(ec.SECP256R1())
 
@@ -109,6 +126,11 @@ def write_pki(directory: Path, address: str = "127.0.0.1") -> dict[str, Path]:
             webhook_client_cert.public_bytes(serialization.Encoding.PEM),
         ),
         "webhook_client_key": (directory / "webhook-client.key", _key_pem(webhook_client_key)),
+        "controller_manager_crt": (
+            directory / "controller-manager.crt",
+            cm_cert.public_bytes(serialization.Encoding.PEM),
+        ),
+        "controller_manager_key": (directory / "controller-manager.key", _key_pem(cm_key)),
         "sa_key": (directory / "sa.key", _key_pem(sa_key)),
         "sa_pub": (
             directory / "sa.pub",
