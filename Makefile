@@ -34,7 +34,7 @@ controlplane:
 
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
 # local Debian base, no pull; rebuilt only when their inputs change). The serving image (vLLM on CPU + Strata,
-# images/vllm-cpu) has archives of its own: vLLM is installed once (~4 min, ~3 GB downloaded), Strata's layer is
+# images/vllm-cpu) has archives of its own: vLLM is installed once (~5-6 min, 3 GB downloaded), Strata's layer is
 # redone when its packages change (~3 min).
 node: system controlplane
 	@bash hack/build-node.sh
