@@ -252,6 +252,7 @@ class RealNode(Started):
         sweep(self.binaries.kube_proxy)
         for directory in ("run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "logs", "volumes", "control-plane"):
             (WORK_DIR / directory).mkdir(parents=True, exist_ok=True)
+        self._shared_work_dir()
         self._phase("network", self._host_network)
         _create_cgroups()
         self.cluster = LocalCluster(kwok=False, address=NODE_IP, parent_dir=WORK_DIR / "control-plane")
@@ -274,6 +275,15 @@ class RealNode(Started):
                 Path("/proc/sys", key).write_text(value)
         self.sysctls_before.clear()
         RealNode.active = None
+
+    @staticmethod
+    def _shared_work_dir() -> None:
+        """Make the work dir a shared mount. Host paths a pod mounts with Bidirectional propagation must be on one
+        (the chart's KV socket driver mounts its state dir so); under systemd `/` is shared, but PID 1 here is not
+        systemd and `/` is private, so the runtime refused the driver's container ("is mounted on / but it is not
+        a shared mount"). The sweep unmounts it with everything under it."""
+        _run("mount", "--bind", str(WORK_DIR), str(WORK_DIR), check=True)
+        _run("mount", "--make-rshared", str(WORK_DIR), check=True)
 
     def _phase(self, name: str, step: Any) -> None:
         start = time.monotonic()
