@@ -154,9 +154,12 @@ def engine_log(site: Any, pod: dict[str, Any]) -> str:
         return f"(no log: {error})"
 
 
-def complete(pod: dict[str, Any], prompt: list[int], max_tokens: int = 16) -> dict[str, Any]:
-    """One greedy completion from the engine, through the pod's IP (the node's bridge routes it from here)."""
-    body = {"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+def complete(pod: dict[str, Any], prompt: list[int], max_tokens: int = 16, salt: str | None = None) -> dict[str, Any]:
+    """One greedy completion from the engine, through the pod's IP (the node's bridge routes it from here).
+    `salt` (vLLM's cache_salt) gives the prompt's blocks other hashes: no cache and no tier can serve them."""
+    body: dict[str, Any] = {"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    if salt:
+        body["cache_salt"] = salt
     request = urllib.request.Request(
         f"http://{pod['status']['podIP']}:{PORT}/v1/completions",
         data=json.dumps(body).encode(),
@@ -288,11 +291,19 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     # -- the engine stores into the new server; a fresh engine loads from it ----------------------------------
     before = metric(engine, "vllm:kv_offload_strata_store_chunks_total")
     later = complete(engine, LATER_PROMPT)
+    own_cache = complete(engine, LATER_PROMPT)  # vLLM's own prefix cache: all but the last block
     stored_chunks_reach(engine, before + len(LATER_PROMPT) // CHUNK_TOKENS - 1)
     engine = fresh_engine(site, name, engine, seen)
     again = complete(engine, LATER_PROMPT)
-    assert cached_tokens(again) > 0 and metric(engine, "vllm:kv_offload_strata_load_chunks_total") > 0, again
-    assert again["choices"][0]["text"] == later["choices"][0]["text"]
+    loaded = metric(engine, "vllm:kv_offload_strata_load_chunks_total")
+    print(f"fresh engine after the restart: cached_tokens={cached_tokens(again)}, chunks loaded={loaded:.0f}")
+    assert cached_tokens(again) > 0 and loaded > 0, again
+    recomputed = complete(engine, LATER_PROMPT, salt="recompute")
+    assert cached_tokens(recomputed) == 0, recomputed["usage"]
+    texts = {"loaded": again["choices"][0]["text"], "recomputed": recomputed["choices"][0]["text"]}
+    texts["storing engine"] = later["choices"][0]["text"]
+    texts[f"its prefix cache ({cached_tokens(own_cache)} cached)"] = own_cache["choices"][0]["text"]
+    assert texts["loaded"] == texts["recomputed"], f"KV loaded after the restart gives other text: {texts}"
 
     # -- deleting everything leaves nothing on the node -------------------------------------------------------
     seen.add(engine["metadata"]["uid"])
