@@ -33,10 +33,13 @@ controlplane:
 	@bash hack/build-helm.sh >/dev/null
 
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
-# local Debian base, no pull; rebuilt only when their inputs change).
+# local Debian base, no pull; rebuilt only when their inputs change). The serving image (vLLM on CPU + Strata,
+# images/vllm-cpu) has archives of its own: vLLM is installed once (~5-6 min, 3 GB downloaded), Strata's layer is
+# redone when its packages change (~3 min).
 node: system controlplane
 	@bash hack/build-node.sh
 	@bash hack/node/build-images.sh >/dev/null
+	@bash hack/node/build-serving-image.sh >/dev/null
 
 # The Hugging Face Hub server the hf:// tests run against (olah), in its own venv in the cache (first time ~1 min).
 hub:

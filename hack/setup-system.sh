@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and demo use, only when missing: real servers and clients, and the
-# real node's runtime (containerd, runc, CNI plugins, iptables) and image build (docker.io, debootstrap).
+# real node's runtime (containerd, runc, CNI plugins, iptables) and image builds (docker.io, debootstrap; zstd
+# compresses the serving image's archives).
 set -euo pipefail
 packages=(redis-server redis-tools shellcheck containerd runc containernetworking-plugins iptables conntrack
-          docker.io debootstrap)
+          docker.io debootstrap zstd)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

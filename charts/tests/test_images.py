@@ -15,7 +15,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {name: REPO / "images" / name / "Dockerfile" for name in ("operator", "runtime")}
-LINTED = {**DOCKERFILES, "e2e-s3": REPO / "e2e" / "s3" / "Dockerfile"}
+SERVING_DOCKERFILE = REPO / "images" / "vllm-cpu" / "Dockerfile"
+LINTED = {**DOCKERFILES, "vllm-cpu": SERVING_DOCKERFILE, "e2e-s3": REPO / "e2e" / "s3" / "Dockerfile"}
 NONROOT_UID = 65532
 
 
@@ -63,6 +64,22 @@ def test_final_stage_is_non_root_and_has_no_build_tools(name):
     assert "pip uninstall --yes pip" in final_text
     users = [step.split(None, 1)[1] for step in final if step.upper().startswith("USER ")]
     assert users == [f"{NONROOT_UID}:{NONROOT_UID}"], "numeric non-root USER, so runAsNonRoot can verify it"
+
+
+def test_serving_image_runs_the_cpu_test_venvs_install_as_non_root():
+    """The engine is the CPU tests' venv (same script, same pins), the GPU variant needs no other file, and every
+    variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins."""
+    engine, gpu, serving = stages(SERVING_DOCKERFILE)
+    engine_text = "\n".join(engine)
+    assert "COPY hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt /tmp/vllm-build/" in engine_text
+    assert "STRATA_VLLM_VENV=/opt/vllm bash /tmp/vllm-build/build-vllm-venv.sh" in engine_text
+    assert gpu == ["FROM ${VLLM_GPU_IMAGE} AS engine-gpu"]
+    assert serving[0] == "FROM engine-${VARIANT} AS serving"
+    serving_text = "\n".join(serving)
+    assert "pip install --quiet --no-cache-dir --no-deps --no-build-isolation /tmp/strata" in serving_text
+    assert "operator" not in serving_text.split("COPY", 1)[1].split("RUN", 1)[0], "no operator code in it"
+    users = [step.split(None, 1)[1] for step in serving if step.upper().startswith("USER ")]
+    assert users[-1] == f"{NONROOT_UID}:{NONROOT_UID}", "numeric non-root USER, so runAsNonRoot can verify it"
 
 
 def extra_requirements(extra: str) -> list[str]:
@@ -114,8 +131,8 @@ def test_build_context_holds_exactly_what_the_dockerfiles_copy():
     rules = [r for r in (REPO / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")]
     assert rules[0] == "*", "allow-list: everything is excluded unless named"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
-    for dockerfile in DOCKERFILES.values():
-        for step in stages(dockerfile)[0]:
+    for dockerfile in [*DOCKERFILES.values(), SERVING_DOCKERFILE]:
+        for step in (step for stage in stages(dockerfile) for step in stage):
             if step.startswith("COPY ") and "--from" not in step:
                 sources = [source.removeprefix("./") for source in step.split()[1:-1]]
                 assert set(sources) <= allowed, f"{dockerfile}: {sources} not in the build context"
@@ -152,6 +169,9 @@ SCRIPTS = [
     REPO / "hack" / "build-node.sh",
     REPO / "hack" / "go-build.sh",
     REPO / "hack" / "node" / "build-images.sh",
+    REPO / "hack" / "node" / "build-serving-image.sh",
+    REPO / "hack" / "images" / "lib.sh",
+    REPO / "hack" / "build-vllm-venv.sh",
     REPO / "hack" / "images" / "build-base.sh",
     REPO / "hack" / "csi-protos.sh",
     REPO / "e2e" / "gpu-node-setup.sh",
@@ -164,5 +184,6 @@ def test_scripts_are_valid_bash_and_pass_shellcheck(script):
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (Debian package shellcheck)")
-    result = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, timeout=60)
+    # -x follows `source` (hack/images/lib.sh), named from the repo root by the scripts' directives.
+    result = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout

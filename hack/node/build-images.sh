@@ -16,43 +16,30 @@ mkdir -p "$cache"
 
 inputs_hash() {  # what the images are made of: Dockerfiles, packaging, the packages, these scripts
   (cd "$root" && find images pyproject.toml README.md units/strata_units operator/strata_operator loader/strata_loader \
-      kvserver/strata_kv hack/node/pause.c hack/node/build-images.sh hack/images/build-base.sh \
+      kvserver/strata_kv hack/node/pause.c hack/node/build-images.sh hack/images/build-base.sh hack/images/lib.sh \
       -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum) \
     | sha256sum | cut -c1-16
 }
 archive="$cache/node-images-$(inputs_hash).tar"
 if [[ -s "$archive" ]]; then echo "$archive"; exit 0; fi
 
-started_dockerd=""
-if ! docker info >/dev/null 2>&1; then
-  command -v dockerd >/dev/null || { echo "node images: no dockerd (make system installs docker.io)" >&2; exit 1; }
-  # Only for building: no bridge and no iptables rules, so the node's pod network is left alone.
-  dockerd --iptables=false --ip-masq=false --bridge=none >"$cache/dockerd.log" 2>&1 &
-  started_dockerd=$!
-  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { tail -n 20 "$cache/dockerd.log" >&2; exit 1; }
-fi
-stop_dockerd() { if [[ -n "$started_dockerd" ]]; then kill "$started_dockerd"; wait "$started_dockerd" || true; fi; }
-trap stop_dockerd EXIT
+# shellcheck source=hack/images/lib.sh
+source "$root/hack/images/lib.sh"
+trap 'stop_wheelhouse; stop_dockerd' EXIT
+ensure_dockerd "$cache/dockerd.log"
 
 start=$SECONDS
 base="$(bash "$root/hack/images/build-base.sh")"
 
-# pip inside the build cannot verify this machine's TLS (its CA bundle is the host's, not the image's), so the
-# packages are downloaded here, with the host's pip settings, into a wheelhouse the build reads over loopback.
+# The packages, downloaded here into a wheelhouse the build reads over loopback (hack/images/lib.sh says why).
 wheelhouse="$cache/wheelhouse"
 mkdir -p "$wheelhouse"
 python3 -m pip download --quiet --dest "$wheelhouse" "setuptools>=77" wheel pip "${root}[runtime,operator,csi]" >&2
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-python3 -m http.server --bind 127.0.0.1 --directory "$wheelhouse" "$port" >/dev/null 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null || true; stop_dockerd' EXIT
-for _ in $(seq 50); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/')" \
-  2>/dev/null && break; sleep 0.1; done
+serve_wheelhouse "$wheelhouse"
 
 echo "node images: building on $base" >&2
 PYTHON_IMAGE="$base" IMAGE_PREFIX="$prefix" \
-  BUILD_ARGS="--network host --build-arg PIP_FIND_LINKS=http://127.0.0.1:$port/ --build-arg PIP_NO_INDEX=1" \
+  BUILD_ARGS="--network host --build-arg PIP_FIND_LINKS=$wheelhouse_url --build-arg PIP_NO_INDEX=1" \
   bash "$root/images/build.sh" >&2
 
 pause_dir="$(mktemp -d)"

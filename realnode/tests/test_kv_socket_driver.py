@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException
-from strata_testsupport.helm import CHART
 from strata_testsupport.kube import resource, wait_for
-from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR, RealNode
+from strata_testsupport.localcluster.node import NODE_NAME
 from strata_testsupport.pods import (
     API,
     RESTRICTED_CONTAINER,
@@ -30,13 +28,13 @@ from strata_testsupport.pods import (
     run_pod,
     unique,
 )
-from strata_testsupport.realnode import RELEASE_NAMESPACE, helm_cli
+from strata_testsupport.realnode import KV_SOCKET_STATE_DIR as STATE_DIR
+from strata_testsupport.realnode import RELEASE_NAMESPACE
 from strata_testsupport.scenarios import ready_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 DRIVER = "kv.strata.dev"
-STATE_DIR = WORK_DIR / "kv-sockets"  # under the node's work dir: the node's sweep removes it
 # The driver gives tier `kv`'s directory writable only to a pod named as a DaemonSet `kv` names its pods, and
 # the chart's admission policy only to a pod the DaemonSet controller creates for DaemonSet `kv`.
 SERVER = "kv"
@@ -68,14 +66,6 @@ def _expected_digest(seed: bytes) -> str:
     return hashlib.sha256(value).hexdigest()
 
 
-def _upgrade(real_node: RealNode, *settings: str) -> None:
-    args = ["upgrade", "strata", str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values"]
-    for setting in settings:
-        args += ["--set", setting]
-    result = helm_cli(real_node, *args, "--wait", "--timeout", "180s")
-    assert result.returncode == 0, f"helm upgrade {settings} failed:\n{result.stderr}\n" + real_node.logs("kubelet")
-
-
 def _plugin_logs(client: DynamicClient) -> str:
     pods = resource(client, "v1", "Pod").get(
         namespace=RELEASE_NAMESPACE, label_selector="app.kubernetes.io/component=kv-socket-driver"
@@ -90,19 +80,6 @@ def _log_or_state(client: DynamicClient, pod: Any) -> str:
     except ApiException:
         statuses = pod.to_dict().get("status", {}).get("containerStatuses") or []
         return f"{pod.metadata.name}: " + json.dumps([s.get("state") for s in statuses])
-
-
-@pytest.fixture
-def kv_socket_driver(real_node: RealNode, node_k8s: DynamicClient, node_operator: Any) -> Iterator[None]:
-    """The chart's driver on the installed release, pointed at the node's kubelet directory; off afterwards."""
-    _upgrade(
-        real_node,
-        "kvSocketDriver.enabled=true",
-        f"kvSocketDriver.kubeletDir={WORK_DIR / 'kubelet'}",
-        f"kvSocketDriver.stateDir={STATE_DIR}",
-    )
-    yield
-    _upgrade(real_node, "kvSocketDriver.enabled=false")
 
 
 def _csi_volume(read_only: bool) -> dict[str, Any]:

@@ -24,10 +24,13 @@ from strata_testsupport.kube import new_dynamic_client, resource, wait_for
 from strata_testsupport.localcluster.node import (
     NODE_IP,
     NODE_NAME,
+    SERVING_IMAGE,
+    WORK_DIR,
     NodeUnavailable,
     RealNode,
     find_node_binaries,
     leftovers,
+    serving_image_archive,
 )
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
 from strata_testsupport.pods import STATIC_CLASS, s3_secret, static_volume
@@ -35,6 +38,8 @@ from strata_testsupport.s3 import S3Server, running_s3_server
 from strata_testsupport.scenarios import Site
 
 RELEASE_NAMESPACE = "strata-system"
+KV_SOCKET_STATE_DIR = WORK_DIR / "kv-sockets"
+"""The chart's KV socket driver keeps the tiers' sockets here: under the node's work dir, which the sweep removes."""
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
@@ -69,6 +74,18 @@ def node_s3_checking_credentials(real_node: RealNode) -> Iterator[S3Server]:
     """Like node_s3, but the server checks every request's signature against its IAM users."""
     with running_s3_server(host=NODE_IP, authenticate=True) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def serving_image(real_node: RealNode) -> str:
+    """The serving image (vLLM on CPU + Strata's vLLM packages) in the node's runtime: built when missing (about
+    10 minutes on a fresh machine), imported for the tests that serve a model only."""
+    try:
+        archive = serving_image_archive()
+    except NodeUnavailable as error:
+        missing(str(error))
+    real_node.import_images(archive)
+    return SERVING_IMAGE
 
 
 def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str]:
@@ -109,6 +126,28 @@ def node_operator(real_node: RealNode, node_k8s: DynamicClient) -> Iterator[dict
         missing(str(error))
     yield {"namespace": RELEASE_NAMESPACE, "seconds": seconds}
     helm_cli(real_node, "uninstall", "strata", "--namespace", RELEASE_NAMESPACE, "--wait", "--timeout", "120s")
+
+
+def helm_upgrade(real_node: RealNode, *settings: str) -> None:
+    """`helm upgrade --reuse-values` of the installed release with `--set` settings, waited on."""
+    args = ["upgrade", "strata", str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values"]
+    for setting in settings:
+        args += ["--set", setting]
+    result = helm_cli(real_node, *args, "--wait", "--timeout", "180s")
+    assert result.returncode == 0, f"helm upgrade {settings} failed:\n{result.stderr}\n" + real_node.logs("kubelet")
+
+
+@pytest.fixture
+def kv_socket_driver(real_node: RealNode, node_k8s: DynamicClient, node_operator: Any) -> Iterator[None]:
+    """The chart's KV socket driver on the installed release, pointed at the node's kubelet directory; off after."""
+    helm_upgrade(
+        real_node,
+        "kvSocketDriver.enabled=true",
+        f"kvSocketDriver.kubeletDir={WORK_DIR / 'kubelet'}",
+        f"kvSocketDriver.stateDir={KV_SOCKET_STATE_DIR}",
+    )
+    yield
+    helm_upgrade(real_node, "kvSocketDriver.enabled=false")
 
 
 def operator_diagnostics(real_node: RealNode, client: DynamicClient) -> str:

@@ -40,6 +40,9 @@ CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "localhost/strata-pause:1"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 IMAGES_SCRIPT = REPO_ROOT / "hack" / "node" / "build-images.sh"
+SERVING_IMAGE_SCRIPT = REPO_ROOT / "hack" / "node" / "build-serving-image.sh"
+SERVING_IMAGE = "localhost/strata-vllm:cpu"
+"""vLLM on CPU with Strata's vLLM packages (images/vllm-cpu/Dockerfile); imported only by the tests that serve."""
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # Kernel settings a node needs for Services to reach pods on the same bridge; restored on stop.
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
@@ -82,9 +85,19 @@ def find_node_binaries() -> NodeBinaries:
 
 def node_images_archive() -> Path:
     """The archive of the node's images for the tree as it is now, built when missing (minutes the first time)."""
-    result = subprocess.run(["bash", str(IMAGES_SCRIPT)], capture_output=True, text=True)
+    return _built_archive(IMAGES_SCRIPT, "the node's images")
+
+
+def serving_image_archive() -> Path:
+    """The serving image's archive (`SERVING_IMAGE`), built when missing: about 10 minutes the first time (vLLM is
+    installed into it), a few minutes after a change to Strata's packages."""
+    return _built_archive(SERVING_IMAGE_SCRIPT, "the serving image", env={"SERVING_IMAGE": SERVING_IMAGE})
+
+
+def _built_archive(script: Path, what: str, env: dict[str, str] | None = None) -> Path:
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **(env or {})})
     if result.returncode != 0:
-        raise NodeUnavailable(f"building the node's images failed:\n{result.stderr[-4000:]}")
+        raise NodeUnavailable(f"building {what} failed ({script}):\n{result.stderr[-4000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
 
 
@@ -363,9 +376,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return _run(str(self.binaries.ctr), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args)
 
     def _import_images(self) -> None:
-        result = self._ctr("images", "import", str(self.images))
+        self.import_images(self.images)
+
+    def import_images(self, archive: Path) -> None:
+        """Add the images of a `docker save` archive (zstd-compressed when it ends in .zst) to the node's runtime,
+        as a pull would; they go with the node's work dir."""
+        argv = [str(self.binaries.ctr), "--address", str(self.containerd_socket), "--namespace", "k8s.io"]
+        argv += ["images", "import", "-" if archive.suffix == ".zst" else str(archive)]
+        with contextlib.ExitStack() as stack:
+            stdin = None
+            if archive.suffix == ".zst":
+                unzstd = stack.enter_context(subprocess.Popen(["zstd", "-dc", str(archive)], stdout=subprocess.PIPE))
+                stdin = unzstd.stdout
+            result = subprocess.run(argv, stdin=stdin, capture_output=True, text=True)
+            if stdin is not None:
+                stdin.close()
         if result.returncode != 0:
-            raise StartupError(f"ctr images import {self.images} failed: {result.stderr.strip()}")
+            raise StartupError(f"ctr images import {archive} failed: {result.stderr.strip()}")
 
     def _start_kubelet(self) -> None:
         assert self.cluster is not None
