@@ -289,6 +289,17 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     print(f"requests answered around the KV server's restart: {len(answers)}")
 
     # -- the engine stores into the new server; a fresh engine loads from it ----------------------------------
+    # The engine finds the new server again once its circuit breaker lets a probe through; stores offered before
+    # that are dropped (and never offered again). So first new prompts, one chunk each, until one is stored.
+    probes = iter(range(1, 1_000_000))
+
+    def stores_again() -> bool:
+        stored_before = metric(engine, "vllm:kv_offload_strata_store_chunks_total")
+        complete(engine, [9 + (next(probes) * 7 + i * 31) % 31000 for i in range(CHUNK_TOKENS + 1)], max_tokens=1)
+        complete(engine, [7], max_tokens=1)  # vLLM reports connector counters with the next engine step
+        return metric(engine, "vllm:kv_offload_strata_store_chunks_total") > stored_before
+
+    wait_for(stores_again, timeout=300, interval=1, what="the engine storing into the restarted server")
     before = metric(engine, "vllm:kv_offload_strata_store_chunks_total")
     later = complete(engine, LATER_PROMPT)
     own_cache = complete(engine, LATER_PROMPT)  # vLLM's own prefix cache: all but the last block
