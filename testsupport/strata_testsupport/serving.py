@@ -38,7 +38,8 @@ TEST_MODEL = {
     "vocab_size": 32000,
 }
 """~100M parameters in float32 (~400 MB): loading is measurable, a 1024-token prefill takes seconds on one core.
-float32, so a prefix computed and the same prefix loaded give the same greedy tokens (cpu_engine.py says why)."""
+Served in float32 (`--dtype float32`), so a prefix computed and the same prefix loaded give the same greedy tokens
+(cpu_engine.py says why)."""
 
 
 def make_model(path: Path, shape: dict[str, Any]) -> Path:
@@ -90,6 +91,9 @@ def engine_container(image: str, model_dir: str, load_format: str) -> dict[str, 
             # CPU: no compilation, blocks a multiple of 32, a share of host memory checked free at start.
             *("--enforce-eager", "--block-size", "32", "--max-model-len", "2048", "--max-num-seqs", "4"),
             *("--gpu-memory-utilization", "0.1"),
+            # vLLM's `auto` dtype downcasts a float32 checkpoint to bf16, whose logits are so coarse (1/32 apart
+            # near 5) that exact ties are common and break differently with the tokens computed per step.
+            *("--dtype", "float32"),
         ],
         "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],  # GiB
         "securityContext": RESTRICTED_CONTAINER,

