@@ -23,22 +23,14 @@ RESULT_MARK = "STRATA-RESULT "
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bench"))
 
-TINY_LLAMA: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+from gpu_vllm import SHAPES  # noqa: E402  (the bench's shapes; its module imports only the standard library)
+
+TINY_LLAMA: dict[str, Any] = SHAPES["cpu-70m"] | {
     "hidden_size": 256,
     "intermediate_size": 512,
     "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
     "num_hidden_layers": 4,
     "vocab_size": 1024,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
 """Small enough to start in seconds on two cores, deep enough that a wrong KV block changes what it generates;
 float32, and run in float32 (`dtype`, below), so that computing a prefix and loading its KV agree to the last greedy
@@ -53,7 +45,6 @@ def make_model(path: Path, overrides: dict[str, Any] | None = None) -> None:
     """config.json, a tokenizer (the bench's word-level one) and seeded weights scaled so activations stay finite:
     every engine started from it generates the same tokens for the same prompt."""
     import torch
-    from gpu_vllm import SHAPES
     from gpu_vllm import make_model as write_config_and_tokenizer
     from safetensors.torch import save_file
 
