@@ -56,6 +56,7 @@ def pods_shm_files() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.stat().st_uid == RUNTIME_UID}
 
 
+@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
 def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     node_site, node_s3, serving_image, kv_socket_driver, tmp_path
 ):

@@ -103,6 +103,19 @@ def engine_container(image: str, model_dir: str, load_format: str) -> dict[str, 
     }
 
 
+OWN_SHM = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
+"""A memory-backed /dev/shm for an engine no KVCacheTier wires (the webhook mounts one with a tier): vLLM's
+processes talk through shared memory, more than a container's default 64 MiB."""
+
+
+def with_own_shm(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod with OWN_SHM mounted at /dev/shm in its engine container."""
+    pod["volumes"] = [*pod["volumes"], OWN_SHM]
+    (engine,) = pod["containers"]
+    engine["volumeMounts"] = [*engine["volumeMounts"], {"name": OWN_SHM["name"], "mountPath": "/dev/shm"}]
+    return pod
+
+
 def _deployment(name: str, labels: dict[str, str], annotations: dict[str, str], pod: dict[str, Any]) -> dict[str, Any]:
     pod = {"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}, "terminationGracePeriodSeconds": 30} | pod
     template = {"metadata": {"labels": {"app": name, **labels}, "annotations": annotations}, "spec": pod}
@@ -126,7 +139,7 @@ def deployment(name: str, image: str, cache: str, tier: str | None) -> dict[str,
         "containers": [engine_container(image, "$(STRATA_MODEL_DIR)", "strata")],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
-    return _deployment(name, labels, annotations, pod)
+    return _deployment(name, labels, annotations, pod if tier else with_own_shm(pod))
 
 
 S3_DOWNLOAD = """
@@ -174,7 +187,7 @@ def s3_pull_deployment(
         "containers": [engine],
         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "model", "emptyDir": {}}],
     }
-    return _deployment(name, {}, {}, pod)
+    return _deployment(name, {}, {}, with_own_shm(pod))
 
 
 def engine_pods(site: Site, name: str) -> list[dict[str, Any]]:
@@ -184,10 +197,14 @@ def engine_pods(site: Site, name: str) -> list[dict[str, Any]]:
 
 
 def engine_log(site: Site, pod: dict[str, Any]) -> str:
+    """The engine's log for a failure message: its error lines (vLLM prints the engine core's root cause well
+    above the API server's last traceback), then its end."""
     try:
-        return pod_log(site.client, site.namespace, pod["metadata"]["name"])[-6000:]
+        text = pod_log(site.client, site.namespace, pod["metadata"]["name"])
     except Exception as error:  # the log is diagnostics only
         return f"(no log: {error})"
+    errors = [line for line in text.splitlines() if "Error" in line and not line.lstrip().startswith("File ")]
+    return "error lines:\n" + "\n".join(errors[-40:]) + "\n...\n" + text[-4000:]
 
 
 def _exited(site: Site, pod: dict[str, Any]) -> None:
