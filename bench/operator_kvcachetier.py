@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO / "testsupport"))
 from strata_operator import kube  # noqa: E402
 from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
 from strata_operator.api.registry import all_crds  # noqa: E402
-from strata_operator.handlers import kvcachetier_io as io  # noqa: E402
-from strata_operator.handlers import kvcachetier_reconcile as reconciler  # noqa: E402
+from strata_operator.handlers.kvcachetier import io as io  # noqa: E402
+from strata_operator.handlers.kvcachetier import reconcile as reconciler  # noqa: E402
 from strata_operator.resources.core import label_selector  # noqa: E402
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef  # noqa: E402
 from strata_operator.resources.kvcachetier.status import Observed, compute_status  # noqa: E402

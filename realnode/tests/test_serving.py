@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from strata_operator.resources.serving import MODEL_READY_GATE
+from strata_operator.webhook.wiring import MODEL_READY_GATE
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
 from strata_testsupport.pods import API, RESTRICTED_CONTAINER, RUNTIME_UID, kv_token_secret, pod_log, unique

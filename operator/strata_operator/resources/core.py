@@ -9,12 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from strata_operator.api import API_VERSION
+from strata_operator.api import API_VERSION, GROUP
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "strata"
+MODEL_CACHE_LABEL = f"{GROUP}/model-cache"
+"""On a serving pod: the ModelCache it uses (the webhook mounts it; `status.consumers` counts it)."""
+KV_TIER_LABEL = f"{GROUP}/kv-cache-tier"
+"""On a serving pod: the KVCacheTier it uses."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 from strata_operator import kube
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.handlers import kvcachetier_reconcile as tier_reconcile
+from strata_operator.handlers.kvcachetier import reconcile as tier_reconcile
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.modelcache.owner import CacheRef

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.handlers.kvcachetier import io as io
 from strata_operator.resources.kvcachetier.usage import ServerUsage, parse_metrics, summarize
 
 SCRAPE_TIMEOUT_SECONDS = 2.0

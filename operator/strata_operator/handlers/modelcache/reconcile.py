@@ -15,8 +15,8 @@ from typing import Any
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
-from strata_operator.handlers.modelcache_io import delete_job, gather, patch_status
-from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_label
+from strata_operator.handlers.modelcache.io import delete_job, gather, patch_status
+from strata_operator.handlers.modelcache.nodes import NodeCache, patch_node_label
 from strata_operator.resources.modelcache import fanout
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache import status as st

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
-from strata_operator.handlers.modelcache_capacity import consumer_pods, gather_capacity
-from strata_operator.handlers.modelcache_nodes import NodeCache
+from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
+from strata_operator.handlers.modelcache.nodes import NodeCache
 from strata_operator.resources.core import Problem, label_selector
 from strata_operator.resources.modelcache import fanout, plan, storage
 from strata_operator.resources.modelcache import status as st

@@ -21,7 +21,8 @@ from strata_operator import kube
 from strata_operator import settings as strata_settings
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.conditions import set_condition
-from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.handlers.kvcachetier import io
+from strata_operator.handlers.process import runtime_of
 from strata_operator.resources.core import label_selector
 from strata_operator.resources.kvcachetier.auth import TOKEN_BYTES, build_token_secret, token_secret
 from strata_operator.resources.kvcachetier.children import Children, build_children
@@ -224,7 +225,7 @@ def _reconcile(
     if full and not problems:
         # Built only from a spec that passed validation: the builders read its quantities.
         rejection, token_uid = ensure_generated_token(spec, tier)
-        children = build_children(spec, tier, settings.runtime, token_version=token_uid)
+        children = build_children(spec, tier, runtime_of(settings), token_version=token_uid)
         rejection = rejection or apply_children(children, tier, applied)
         done, config_digest = rejection is None, children.config_hash
         if rejection is not None:
