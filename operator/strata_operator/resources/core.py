@@ -1,5 +1,7 @@
-"""What the builders of every kind share: the owner type, Strata's ownership labels, label selectors, one
-stable hash. Pure (no client, no environment), like everything under `resources/`."""
+"""What the reconciles of every kind share, once: the owner type, Strata's ownership labels, label selectors, one
+stable hash, and the reconcile kit (a `Problem`, the writes a plan lists as `Action`s, the name-conflict check,
+the token Secret, the spec refusal and the status patch). Pure (no client, no environment), like everything
+under `resources/`; the I/O half of the kit is `handlers/common.py`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import ValidationError
 
 from strata_operator.api import API_VERSION, GROUP
 
@@ -106,3 +110,89 @@ def stable_hash(value: Any, *, length: int = 10) -> str:
     labels and annotations built from it stay the same across operator restarts and versions."""
     data = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(data.encode()).hexdigest()[:length]
+
+
+Event = tuple[str, str, str]
+"""(type, reason, message) of a Kubernetes Event on the reconciled object."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One write of a plan: `apply` an object (server-side), or `delete` one of our Jobs. `event` is posted once
+    the write succeeded, so a refused write never claims to have happened."""
+
+    verb: Literal["apply", "delete"]
+    body: Mapping[str, Any]
+    event: Event | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return str(self.body["kind"]), str(self.body["metadata"]["name"])
+
+
+SPEC_INVALID = "InvalidSpec"
+"""The condition reason of a spec the operator's model or builders refuse, for every kind."""
+
+
+def invalid_spec(error: ValidationError) -> Problem:
+    """The model's refusal, one `spec.<field>: <what is wrong>` per error (pydantic's text names no fields)."""
+    details = "; ".join(
+        f"spec.{'.'.join(str(part) for part in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    return Problem(SPEC_INVALID, f"{details}; fix the spec, the operator retries when it changes")
+
+
+def name_conflict(owner: Owner, kind: str, name: str, live: Mapping[str, Any] | None, hint: str = "") -> Problem | None:
+    """A child's name taken by an object this owner did not create: applying over it (forced) would take it over,
+    and deleting the owner would then garbage-collect it. `hint` names the spec field that avoids the name."""
+    if live is None or owner.created(live):
+        return None
+    return Problem(
+        "NameConflict",
+        f"{kind} {name!r} already exists in namespace {owner.namespace!r} and was not created by {owner.KIND} "
+        f"{owner.name!r}: rename the {owner.KIND}, or rename or delete that {kind}{hint}",
+    )
+
+
+TOKEN_BYTES = 32
+"""Random bytes in a generated token (the KV server warns below 16)."""
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """A token Secret a plan needs before its children: created once, with a random token the executing handler
+    draws (a plan is pure). Immutable, so nothing (the operator included) rewrites a token its clients hold; one
+    deleted by hand comes back with a new token and uid. Created, never patched: the operator needs no right to
+    rewrite Secrets."""
+
+    metadata: Mapping[str, Any]
+    key: str
+    hint: str = ""
+    """The spec field that avoids the name, for the conflict message (see `name_conflict`)."""
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    def secret(self, token: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": dict(self.metadata),
+            "type": "Opaque",
+            "immutable": True,
+            "stringData": {self.key: token},
+        }
+
+
+WRITTEN_ELSEWHERE = ("consumers",)
+"""Status keys another handler owns (`handlers/consumers.py`): a reconcile never drops them."""
+
+
+def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A JSON merge patch from the stored status to the one a reconcile rendered (None for keys to drop), or None
+    when nothing changed: a reconcile that changes nothing writes nothing."""
+    patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
+    patch.update({k: None for k in previous if k not in desired and k not in WRITTEN_ELSEWHERE})
+    return patch or None

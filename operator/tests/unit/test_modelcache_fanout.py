@@ -71,14 +71,14 @@ def test_the_first_node_alone_reads_the_source_and_hashes_every_file() -> None:
     )
     assert result.status["desiredNodes"] == 3 and result.status["fanOut"]["phase"] == "Seeding"
     assert result.status["phase"] == "Preloading" and not result.wake_again  # waiting is progress, not a problem
-    assert applied(result, "DaemonSet") == [] and result.peer_token_secret is None
+    assert applied(result, "DaemonSet") == [] and result.token_secret is None
 
 
 def test_a_ready_first_copy_starts_the_peers_and_the_others_keep_waiting() -> None:
     previous = {"nodes": [ready_state("gpu-a", "seed")], "phase": "Preloading"}
     result = plan(observe(previous=previous))
     assert [b["kind"] for b in applied(result)] == ["DaemonSet", "Service", "NetworkPolicy"]
-    assert result.peer_token_secret == fanout.token_secret_name(OWNER)
+    assert result.token_secret is not None and result.token_secret.name == fanout.token_secret_name(OWNER)
     assert result.status["fanOut"]["waitingSince"] == "2026-01-01T00:00:00Z"
     assert {s["name"]: s["phase"] for s in result.status["nodes"]} == {
         "gpu-a": "Ready",

@@ -20,8 +20,6 @@ import kopf
 from strata_operator.api import GROUP
 from strata_operator.handlers import controller
 from strata_operator.handlers.kvcachetier import reconcile as reconciler
-from strata_operator.handlers.kvcachetier import usage as usage
-from strata_operator.handlers.kvcachetier.io import read_tier
 from strata_operator.handlers.process import settings_of
 from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
@@ -52,29 +50,17 @@ def memory(memo: kopf.Memo) -> TierMemory:
 async def tier_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
-    """The tier's reconcile loop; Events are collected in the worker thread and posted on kopf's loop."""
+    """The tier's reconcile loop; its Events are posted on kopf's loop (`controller.run_daemon`)."""
     mine, process = memory(memo), settings_of(memo)
     scraped = 0.0
 
     def reconcile_once(snapshot: dict[str, Any], _waker: controller.Waker, full: bool) -> list[Any]:
         nonlocal scraped
-        events: list[tuple[str, str, str]] = []
-        reconciler.reconcile(
-            snapshot,
-            full=full,
-            events=lambda _body, *event: events.append(cast(tuple[str, str, str], event)),
-            settings=process,
-            applied=mine.applied,
-        )
-        if time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS:
+        scrape = time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS
+        if scrape:
             scraped = time.monotonic()
-            current = read_tier(snapshot["metadata"]["name"], snapshot["metadata"]["namespace"])
-            if current is not None:
-                try:
-                    usage.refresh_usage(current)
-                except Exception:  # metrics are informative: a failed scrape never fails the reconcile
-                    logger.exception("scraping the KV servers' metrics failed")
-        return events
+        outcome = reconciler.reconcile(snapshot, full=full, settings=process, applied=mine.applied, scrape=scrape)
+        return outcome.events if outcome is not None else []
 
     await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
 

@@ -17,7 +17,7 @@ from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
 from strata_operator.handlers.modelcache.nodes import NodeCache
-from strata_operator.resources.core import Problem, label_selector
+from strata_operator.resources.core import Problem, invalid_spec, label_selector
 from strata_operator.resources.modelcache import fanout, plan, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
@@ -43,7 +43,7 @@ def gather(
     try:
         spec = ModelCacheSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        observed.spec_problem = st.invalid_spec(error)
+        observed.spec_problem = invalid_spec(error)
         return observed
     observed.spec = spec
     mode = spec.storage.mode

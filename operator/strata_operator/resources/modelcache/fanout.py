@@ -29,6 +29,7 @@ from strata_loader import contract
 
 from strata_operator.api import GROUP
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.core import GeneratedToken
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import NODE_ROOT_MOUNT, PodMounts, runtime_image
@@ -40,7 +41,6 @@ from strata_operator.resources.security import container_security_context, pod_s
 ROLE_PEER = "peer"
 TOKEN_KEY = "token"
 TOKEN_MOUNT = "/strata/peer"
-TOKEN_BYTES = 32
 """Random bytes of the generated peer token (the peer refuses one under 16 characters)."""
 PAUSED_SELECTOR = {f"{GROUP}/fan-out": "done"}
 """A node label Strata never sets: a DaemonSet selecting it runs on no node."""
@@ -183,16 +183,9 @@ def build_peer_network_policy(owner: CacheRef) -> dict[str, Any]:
     }
 
 
-def build_token_secret(owner: CacheRef, token: str) -> dict[str, Any]:
-    """Immutable and created once: a peer and a fetcher never disagree about a token in flight."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(owner, token_secret_name(owner)),
-        "type": "Opaque",
-        "immutable": True,
-        "stringData": {TOKEN_KEY: token},
-    }
+def peer_token(owner: CacheRef) -> GeneratedToken:
+    """The peers' token: a peer and a fetcher never disagree about a token in flight (it is never rewritten)."""
+    return GeneratedToken(_metadata(owner, token_secret_name(owner)), TOKEN_KEY)
 
 
 def _metadata(owner: CacheRef, name: str) -> dict[str, Any]:
@@ -238,7 +231,7 @@ class Decision:
     waiting: dict[str, str] = field(default_factory=dict)
     """Nodes that get no Job yet → why."""
     apply: list[dict[str, Any]] = field(default_factory=list)
-    token_secret: str | None = None
+    token_secret: GeneratedToken | None = None
     """The Secret that must exist before `apply` (created once, with a random token, by the handler)."""
     status: dict[str, Any] | None = None
 
@@ -326,7 +319,7 @@ def decide(
                 else f"waiting for a peer (Service {service}) to serve the copy"
             )
     if ready:
-        decision.token_secret = token_secret_name(owner)
+        decision.token_secret = peer_token(owner)
         for body, live in (
             (desired_ds, peers.daemonset),
             (build_peer_service(owner), peers.service),

@@ -19,12 +19,13 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from strata_loader.contract import FetchResult
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
-from strata_operator.resources.core import Problem
+from strata_operator.conditions import transition_events
+from strata_operator.resources.core import SPEC_INVALID, Action, Event, GeneratedToken, Problem
 from strata_operator.resources.modelcache import capacity, demand, fanout, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, MODEL_MOUNT, fetch_request, request_hash
@@ -42,23 +43,6 @@ unpinned or deleted, a pod ended), with a fresh list of copies it may evict."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 CARRIED = ("totalBytes", "totalFiles", "size", "seconds", "resolvedRevision", "manifestSha256", "claimUid")
 """What a settled SharedPVC cache keeps from the result it recorded (its Job may be gone by now)."""
-
-Event = tuple[str, str, str]
-"""(type, reason, message) of a Kubernetes Event on the ModelCache."""
-
-
-@dataclass(frozen=True)
-class Action:
-    """One write: `apply` an object (server-side), or `delete` one of our Jobs. `event` is posted once the
-    write succeeded, so a refused write never claims to have happened."""
-
-    verb: Literal["apply", "delete"]
-    body: Mapping[str, Any]
-    event: Event | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return str(self.body["kind"]), str(self.body["metadata"]["name"])
 
 
 @dataclass(frozen=True)
@@ -117,7 +101,7 @@ class Plan:
     """Events that follow from the observation itself (transitions, a Job found that status never named)."""
     needs_inputs: bool = False
     again: bool = False
-    peer_token_secret: str | None = None
+    token_secret: GeneratedToken | None = None
     """A Secret that must exist (created once with a random token) before the actions run."""
     wake_again: bool = False
     """Reconcile once more after this one: fan-out decides from the node states a plan starts with, and this
@@ -140,7 +124,7 @@ class _Planner:
         """NodeLocal: the preload Job for a node (to start one again after an eviction)."""
         self.needed_again: dict[str, str] = {}
         """NodeLocal: evicted node → the waiting pod its copy is fetched again for (`demand`)."""
-        self.peer_token_secret: str | None = None
+        self.token_secret: GeneratedToken | None = None
         self.wake_again = False
 
     def create(self, body: Mapping[str, Any], event: Event | None) -> str | None:
@@ -166,7 +150,7 @@ def plan(observed: Observed) -> Plan:
     planner = _Planner(observed)
     spec = observed.spec
     if observed.spec_problem is not None or spec is None:
-        outcome = st.blocked_outcome(observed.spec_problem or Problem("InvalidSpec", "no spec"), {})
+        outcome = st.blocked_outcome(observed.spec_problem or Problem(SPEC_INVALID, "no spec"), {})
     else:
         try:
             outcome = MODES[spec.storage.mode](planner, spec)
@@ -179,10 +163,12 @@ def plan(observed: Observed) -> Plan:
         status=desired,
         actions=planner.actions,
         labels=planner.labels,
-        events=planner.events + st.transition_events(previous, desired),
+        events=planner.events
+        + transition_events(observed.owner.KIND, previous.get("conditions") or [], desired["conditions"])
+        + st.node_events(previous, desired),
         needs_inputs=planner.needs_inputs,
         again=planner.again,
-        peer_token_secret=planner.peer_token_secret,
+        token_secret=planner.token_secret,
         wake_again=planner.wake_again,
     )
 
@@ -622,7 +608,7 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
 def _fan_out_children(planner: _Planner, fan: fanout.Decision) -> None:
     """Apply the peer objects that differ; a refusal is told in the fan-out status (the other nodes then wait,
     and read the source after `peerWaitSeconds`)."""
-    planner.peer_token_secret = fan.token_secret
+    planner.token_secret = fan.token_secret
     for body in fan.apply:
         if (refusal := planner.create(body, None)) and fan.status is not None:
             fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
