@@ -100,6 +100,20 @@ def created_by_strata(live: Mapping[str, Any], owner_uid: str, owner_name: str, 
     )
 
 
+def is_subset(desired: Any, live: Any) -> bool:
+    """True when every field we render already has that value live (server defaults may add more): a child
+    that differs only by what the API server added needs no write."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(is_subset(v, live.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(is_subset(d, v) for d, v in zip(desired, live, strict=True))
+        )
+    return bool(desired == live)
+
+
 def label_selector(labels: Mapping[str, str]) -> str | None:
     """`k=v,k2=v2` (sorted, so the same labels give the same string); None for no labels (select all)."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None

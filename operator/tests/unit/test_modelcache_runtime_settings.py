@@ -10,8 +10,9 @@ from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.handlers.process import runtime_of
 from strata_operator.resources.modelcache import storage
 from strata_operator.resources.modelcache.jobs import JobShape, PodMounts, build_job
+from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.plan import Observed, plan
+from strata_operator.resources.modelcache.plan import plan
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 SPEC = ModelCacheSpec.model_validate(

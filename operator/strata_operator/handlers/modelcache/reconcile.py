@@ -18,10 +18,11 @@ from strata_operator import kube
 from strata_operator.handlers.common import ensure_token_secret
 from strata_operator.handlers.modelcache.io import delete_job, gather, patch_status
 from strata_operator.handlers.modelcache.nodes import NodeCache, patch_node_label
-from strata_operator.resources.core import status_patch
-from strata_operator.resources.modelcache import fanout
+from strata_operator.resources.core import Event, status_patch
+from strata_operator.resources.modelcache import peers
 from strata_operator.resources.modelcache import plan as planning
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import RuntimeImage
 
 ROUNDS = 3
@@ -36,10 +37,10 @@ def reconcile(
     *,
     now: datetime.datetime | None = None,
     wake: Callable[[], None] | None = None,
-) -> tuple[dict[str, Any], list[planning.Event]]:
+) -> tuple[dict[str, Any], list[Event]]:
     """Returns (the status now stored, Events to post). `previous` is the status last seen or written; `wake`
     asks the daemon for another reconcile right after this one (when the plan says so)."""
-    events: list[planning.Event] = []
+    events: list[Event] = []
     inputs = False
     for _ in range(ROUNDS):
         observed = gather(body, previous, nodes, runtime, inputs=inputs, now=now)
@@ -62,14 +63,12 @@ def reconcile(
     return plan.status, events
 
 
-def execute(
-    plan: planning.Plan, owner: CacheRef, nodes: NodeCache, events: list[planning.Event]
-) -> dict[tuple[str, str], str]:
+def execute(plan: Plan, owner: CacheRef, nodes: NodeCache, events: list[Event]) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
     skip: set[tuple[str, str]] = set()
     if plan.token_secret and (conflict := ensure_token_secret(owner, plan.token_secret)[1]):
-        peer = fanout.peer_name(owner)
+        peer = peers.peer_name(owner)
         rejected[("DaemonSet", peer)] = conflict.message  # the peers need their token; everything else goes on
         skip = {("DaemonSet", peer), ("Service", peer), ("NetworkPolicy", peer)}
     for action in plan.actions:
