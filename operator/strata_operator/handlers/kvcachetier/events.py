@@ -1,5 +1,5 @@
-"""kopf entry points for KVCacheTier: one daemon per tier runs its level-based reconcile (`controller`, the
-same for both kinds); watches only wake it:
+"""What kopf calls for KVCacheTier (the triggers are listed in `strata_operator.routes`): one daemon per tier
+runs its level-based reconcile (`controller`, the same for both kinds); watches only wake it:
 
 - the tier itself: a new generation (a spec change) asks for a full reconcile;
 - its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back (full), a DaemonSet

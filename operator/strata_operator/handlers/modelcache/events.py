@@ -1,4 +1,4 @@
-"""kopf handlers for the modelcache resource (thin: parse spec, build children, apply, set status).
+"""What kopf calls for ModelCache (the triggers are listed in `strata_operator.routes`).
 
 One daemon per ModelCache runs the level-based reconcile (`controller`, the same for both kinds). Watches on
 the cache, its children (Jobs, their pods, claims) and on nodes only wake it.
@@ -133,7 +133,7 @@ def modelcache_deleted(
     Claims, Jobs and everything else with an ownerReference are left to the garbage collector. The finalizer
     never outstays what can still happen: in a namespace being deleted no clean-up Job can be created, so the
     deletion gives up at once; otherwise it waits about five minutes. Copies left behind are recorded on their
-    nodes (see `modelcache_cleanup`).
+    nodes (see `handlers/modelcache/cleanup.py`).
     """
     try:
         parsed = ModelCacheSpec.model_validate(dict(spec))

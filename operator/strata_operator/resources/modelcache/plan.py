@@ -1,10 +1,11 @@
 """A ModelCache reconcile's decisions: one pure function from what was observed to what to do.
 
-The controller runs gather → plan → apply → write status if it changed (the same shape as KVCacheTier's):
-`handlers/modelcache_io.py` makes every read (`gather`) and fills an `Observed`; `plan` turns it into the objects to
-apply, the Jobs to delete, the node labels to set, the status and the Events, without touching the cluster;
-`handlers/modelcache_reconcile.py` carries the plan out. So every storage mode's behaviour is a unit test on
-plain data (`operator/tests/unit/test_modelcache_plan.py`).
+The controller runs gather → plan → execute → write status if it changed (the shape of KVCacheTier's
+`resources/kvcachetier/plan.py`): `handlers/modelcache/io.py` makes every read (`gather`) and fills an `Observed`;
+`plan` turns it into the objects to apply, the Jobs to delete, the node labels to set, the status and the Events,
+without touching the cluster (each storage mode decides in its own module: `shared_pvc`, `node_modes`, with
+`node_states` per node); `handlers/modelcache/reconcile.py` carries the plan out. So every storage mode's
+behaviour is a unit test on plain data (`operator/tests/unit/test_modelcache_plan.py`).
 
 Two facts a plan cannot always have up front, and how it asks for them:
 - whether a Job's references (Secret, ServiceAccount, source claim) exist is read only when a Job is about to be
