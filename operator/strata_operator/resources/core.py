@@ -9,12 +9,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from strata_operator.api import API_VERSION, GROUP
 
+SpecT = TypeVar("SpecT", bound=BaseModel)
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -155,6 +156,15 @@ def invalid_spec(error: ValidationError) -> Problem:
         for e in error.errors()
     )
     return Problem(SPEC_INVALID, f"{details}; fix the spec, the operator retries when it changes")
+
+
+def parse_spec(model: type[SpecT], body: Mapping[str, Any]) -> tuple[SpecT | None, Problem | None]:
+    """The object's spec as its model, or why the model refuses it (what the CRD let through): every gather
+    starts here, so a refused spec is a condition, never an exception retried in a loop."""
+    try:
+        return model.model_validate(body.get("spec") or {}), None
+    except ValidationError as error:
+        return None, invalid_spec(error)
 
 
 def name_conflict(owner: Owner, kind: str, name: str, live: Mapping[str, Any] | None, hint: str = "") -> Problem | None:

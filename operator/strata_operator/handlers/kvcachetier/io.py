@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.dynamic.exceptions import BadRequestError, InternalServerError, UnprocessibleEntityError
-from pydantic import ValidationError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.common import ensure_token_secret
 from strata_operator.handlers.kvcachetier import usage
-from strata_operator.resources.core import Problem, invalid_spec, label_selector
+from strata_operator.resources.core import Problem, label_selector, parse_spec
 from strata_operator.resources.kvcachetier.children import child_names
 from strata_operator.resources.kvcachetier.names import KIND, TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
@@ -52,10 +51,8 @@ def gather(
     children's names; `scrape`: also the ready servers' metrics (status.usage)."""
     tier = TierRef.from_body(body)
     observed = Observed(tier=tier, previous=dict(body.get("status") or {}), now=now, runtime=runtime, full=full)
-    try:
-        spec = KVCacheTierSpec.model_validate(body.get("spec") or {})
-    except ValidationError as error:
-        observed.spec_problem = invalid_spec(error)
+    spec, observed.spec_problem = parse_spec(KVCacheTierSpec, body)
+    if spec is None:
         return observed
     observed.spec = spec
     if full:

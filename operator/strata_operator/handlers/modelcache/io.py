@@ -10,14 +10,12 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
-
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
 from strata_operator.handlers.modelcache.nodes import NodeCache
-from strata_operator.resources.core import Problem, invalid_spec, label_selector
+from strata_operator.resources.core import Problem, label_selector, parse_spec
 from strata_operator.resources.modelcache import fanout, peers, planner, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
@@ -41,10 +39,8 @@ def gather(
     observed = Observed(
         owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC), runtime=runtime
     )
-    try:
-        spec = ModelCacheSpec.model_validate(body.get("spec") or {})
-    except ValidationError as error:
-        observed.spec_problem = invalid_spec(error)
+    spec, observed.spec_problem = parse_spec(ModelCacheSpec, body)
+    if spec is None:
         return observed
     observed.spec = spec
     mode = spec.storage.mode
