@@ -12,7 +12,7 @@ from strata_operator.resources.core import Problem, invalid_spec
 from strata_operator.resources.kvcachetier.children import build_children, child_names
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
-from strata_operator.resources.kvcachetier.plan import plan, with_writes
+from strata_operator.resources.kvcachetier.plan import plan, settle, with_writes
 from strata_operator.resources.runtime_image import RuntimeImage
 
 TIER = TierRef(name="kv", namespace="serving", uid="tier-uid", generation=3)
@@ -55,7 +55,7 @@ def test_after_its_writes_the_plan_has_nothing_left_and_reports_on_what_was_stor
         updatedNumberScheduled=2,
         observedGeneration=1,
     )
-    final = plan(with_writes(observed, written, None))
+    final = settle(with_writes(observed, written, None), first)
     assert final.actions == [] and final.checked.config_hash == first.checked.config_hash
     assert final.status["configHash"] == first.checked.config_hash and final.status["readyInstances"] == 2
     assert condition(final.status, "Ready") == ("True", "AllReady")
@@ -64,8 +64,10 @@ def test_after_its_writes_the_plan_has_nothing_left_and_reports_on_what_was_stor
 def test_a_child_the_api_server_refused_is_the_config_problem() -> None:
     spec = KVCacheTierSpec.model_validate({"auth": {"disabled": True}})
     refused = Problem("ChildRejected", "the API server refused DaemonSet kv: bad affinity")
-    result = plan(with_writes(Observed(TIER, runtime=RUNTIME, spec=spec), {}, refused))
+    observed = Observed(TIER, runtime=RUNTIME, spec=spec)
+    result = settle(with_writes(observed, {}, refused), plan(observed))
     assert result.actions == [] and result.checked.config_hash is None
+    assert plan(with_writes(observed, {}, refused)).actions == [], "a refusal is not retried within the reconcile"
     assert condition(result.status, "ConfigValid") == ("False", "ChildRejected")
     assert ("Warning", "ChildRejected", refused.message) in result.events
 

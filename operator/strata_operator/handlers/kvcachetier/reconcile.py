@@ -19,8 +19,8 @@ from strata_operator.handlers.process import runtime_of
 from strata_operator.resources.core import Event, status_patch
 from strata_operator.resources.kvcachetier import plan as planning
 
-ROUNDS = 3
-"""Writes per reconcile at most: the token Secret, the children, then the plan of what they became."""
+ROUNDS = 2
+"""Writes per reconcile at most: the token Secret (only when it is missing), then the children."""
 
 __all__ = ["Applied", "AppliedChildren", "Outcome", "reconcile"]
 
@@ -62,7 +62,7 @@ def reconcile(
             break
         stored, rejected = io.execute(plan, observed.tier, applied)
         observed = planning.with_writes(observed, stored, rejected)
-        plan = planning.plan(observed)
+        plan = planning.plan(observed) if plan.token_secret is not None else planning.settle(observed, plan)
     patch = status_patch(observed.previous, plan.status)
     if patch is not None:
         io.write_status(observed.tier, patch)

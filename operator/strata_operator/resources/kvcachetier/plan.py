@@ -4,11 +4,11 @@ The controller runs gather → plan → execute → write status if it changed, 
 `handlers/kvcachetier/io.py` makes every read (`gather`) and fills an `Observed`; `plan` turns it into the token
 Secret to ensure, the children to apply, the status and the Events, without touching the cluster;
 `handlers/kvcachetier/reconcile.py` carries the plan out. A write's answer goes back into the observation
-(`with_writes`) and the plan runs again, so it sees what it wrote:
+(`with_writes`), so the plan sees what it wrote:
 - a generated token's Secret is ensured first: its uid is part of the configuration (a new token rolls the
-  servers), so the children are planned once it exists;
-- the status is rendered from the children as the API server stored them, and a child it refused is a Problem
-  (ConfigValid False), never an exception retried in a loop.
+  servers), so the children are planned (`plan` again) once it exists;
+- the status is rendered from the children as the API server stored them (`settle`), and a child it refused is
+  a Problem (ConfigValid False), never an exception retried in a loop.
 """
 
 from __future__ import annotations
@@ -81,9 +81,20 @@ def _children(observed: Observed) -> tuple[Checked, list[Action], GeneratedToken
         hint = CLAIM_HINT if kind == "PersistentVolumeClaim" else ""
         if conflict := name_conflict(tier, kind, name, _live(observed, kind, name), hint):
             return Checked([conflict], warnings), [], None
-    actions = [Action("apply", child) for child in ordered]
-    pending = [action for action in actions if action.key not in observed.written]
-    return Checked((), warnings, children.config_hash), pending, None
+    return Checked((), warnings, children.config_hash), [Action("apply", child) for child in ordered], None
+
+
+def settle(observed: Observed, planned: Plan) -> Plan:
+    """The plan once its children were written (`with_writes`): the status of what the API server stored, or of
+    its refusal; nothing left to write, and the children are not built again."""
+    spec = observed.spec
+    assert spec is not None  # only a usable spec plans children
+    checked = planned.checked
+    if observed.rejected is not None:
+        checked = Checked([observed.rejected], checked.warnings)
+    status = compute_status(spec, observed, checked)
+    events = transition_events(KIND, observed.previous.get("conditions") or [], status["conditions"])
+    return Plan(status=status, checked=checked, events=events)
 
 
 def _live(observed: Observed, kind: str, name: str) -> Any:
