@@ -23,7 +23,8 @@
   `STRATA_WEBHOOK_MAX_QUEUED` (24 waiting for one): the work one caller can make the webhook do; a request beyond
   them is answered 413 or 429 at once.
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
-- `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made (`kubeconfig()`).
+- `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is made (`kube.py` reads the settings
+  anew then: tests switch clusters within one process).
 
 Nothing else in `strata_operator` calls `os.environ`; builders take what they need as arguments
 (`operator/tests/unit/test_cli_and_settings.py` keeps it so). Plain values only: this module imports nothing of
@@ -167,6 +168,7 @@ class Settings:
     webhook_port: int = DEFAULT_WEBHOOK_PORT
     webhook_tls: WebhookTLS | None = None
     webhook_access: WebhookAccess = field(default_factory=WebhookAccess)
+    kubeconfig: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -194,6 +196,7 @@ class Settings:
             webhook_port=int(port),
             webhook_tls=_webhook_tls(env),
             webhook_access=_webhook_access(env),
+            kubeconfig=env.get(KUBECONFIG_ENV) or None,
         )
 
     @property
@@ -211,9 +214,3 @@ def reload() -> Settings:
     """Read the environment again (tests that change it; the in-process operator between sessions)."""
     current.cache_clear()
     return current()
-
-
-def kubeconfig(environ: Mapping[str, str] | None = None) -> str | None:
-    """$KUBECONFIG as it is now: tests switch clusters within one process, so this one is not cached."""
-    env = os.environ if environ is None else environ
-    return env.get(KUBECONFIG_ENV) or None
