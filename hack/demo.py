@@ -4,13 +4,16 @@ Steps: build (once) and load the images; start a control plane and one real node
 kube-proxy, CoreDNS) on this machine; `helm install` the chart, so the operator runs as a pod; put a generated
 safetensors model into an S3 server the pods reach; a ModelCache preloads it into a ReadWriteMany claim and a
 consumer pod reads every tensor back bit for bit; a KVCacheTier runs its server on the node and a client pod
-round-trips chunks through the Service's DNS name; then everything stops and is swept.
+round-trips chunks through the Service's DNS name; a vLLM Deployment (CPU) labelled with a ModelCache and a
+KVCacheTier serves completions with the weights Strata loaded, and a fresh engine answers the same long prompt with
+KV from Strata's tier; then everything stops and is swept.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,16 @@ from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # no
 from strata_testsupport.localcluster.node import (  # noqa: E402
     NODE_IP,
     NODE_NAME,
+    SERVING_IMAGE,
+    WORK_DIR,
     RealNode,
     leftovers,
     node_images_archive,
+    serving_image_archive,
 )
 from strata_testsupport.pods import (  # noqa: E402
     API,
+    STATIC_CLASS,
     kv_client_pod,
     kv_tier_spec,
     kv_token_secret,
@@ -40,8 +47,24 @@ from strata_testsupport.pods import (  # noqa: E402
     upload_model,
     wait_phase,
 )
-from strata_testsupport.realnode import install_strata, pod_security_namespace  # noqa: E402
+from strata_testsupport.realnode import helm_upgrade, install_strata, pod_security_namespace  # noqa: E402
 from strata_testsupport.s3 import running_s3_server  # noqa: E402
+from strata_testsupport.scenarios import Site, ready_server, shared_cache_from_s3  # noqa: E402
+from strata_testsupport.serving import (  # noqa: E402
+    LOADED,
+    TEST_MODEL,
+    cached_tokens,
+    complete,
+    delete_deployment,
+    deployment,
+    fresh_engine,
+    make_model,
+    metric,
+    ready_engine,
+    stored_chunks_reach,
+    tier_spec,
+    upload_model_dir,
+)
 
 NAMESPACE_LEVEL = "restricted"
 MODEL = "tiny-llm"
@@ -103,6 +126,71 @@ def kv_round_trip(client: Any, namespace: str) -> None:
         step(f"client pod {what} via {out['host']}", started)
 
 
+SERVING_CHUNK_TOKENS = 64
+LONG_PROMPT = [3 + (i * 7919) % 31000 for i in range(1024)]
+
+
+def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) -> None:
+    banner("An LLM served with Strata: vLLM (CPU) in a Deployment that only names a ModelCache and a KVCacheTier")
+    started = time.monotonic()
+    node.import_images(serving_image_archive())
+    helm_upgrade(
+        node,
+        "kvSocketDriver.enabled=true",
+        f"kvSocketDriver.kubeletDir={WORK_DIR / 'kubelet'}",
+        f"kvSocketDriver.stateDir={WORK_DIR / 'kv-sockets'}",
+    )
+    step("serving image imported, the chart's KV socket driver on", started)
+
+    def shared_pvc(cache: str) -> dict[str, Any]:
+        static_volume(client, namespace, f"{cache}-model")
+        return {"size": "1Gi", "storageClassName": STATIC_CLASS}
+
+    site = Site(client, namespace, s3.endpoint_url, "s3-credentials", shared_pvc, region=s3.region)
+    started = time.monotonic()
+    model = make_model(work / "llama", TEST_MODEL)
+    uri = upload_model_dir(s3, model)
+    size = sum(p.stat().st_size for p in model.iterdir()) / 1e6
+    step(f"generated a Llama with a tokenizer ({size:.0f} MB, random weights) and uploaded it to {uri}", started)
+    tier = "llm-kv"
+    resource(client, API, "KVCacheTier").create(
+        namespace=namespace,
+        body={
+            "apiVersion": API,
+            "kind": "KVCacheTier",
+            "metadata": {"name": tier},
+            "spec": tier_spec(SERVING_CHUNK_TOKENS),
+        },
+    )
+    ready_server(site, tier)
+    started = time.monotonic()
+    shared_cache_from_s3(site, "llama", uri)
+    resource(client, "apps/v1", "Deployment").create(
+        namespace=namespace, body=deployment("llm", SERVING_IMAGE, "llama", tier)
+    )
+    print("  applied the ModelCache and the Deployment together: the pod waits at the scheduling gate")
+    engine = ready_engine(site, "llm", set())
+    first = complete(engine, LONG_PROMPT)
+    step(f"apply -> first completion of a {len(LONG_PROMPT)}-token prompt (preload included)", started)
+    print(f"  text: {first['choices'][0]['text']!r}")
+    stored_chunks_reach(engine, len(LONG_PROMPT) // SERVING_CHUNK_TOKENS - 1)
+    started = time.monotonic()
+    engine = fresh_engine(site, "llm", engine, set())
+    step("pod deleted; the Deployment's next engine is ready", started)
+    started = time.monotonic()
+    second = complete(engine, LONG_PROMPT)
+    same = second["choices"][0]["text"] == first["choices"][0]["text"]
+    step(
+        f"the fresh engine answered: {cached_tokens(second)} of {len(LONG_PROMPT)} prompt tokens from Strata's tier "
+        f"({metric(engine, LOADED):.0f} chunks loaded), text {'the same' if same else 'DIFFERENT'}",
+        started,
+    )
+    delete_deployment(site, "llm")
+    for kind, name in (("ModelCache", "llama"), ("KVCacheTier", tier)):
+        resource(client, API, kind).delete(name=name, namespace=namespace)
+    helm_upgrade(node, "kvSocketDriver.enabled=false")
+
+
 def main() -> int:
     banner("Images (built once from a local Debian base, no registry)")
     started = time.monotonic()
@@ -120,9 +208,13 @@ def main() -> int:
                 print(f"  namespace {namespace} enforces Pod Security '{NAMESPACE_LEVEL}'")
                 preload(client, namespace, s3)
                 kv_round_trip(client, namespace)
+                with tempfile.TemporaryDirectory(prefix="strata-demo-") as work:
+                    serve_llm(node, client, namespace, s3, Path(work))
         banner("Stopping")
     left = leftovers()
-    print(f"  left behind: {left}" if left else "  control plane, node, pods, mounts, bridge and iptables chains removed")
+    print(
+        f"  left behind: {left}" if left else "  control plane, node, pods, mounts, bridge and iptables chains removed"
+    )
     return 1 if left else 0
 
 
