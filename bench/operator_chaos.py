@@ -364,12 +364,13 @@ def peering_peers(client: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from strata_operator.api.registry import all_crds
+    from strata_operator.handlers.process import runtime_of
     from strata_operator.settings import Settings, peer_priority
     from strata_testsupport.cluster import install_crds
     from strata_testsupport.kube import create_fake_node, new_dynamic_client, resource
     from strata_testsupport.localcluster import LocalCluster
 
-    runtime = Settings.from_env(os.environ).runtime
+    runtime = runtime_of(Settings.from_env(os.environ))
     pools = max(1, args.nodes // 3)
     rounds: list[dict[str, Any]] = []
     t_start = time.monotonic()

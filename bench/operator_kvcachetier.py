@@ -28,11 +28,12 @@ sys.path.insert(0, str(REPO / "testsupport"))
 from strata_operator import kube  # noqa: E402
 from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
 from strata_operator.api.registry import all_crds  # noqa: E402
-from strata_operator.handlers import kvcachetier_io as io  # noqa: E402
-from strata_operator.handlers import kvcachetier_reconcile as reconciler  # noqa: E402
+from strata_operator.handlers.kvcachetier import io  # noqa: E402
+from strata_operator.handlers.kvcachetier import reconcile as reconciler  # noqa: E402
 from strata_operator.resources.core import label_selector  # noqa: E402
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION, TierRef  # noqa: E402
-from strata_operator.resources.kvcachetier.status import Observed, compute_status  # noqa: E402
+from strata_operator.resources.kvcachetier.observed import Observed  # noqa: E402
+from strata_operator.resources.kvcachetier.status import Checked, compute_status  # noqa: E402
 from strata_operator.resources.kvcachetier.validation import ClusterFacts, validate  # noqa: E402
 from strata_testsupport.cluster import install_crds  # noqa: E402
 from strata_testsupport.kube import fake_node, new_dynamic_client, resource, wait_for  # noqa: E402
@@ -106,7 +107,8 @@ def measure_aggregation(runs: int) -> None:
     nodes = kube.list_objects("v1", "Node", label_selector="gpu=true")
     daemonset = kube.read("apps/v1", "DaemonSet", "kv", NAMESPACE)
     print(f"status aggregation ({len(pods)} pods, {len(nodes)} nodes):")
-    row("compute_status (pure)", timed(lambda: compute_status(spec, tier, Observed(daemonset, pods), {}), runs))
+    observed = Observed(tier, daemonset=daemonset, pods=pods)
+    row("compute_status (pure)", timed(lambda: compute_status(spec, observed, Checked()), runs))
     row("validate against every node (pure)", timed(lambda: validate(spec, ClusterFacts(nodes=nodes)), runs))
     raw_pods = timed(lambda: kube.list_objects("v1", "Pod", namespace=NAMESPACE, label_selector=selector), runs)
     pod_api = resource(kube.dynamic_client(), "v1", "Pod")

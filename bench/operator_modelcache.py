@@ -107,7 +107,8 @@ def run_counted_operator() -> None:
 def count_wakeups(counts: collections.Counter[str], lock: threading.Lock) -> None:
     """Also count what woke the reconcile loops: node changes that matter, and child or spec events. The
     controller's memory is made at startup, so the counting wraps the methods of its classes."""
-    from strata_operator.handlers import modelcache, modelcache_nodes
+    from strata_operator.handlers.modelcache import events as modelcache
+    from strata_operator.handlers.modelcache import nodes as modelcache_nodes
 
     observe = modelcache_nodes.NodeCache.observe
     wake = modelcache.ModelCacheMemory.wake

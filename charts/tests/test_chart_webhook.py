@@ -18,9 +18,9 @@ import pytest
 from cryptography import x509
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
-from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
-from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.settings import Settings
+from strata_operator.webhook.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_testsupport.helm import CHART
 from strata_testsupport.kube import resource, service_account_may, wait_for
 

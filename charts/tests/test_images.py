@@ -116,7 +116,7 @@ def test_operator_imports_none_of_the_dependencies_its_image_leaves_out():
     left_out = everything - kept - {"strata"}
     code = (
         "import sys, importlib.metadata as md\n"
-        "import strata_operator.handlers, strata_operator.cli\n"
+        "import strata_operator.routes, strata_operator.cli\n"
         "dists = md.packages_distributions()\n"
         "print('\\n'.join(sorted({d.lower().replace('_', '-') for m in list(sys.modules)"
         " for d in dists.get(m.split('.')[0], [])})))\n"

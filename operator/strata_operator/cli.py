@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HANDLERS_MODULE = "strata_operator.handlers"
+HANDLERS_MODULE = "strata_operator.routes"
 
 
 def write_crds(directory: Path) -> list[Path]:

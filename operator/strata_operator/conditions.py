@@ -1,17 +1,80 @@
-"""Set Kubernetes-style conditions: lastTransitionTime moves only when the status flips."""
+"""The condition vocabulary of every kind, the Events their transitions emit (one table), and the helper that
+sets a condition: lastTransitionTime moves only when the status flips."""
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 READY = "Ready"
 """kstatus' summary condition: True when the resource does what it was asked to (`kubectl wait` reads it)."""
 RECONCILING = "Reconciling"
 """kstatus' abnormal-true pair, shared by every kind: True while the operator is still working on it..."""
 STALLED = "Stalled"
-"""...and True while it cannot go on until a person changes something. Each kind adds its domain conditions."""
+"""...and True while it cannot go on until a person changes something. Each kind adds its domain conditions:"""
+DEGRADED = "Degraded"
+"""ModelCache: something failed (a node's copy, the preload), whether or not it is usable."""
+CONFIG_VALID = "ConfigValid"
+"""KVCacheTier: the spec passed the checks the API server cannot make, and its children were accepted."""
+AVAILABLE = "Available"
+"""KVCacheTier: at least one server is ready."""
+ALL_INSTANCES_READY = "AllInstancesReady"
+"""KVCacheTier: every selected node runs a ready server with the current configuration."""
+L2_REACHABLE = "L2Reachable"
+"""KVCacheTier: its L2 (claim, S3) is in use by ready servers."""
+
+CONDITION_TYPES = {
+    "ModelCache": (READY, RECONCILING, STALLED, DEGRADED),
+    "KVCacheTier": (CONFIG_VALID, AVAILABLE, ALL_INSTANCES_READY, L2_REACHABLE, READY, RECONCILING, STALLED),
+}
+"""Each kind's conditions; a type an older operator wrote and no kind lists any more is dropped."""
+
+
+@dataclass(frozen=True)
+class Announced:
+    """Which transitions of one condition are an Event, and of which type."""
+
+    into_true_only: bool
+    """Only a change into True is news (else every change of status or reason is)."""
+    severity: Literal["Normal", "Warning", "WarningWhenFalse"]
+    """WarningWhenFalse: a Warning while the condition is False, unless its reason is a step `IN_PROGRESS`."""
+
+
+IN_PROGRESS = ("RollingOut", "InstancesStarting")
+"""Reasons of a rollout going as it should: Normal Events, never Warnings."""
+
+EVENTS: Mapping[tuple[str, str], Announced] = {
+    ("ModelCache", READY): Announced(into_true_only=True, severity="Normal"),
+    ("ModelCache", DEGRADED): Announced(into_true_only=True, severity="Warning"),
+    ("KVCacheTier", CONFIG_VALID): Announced(into_true_only=False, severity="WarningWhenFalse"),
+    ("KVCacheTier", AVAILABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
+    ("KVCacheTier", ALL_INSTANCES_READY): Announced(into_true_only=False, severity="Normal"),
+    ("KVCacheTier", L2_REACHABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
+}
+"""(kind, condition type) -> the Events its transitions emit; a condition not listed (a tier's Ready,
+Reconciling and Stalled only restate the others) emits none."""
+
+
+def transition_events(
+    kind: str, previous: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """(event type, reason, message) for each condition whose status or reason changed, as `EVENTS` says."""
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous}
+    events = []
+    for condition in new:
+        rule = EVENTS.get((kind, condition["type"]))
+        status, reason = condition["status"], condition["reason"]
+        if rule is None or before.get(condition["type"]) == (status, reason):
+            continue
+        if rule.into_true_only and status != "True":
+            continue
+        warning = rule.severity == "Warning" or (
+            rule.severity == "WarningWhenFalse" and status == "False" and reason not in IN_PROGRESS
+        )
+        events.append(("Warning" if warning else "Normal", str(reason), str(condition.get("message", ""))))
+    return events
 
 
 def now_rfc3339() -> str:

@@ -27,7 +27,7 @@ def _load_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         # The client reads $KUBECONFIG once at import time; read it now so a changed value is honoured.
-        kubernetes.config.load_kube_config(config_file=settings.kubeconfig())
+        kubernetes.config.load_kube_config(config_file=settings.Settings.from_env().kubeconfig)
 
 
 def dynamic_client() -> DynamicClient:

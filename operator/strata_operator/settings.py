@@ -23,10 +23,13 @@
   `STRATA_WEBHOOK_MAX_QUEUED` (24 waiting for one): the work one caller can make the webhook do; a request beyond
   them is answered 413 or 429 at once.
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
-- `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is first made.
+- `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is made (`kube.py` reads the settings
+  anew then: tests switch clusters within one process).
 
 Nothing else in `strata_operator` calls `os.environ`; builders take what they need as arguments
-(`operator/tests/unit/test_cli_and_settings.py` keeps it so).
+(`operator/tests/unit/test_cli_and_settings.py` keeps it so). Plain values only: this module imports nothing of
+the operator's, so every layer may read the settings and none drags in another's code (the handlers turn the
+runtime fields into the builders' `RuntimeImage`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from strata_operator.resources.runtime_image import RuntimeImage, release_image
 
 RUNTIME_IMAGE_ENV = "STRATA_RUNTIME_IMAGE"
 RUNTIME_IMAGE_PULL_POLICY_ENV = "STRATA_RUNTIME_IMAGE_PULL_POLICY"
@@ -59,6 +60,7 @@ WEBHOOK_MAX_CONCURRENT_ENV = "STRATA_WEBHOOK_MAX_CONCURRENT"
 WEBHOOK_MAX_QUEUED_ENV = "STRATA_WEBHOOK_MAX_QUEUED"
 WEBHOOK_CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 POD_ID_ENV = "POD_ID"
+KUBECONFIG_ENV = "KUBECONFIG"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
@@ -156,13 +158,17 @@ def _webhook_tls(env: Mapping[str, str]) -> WebhookTLS | None:
 
 @dataclass(frozen=True)
 class Settings:
-    runtime: RuntimeImage = field(default_factory=lambda: RuntimeImage(release_image()))
+    runtime_image: str | None = None
+    """The configured runtime image; None: this release's (`resources/runtime_image.release_image`)."""
+    runtime_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
     modelcache_resync_seconds: float = 60.0
     identity: str = field(default_factory=unique_identity)
     webhook_cert_dir: str | None = None
     webhook_port: int = DEFAULT_WEBHOOK_PORT
     webhook_tls: WebhookTLS | None = None
     webhook_access: WebhookAccess = field(default_factory=WebhookAccess)
+    kubeconfig: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -181,13 +187,16 @@ class Settings:
         if not port.isdigit() or int(port) > 65535:
             raise ValueError(f"{WEBHOOK_PORT_ENV}={port!r}: give a TCP port number (0: any free port)")
         return cls(
-            runtime=RuntimeImage(env.get(RUNTIME_IMAGE_ENV) or release_image(), policy, pull_secrets),
+            runtime_image=env.get(RUNTIME_IMAGE_ENV) or None,
+            runtime_pull_policy=policy,
+            image_pull_secrets=pull_secrets,
             modelcache_resync_seconds=resync_seconds,
             identity=env.get(POD_ID_ENV) or unique_identity(),
             webhook_cert_dir=env.get(WEBHOOK_CERT_DIR_ENV) or None,
             webhook_port=int(port),
             webhook_tls=_webhook_tls(env),
             webhook_access=_webhook_access(env),
+            kubeconfig=env.get(KUBECONFIG_ENV) or None,
         )
 
     @property
@@ -205,8 +214,3 @@ def reload() -> Settings:
     """Read the environment again (tests that change it; the in-process operator between sessions)."""
     current.cache_clear()
     return current()
-
-
-def kubeconfig() -> str | None:
-    """$KUBECONFIG as it is now: tests switch clusters within one process, so this one is not cached."""
-    return os.environ.get("KUBECONFIG") or None

@@ -17,7 +17,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-from strata_operator.resources.serving import MODEL_READY_GATE
+from strata_operator.webhook.wiring import MODEL_READY_GATE
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import WORK_DIR
 from strata_testsupport.pods import API, RUNTIME_UID, kv_token_secret, unique

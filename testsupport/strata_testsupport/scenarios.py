@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.dynamic import DynamicClient
-from strata_operator.resources.serving import MODEL_READY_GATE
+from strata_operator.webhook.wiring import MODEL_READY_GATE
 
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.pods import (

@@ -118,7 +118,7 @@ def write_client_certificates(directory: Path, *names: str) -> Path:
 
 
 def webhook_configuration(name: str, url: str, ca_pem: bytes, timeout: int = WEBHOOK_TIMEOUT_SECONDS) -> dict[str, Any]:
-    from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+    from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 
     def webhook(label: str, short: str, *unless: str) -> dict[str, Any]:
         selector = [{"key": label, "operator": "Exists"}] + [{"key": k, "operator": "DoesNotExist"} for k in unless]
@@ -194,13 +194,13 @@ class RunningWebhook:
 
     @property
     def url(self) -> str:
-        from strata_operator.admission import MUTATE_PODS_PATH
+        from strata_operator.webhook.admission import MUTATE_PODS_PATH
 
         return f"https://127.0.0.1:{self.port}{MUTATE_PODS_PATH}"
 
     @property
     def deletion_url(self) -> str:
-        from strata_operator.admission import VALIDATE_DELETION_PATH
+        from strata_operator.webhook.admission import VALIDATE_DELETION_PATH
 
         return f"https://127.0.0.1:{self.port}{VALIDATE_DELETION_PATH}"
 
@@ -213,7 +213,7 @@ class RunningWebhook:
         return int(self._server.deletion_requests) if self._server is not None else 0
 
     def start(self) -> None:
-        from strata_operator.admission import AdmissionServer
+        from strata_operator.webhook.admission import AdmissionServer
 
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name="strata-webhook", daemon=True)

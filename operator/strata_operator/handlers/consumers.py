@@ -9,7 +9,7 @@ differs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +17,8 @@ import kopf
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from strata_operator import kube
-from strata_operator.api import API_VERSION, GROUP, VERSION
-from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_operator.api import API_VERSION
+from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 
 ENDED = ("Succeeded", "Failed")
 
@@ -58,26 +58,40 @@ class Consumed:
     label: str
     index: str
 
+    @property
+    def selector(self) -> dict[str, Any]:
+        """The pods that opt in: any value of the label."""
+        return {self.label: kopf.PRESENT}
 
-CONSUMED = (
-    Consumed("ModelCache", "modelcaches", MODEL_CACHE_LABEL, "model_cache_consumers"),
-    Consumed("KVCacheTier", "kvcachetiers", KV_TIER_LABEL, "kv_tier_consumers"),
-)
+
+MODEL_CACHES = Consumed("ModelCache", "modelcaches", MODEL_CACHE_LABEL, "model_cache_consumers")
+KV_TIERS = Consumed("KVCacheTier", "kvcachetiers", KV_TIER_LABEL, "kv_tier_consumers")
 
 
-def register(consumed: Consumed) -> None:
-    """The index and the two handlers of one consumed kind (the same for both; only the names differ)."""
-    labelled = {consumed.label: kopf.PRESENT}
+def index_of(consumed: Consumed) -> Callable[..., dict[tuple[str, str], str] | None]:
+    """The kopf index of `consumed`'s live consumer pods: (namespace, cache or tier) -> pod name."""
 
     def consumers(
         namespace: str | None, name: str, labels: Mapping[str, str], status: kopf.Status, meta: kopf.Meta, **_: Any
     ) -> dict[tuple[str, str], str] | None:
         return {(namespace or "", labels[consumed.label]): name} if _live(status, meta) else None
 
+    return consumers
+
+
+def recount_of(consumed: Consumed) -> Callable[..., Awaitable[None]]:
+    """On a consumer pod's event: recount the one cache or tier it names."""
+
     async def recount(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
         target = labels[consumed.label]
         live = count(kwargs[consumed.index], namespace, target)
         await asyncio.to_thread(write_consumers, consumed.kind, namespace, target, live)
+
+    return recount
+
+
+def repair_of(consumed: Consumed) -> Callable[..., Awaitable[None]]:
+    """On the cache's or tier's own event: write the count where it is missing or stale."""
 
     async def repair(
         event: Mapping[str, Any], namespace: str | None, name: str, status: kopf.Status, **kwargs: Any
@@ -86,10 +100,4 @@ def register(consumed: Consumed) -> None:
         if event.get("type") != "DELETED" and status.get("consumers") != live:
             await asyncio.to_thread(write_consumers, consumed.kind, namespace, name, live)
 
-    kopf.index("", "v1", "pods", id=consumed.index, labels=labelled)(consumers)
-    kopf.on.event("", "v1", "pods", id=f"recount-{consumed.plural}", labels=labelled)(recount)
-    kopf.on.event(GROUP, VERSION, consumed.plural, id=f"{consumed.plural}-consumers-repaired")(repair)
-
-
-for _consumed in CONSUMED:
-    register(_consumed)
+    return repair

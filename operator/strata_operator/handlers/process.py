@@ -16,6 +16,7 @@ import kopf
 from strata_operator import kube
 from strata_operator import settings as strata_settings
 from strata_operator.api import GROUP
+from strata_operator.resources.runtime_image import RuntimeImage, configured_runtime
 
 FINALIZER = f"{GROUP}/finalizer"
 PROGRESS_ANNOTATION_PREFIX = GROUP
@@ -44,7 +45,6 @@ def configure(settings: kopf.OperatorSettings, process: strata_settings.Settings
     settings.queueing.error_delays = (1, 2, 5, 10, 30, 60)
 
 
-@kopf.on.startup()
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     process = strata_settings.reload()
     memo["strata"] = process
@@ -57,12 +57,14 @@ def settings_of(memo: kopf.Memo) -> strata_settings.Settings:
     return found if isinstance(found, strata_settings.Settings) else strata_settings.current()
 
 
+def runtime_of(settings: strata_settings.Settings) -> RuntimeImage:
+    """The builders' `RuntimeImage` from the settings' plain fields."""
+    return configured_runtime(settings.runtime_image, settings.runtime_pull_policy, settings.image_pull_secrets)
+
+
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod, the service account; elsewhere $KUBECONFIG as it is when the operator starts."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
-
-kopf.on.login()(login)
 
 
 def peering_verdict(
@@ -99,7 +101,6 @@ def _peering_status(settings: kopf.OperatorSettings) -> Mapping[str, Mapping[str
     return dict(peering.get("status") or {})
 
 
-@kopf.on.probe(id="ready")
 def readiness_probe(settings: kopf.OperatorSettings, **_: Any) -> str:
     """Raises (kopf answers 500) when this replica cannot do its work; else says which role it has."""
     try:

@@ -21,6 +21,11 @@ def release_image() -> str:
     return f"{RUNTIME_IMAGE_REPOSITORY}:{version}"
 
 
+def configured_runtime(image: str | None, pull_policy: str, pull_secrets: tuple[str, ...]) -> RuntimeImage:
+    """The image the operator was configured with (`Settings`' runtime fields); this release's when none."""
+    return RuntimeImage(image or release_image(), pull_policy, pull_secrets)
+
+
 def default_runtime() -> RuntimeImage:
     """The release's image, pulled IfNotPresent, no pull Secrets: what builders use when not told otherwise."""
     return RuntimeImage(release_image())

@@ -99,7 +99,7 @@ def _create_child(body: kopf.Body, name: str, namespace: str, spec: kopf.Spec, p
 def probe_operator(k8s: DynamicClient) -> Iterator[KopfRunner]:
     # `kopf run` with an explicit registry makes it the process-wide default; Strata's own handlers must
     # keep theirs, so register them first and put the default back afterwards.
-    import strata_operator.handlers  # noqa: F401
+    import strata_operator.routes  # noqa: F401
 
     strata_registry = kopf_registries.get_default_registry()
     install_crds(k8s, [build_crd(PROBE)])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from strata_operator.handlers import kvcachetier_reconcile as reconciler
+from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.resources.kvcachetier.names import CONFIG_HASH_ANNOTATION
 from strata_testsupport.kube import (
     create_fake_node,

@@ -250,7 +250,7 @@ class ReconcilePasses:
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, namespace: str, name: str, visible: Callable[[], bool]) -> None:
-        from strata_operator.handlers import modelcache
+        from strata_operator.handlers.modelcache import events as modelcache
 
         self._done = threading.Event()
         self.events: list[tuple[str, str, str]] = []

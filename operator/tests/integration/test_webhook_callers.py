@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
-from strata_operator.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_operator.api import API_VERSION
-from strata_operator.resources.serving import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
+from strata_operator.webhook.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
 from strata_testsupport.webhook import RunningWebhook
 
 from .test_serving_webhook import create_pod, kv_tier, pod_body, ready_shared_cache

@@ -18,10 +18,10 @@ from cryptography import x509
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException
 from strata_operator import kube
-from strata_operator.handlers import webhook_tls
-from strata_operator.resources.serving import MODEL_CACHE_LABEL
+from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.settings import WebhookTLS
-from strata_operator.webhook_tls import from_secret, issue, service_names
+from strata_operator.webhook import certificate_keeper
+from strata_operator.webhook.certificates import from_secret, issue, service_names
 from strata_testsupport.kube import resource
 from strata_testsupport.webhook import RunningWebhook, webhook_configuration
 
@@ -67,7 +67,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
     cert_dir = tmp_path / "certs"
     server = RunningWebhook(cert_dir, port=port)
     try:
-        first = webhook_tls.keep(kept, cert_dir)
+        first = certificate_keeper.keep(kept, cert_dir)
         stored = secrets.get(name="webhook-tls", namespace=namespace).to_dict()
         assert from_secret(stored["data"]) == first, "the Secret holds the pair"
         assert (cert_dir / "tls.crt").read_bytes() == first.cert_pem
@@ -76,7 +76,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
         server.start()
         refused = _refusal(k8s, namespace, "first")
         assert "strata: ModelCache 'absent'" in refused and "x509" not in refused, refused
-        assert webhook_tls.keep(kept, cert_dir) == first, "a pair that is not due stays"
+        assert certificate_keeper.keep(kept, cert_dir) == first, "a pair that is not due stays"
 
         # A certificate in the last third of its life (as if issued 300 days ago for a year) is renewed.
         now = datetime.datetime.now(datetime.UTC)
@@ -85,7 +85,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
         kube.merge_patch("v1", "Secret", "webhook-tls", namespace, {"data": old.secret_data()})
         due = kube.read("v1", "Secret", "webhook-tls", namespace)
         assert due is not None
-        rotated = webhook_tls.keep(kept, cert_dir)
+        rotated = certificate_keeper.keep(kept, cert_dir)
         assert rotated != old and rotated.certificate.not_valid_after_utc > now + datetime.timedelta(days=300)
         current_ca, previous_ca = x509.load_pem_x509_certificates(rotated.trusted_pem)
         rotated.certificate.verify_directly_issued_by(current_ca)
@@ -94,7 +94,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
         hooks = configurations.get(name=name).to_dict()["webhooks"]
         assert {h["clientConfig"]["caBundle"] for h in hooks} == {rotated.ca_bundle}
         annotations = secrets.get(name="webhook-tls", namespace=namespace).to_dict()["metadata"]["annotations"]
-        assert "expires" in annotations[webhook_tls.ROTATED_ANNOTATION], annotations
+        assert "expires" in annotations[certificate_keeper.ROTATED_ANNOTATION], annotations
         server.stop()
         server.start()  # load the new files now (the server also reloads by itself when they change)
         refused = _refusal(k8s, namespace, "second")
@@ -102,7 +102,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
 
         # A replica that read the Secret before another rotated it loses the write and adopts the winner's pair.
         assert stale["metadata"]["resourceVersion"] != due["metadata"]["resourceVersion"]
-        adopted = webhook_tls._rotate(
+        adopted = certificate_keeper._rotate(
             kept, due, old, service_names(namespace, "localhost"), now, "the certificate expires soon"
         )
         assert adopted == rotated

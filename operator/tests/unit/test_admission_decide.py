@@ -6,7 +6,7 @@ import base64
 import json
 from typing import Any
 
-from strata_operator.admission import decide, decide_deletion
+from strata_operator.webhook.admission import decide, decide_deletion
 
 CACHE = {
     "metadata": {"name": "llama", "namespace": "serving", "uid": "u"},

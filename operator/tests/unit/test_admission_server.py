@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
-from strata_operator import admission, settings
-from strata_operator.handlers import webhook
+from strata_operator import settings
+from strata_operator.webhook import admission, gates
 from strata_testsupport.webhook import write_client_certificates, write_webhook_tls
 
 
@@ -43,21 +43,21 @@ async def test_the_startup_hook_serves_admission_from_the_certificate_directory(
         {settings.WEBHOOK_CERT_DIR_ENV: str(tmp_path), settings.WEBHOOK_PORT_ENV: "0"}
     )
     memo = kopf.Memo(strata=configured)
-    await webhook.start_webhook(memo=memo, logger=logging.getLogger("test"))
-    server = webhook.memory(memo).server
+    await gates.start_webhook(memo=memo, logger=logging.getLogger("test"))
+    server = gates.memory(memo).server
     assert server is not None and server.port != 0
     try:
         answer = await post_review(server.port, ca, review({"app": "plain"}))
         assert answer["response"] == {"uid": "u-1", "allowed": True}
         assert server.requests == 1
     finally:
-        await webhook.stop_webhook(memo=memo)
+        await gates.stop_webhook(memo=memo)
 
 
 async def test_without_a_certificate_directory_no_webhook_is_served(monkeypatch: pytest.MonkeyPatch) -> None:
     memo = kopf.Memo(strata=settings.Settings.from_env({}))
-    await webhook.start_webhook(memo=memo, logger=logging.getLogger("test"))
-    assert webhook.memory(memo).server is None
+    await gates.start_webhook(memo=memo, logger=logging.getLogger("test"))
+    assert gates.memory(memo).server is None
 
 
 async def test_a_rotated_certificate_is_served_without_a_restart(

@@ -14,7 +14,7 @@ from strata_operator.handlers import process
 def test_run_defaults_to_all_namespaces_standalone_with_liveness() -> None:
     parser_args = ["run"]
     argv = _kopf_argv(parser_args)
-    assert argv[:3] == ["run", "-m", "strata_operator.handlers"]
+    assert argv[:3] == ["run", "-m", "strata_operator.routes"]
     assert "--standalone" in argv and "--all-namespaces" in argv
     assert "--liveness=http://0.0.0.0:8080/healthz" in argv
 

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from strata_kv.config import CONFIG_FILE_NAME
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.resources.kvcachetier.auth import build_token_secret, token_secret
+from strata_operator.resources.kvcachetier.auth import generated_token, token_secret
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.runtime_image import RuntimeImage
@@ -49,7 +49,7 @@ def test_auth_disabled_runs_open_servers() -> None:
 
 
 def test_the_generated_secret_is_owned_immutable_and_holds_the_token() -> None:
-    secret = build_token_secret(TIER, "t" * 43)
+    secret = generated_token(TIER).secret("t" * 43)
     assert secret["metadata"]["name"] == "kv-kv-token"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "tier-uid"
     assert secret["immutable"] is True and secret["stringData"] == {"token": "t" * 43}

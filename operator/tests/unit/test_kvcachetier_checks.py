@@ -5,16 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.resources.core import Problem
+from strata_operator.conditions import transition_events
+from strata_operator.resources.core import Problem, status_patch
 from strata_operator.resources.kvcachetier.names import TierRef
-from strata_operator.resources.kvcachetier.status import (
-    STARTUP_GRACE_SECONDS,
-    Observed,
-    compute_status,
-    endpoints,
-    status_changed,
-    transition_events,
-)
+from strata_operator.resources.kvcachetier.observed import Observed
+from strata_operator.resources.kvcachetier.status import STARTUP_GRACE_SECONDS, Checked, compute_status, endpoints
 from strata_operator.resources.kvcachetier.validation import (
     ClusterFacts,
     node_selected,
@@ -37,6 +32,26 @@ def node(name: str, memory: str = "64Gi", taints: list[dict[str, str]] | None = 
         "spec": {"taints": taints or []},
         "status": {"allocatable": {"memory": memory}},
     }
+
+
+def status_of(
+    spec: KVCacheTierSpec,
+    daemonset: dict[str, Any] | None = None,
+    pods: list[dict[str, Any]] | tuple[()] = (),
+    *,
+    previous: dict[str, Any] | None = None,
+    now: str = T0,
+    claim: dict[str, Any] | None = None,
+    problems: list[Problem] | tuple[()] | None = (),
+    config_hash: str | None = None,
+) -> dict[str, Any]:
+    """The status rendered from an observation (what gather read) and a verdict (what the plan concluded)."""
+    observed = Observed(TIER, previous=previous or {}, now=now, daemonset=daemonset, pods=pods, claim=claim)
+    return compute_status(spec, observed, Checked(problems=problems, config_hash=config_hash))
+
+
+def events_of(previous: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return transition_events("KVCacheTier", previous.get("conditions") or [], new["conditions"])
 
 
 def reasons(problems: list[Problem]) -> list[str]:
@@ -125,7 +140,7 @@ def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def test_all_ready() -> None:
     pods = [pod("kv-b", "n2", True, "10.0.0.2"), pod("kv-a", "n1", True)]
-    status = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), pods, config_hash="abc"), {}, now=T0)
+    status = status_of(spec_of(), daemonset(2, 2), pods, config_hash="abc", now=T0)
     assert (status["desiredInstances"], status["readyInstances"]) == (2, 2)
     assert status["configHash"] == "abc" and status["l2"] == "none"
     assert [e["node"] for e in status["endpoints"]] == ["n1", "n2"]
@@ -142,21 +157,21 @@ def test_all_ready() -> None:
 
 
 def test_partial_readiness_and_rollout() -> None:
-    conditions = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 1)), {}, now=T0))
+    conditions = conditions_of(status_of(spec_of(), daemonset(3, 1), now=T0))
     assert conditions["Available"] == ("True", "InstancesServing")
     assert conditions["AllInstancesReady"] == ("False", "InstancesNotReady")
-    rolling = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, updated=1)), {}, now=T0))
+    rolling = conditions_of(status_of(spec_of(), daemonset(3, 3, updated=1), now=T0))
     assert rolling["AllInstancesReady"] == ("False", "RollingOut")
     assert rolling["Reconciling"] == ("True", "RollingOut")
-    unsettled = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(3, 3, settled=False)), {}, now=T0))
+    unsettled = conditions_of(status_of(spec_of(), daemonset(3, 3, settled=False), now=T0))
     assert unsettled["AllInstancesReady"] == ("False", "RollingOut")
 
 
 def test_no_matching_nodes_and_invalid_config() -> None:
-    empty = conditions_of(compute_status(spec_of(), TIER, Observed(daemonset(0, 0)), {}, now=T0))
+    empty = conditions_of(status_of(spec_of(), daemonset(0, 0), now=T0))
     assert empty["Available"] == ("False", "NoMatchingNodes")
     problem = Problem("SecretNotFound", "Secret 'x' does not exist")
-    invalid = compute_status(spec_of(), TIER, Observed(None, problems=[problem]), {}, now=T0)
+    invalid = status_of(spec_of(), problems=[problem], now=T0)
     conditions = conditions_of(invalid)
     assert conditions["ConfigValid"] == ("False", "SecretNotFound")
     assert conditions["Ready"] == ("False", "SecretNotFound")
@@ -168,49 +183,45 @@ def test_no_matching_nodes_and_invalid_config() -> None:
 def test_l2_claim_must_be_bound() -> None:
     spec = spec_of(l2={"fs": {"pvc": {"create": {"size": "1Ti"}}}})
     pending = {"status": {"phase": "Pending"}}
-    status = compute_status(spec, TIER, Observed(daemonset(1, 1), claim=pending), {}, now=T0)
+    status = status_of(spec, daemonset(1, 1), claim=pending, now=T0)
     assert conditions_of(status)["L2Reachable"] == ("False", "PVCNotBound")
     bound = {"status": {"phase": "Bound"}}
-    status = compute_status(spec, TIER, Observed(daemonset(1, 1), claim=bound), {}, now=T0)
+    status = status_of(spec, daemonset(1, 1), claim=bound, now=T0)
     assert conditions_of(status)["L2Reachable"] == ("True", "ServersReady")
     assert status["l2"] == "fs"
 
 
 def test_recomputing_an_unchanged_status_needs_no_write() -> None:
-    observed = Observed(daemonset(2, 2), [pod("kv-a", "n1", True)])
-    first = compute_status(spec_of(), TIER, observed, {}, now=T0)
-    second = compute_status(spec_of(), TIER, observed, first, now=T1)
-    assert not status_changed(first, second)
-    assert transition_events(first["conditions"], second["conditions"]) == []
+    seen = (daemonset(2, 2), [pod("kv-a", "n1", True)])
+    first = status_of(spec_of(), *seen, now=T0)
+    second = status_of(spec_of(), *seen, previous=first, now=T1)
+    assert status_patch(first, second) is None
+    assert events_of(first, second) == []
 
 
 def test_transition_time_moves_only_when_a_condition_flips() -> None:
-    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 1)), {}, now=T0)
-    second = compute_status(spec_of(), TIER, Observed(daemonset(2, 2)), first, now=T1)
+    first = status_of(spec_of(), daemonset(2, 1), now=T0)
+    second = status_of(spec_of(), daemonset(2, 2), previous=first, now=T1)
     times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
     assert times["Available"] == T0
     assert times["AllInstancesReady"] == T1
-    assert transition_events(first["conditions"], second["conditions"]) == [
-        ("Normal", "AllReady", "all 2 servers are ready")
-    ]
+    assert events_of(first, second) == [("Normal", "AllReady", "all 2 servers are ready")]
 
 
 def test_broken_configuration_is_a_warning_event() -> None:
-    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 2)), {}, now=T0)
+    first = status_of(spec_of(), daemonset(2, 2), now=T0)
     problem = Problem("SecretNotFound", "Secret 'x' does not exist")
-    second = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=[problem]), first, now=T1)
-    assert ("Warning", "SecretNotFound", "Secret 'x' does not exist") in transition_events(
-        first["conditions"], second["conditions"]
-    )
+    second = status_of(spec_of(), daemonset(2, 2), problems=[problem], previous=first, now=T1)
+    assert ("Warning", "SecretNotFound", "Secret 'x' does not exist") in events_of(first, second)
 
 
 def test_status_only_refresh_keeps_the_last_validation() -> None:
     problem = Problem("L1ExceedsNodeMemory", "too big")
-    first = compute_status(spec_of(), TIER, Observed(daemonset(2, 1), problems=[problem]), {}, now=T0)
-    refreshed = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=None), first, now=T1)
+    first = status_of(spec_of(), daemonset(2, 1), problems=[problem], now=T0)
+    refreshed = status_of(spec_of(), daemonset(2, 2), problems=None, previous=first, now=T1)
     assert conditions_of(refreshed)["ConfigValid"] == ("False", "L1ExceedsNodeMemory")
     assert conditions_of(refreshed)["Ready"] == ("False", "L1ExceedsNodeMemory")
-    fresh = compute_status(spec_of(), TIER, Observed(daemonset(2, 2), problems=None), {}, now=T1)
+    fresh = status_of(spec_of(), daemonset(2, 2), problems=None, now=T1)
     assert conditions_of(fresh)["ConfigValid"] == ("True", "Valid")
 
 
@@ -243,13 +254,13 @@ def test_usage_of_no_answering_server() -> None:
     ]
 
 
-def _events_along(*steps: tuple[Observed, str]) -> list[tuple[str, str, str]]:
-    """The Events a sequence of (observation, time) would post, starting from an empty status."""
+def _events_along(*steps: tuple[dict[str, Any] | None, str]) -> list[tuple[str, str, str]]:
+    """The Events a sequence of (DaemonSet observed, time) would post, starting from an empty status."""
     status: dict[str, Any] = {}
     events = []
     for observed, now in steps:
-        new = compute_status(spec_of(l2={"fs": {"hostPath": {"path": "/mnt/kv"}}}), TIER, observed, status, now=now)
-        events += transition_events(status.get("conditions") or [], new["conditions"])
+        new = status_of(spec_of(l2={"fs": {"hostPath": {"path": "/mnt/kv"}}}), observed, previous=status, now=now)
+        events += events_of(status, new)
         status = new
     return events
 
@@ -262,25 +273,25 @@ def test_a_healthy_creation_posts_no_warning() -> None:
     """Applied but not yet seen by the DaemonSet controller, then pods starting, then ready: the first two
     used to post Warning NoMatchingNodes and Warning NoReadyInstances on every creation."""
     events = _events_along(
-        (Observed(None), at(0)),
-        (Observed(daemonset(2, 0, settled=False)), at(1)),
-        (Observed(daemonset(2, 0)), at(5)),
-        (Observed(daemonset(2, 2)), at(40)),
+        (None, at(0)),
+        (daemonset(2, 0, settled=False), at(1)),
+        (daemonset(2, 0), at(5)),
+        (daemonset(2, 2), at(40)),
     )
     assert [e for e in events if e[0] == "Warning"] == []
     assert ("Normal", "InstancesServing", "2/2 nodes serve the KV tier") in events
 
 
 def test_no_matching_nodes_is_a_warning_once_the_controller_has_looked() -> None:
-    events = _events_along((Observed(daemonset(0, 0, settled=False)), at(0)), (Observed(daemonset(0, 0)), at(2)))
+    events = _events_along((daemonset(0, 0, settled=False), at(0)), (daemonset(0, 0), at(2)))
     assert [(t, r) for t, r, _ in events if t == "Warning"] == [("Warning", "NoMatchingNodes")]
 
 
 def test_no_ready_server_after_the_grace_period_is_a_warning() -> None:
     events = _events_along(
-        (Observed(daemonset(2, 0)), at(0)),
-        (Observed(daemonset(2, 0)), at(STARTUP_GRACE_SECONDS - 1)),
-        (Observed(daemonset(2, 0)), at(STARTUP_GRACE_SECONDS + 1)),
+        (daemonset(2, 0), at(0)),
+        (daemonset(2, 0), at(STARTUP_GRACE_SECONDS - 1)),
+        (daemonset(2, 0), at(STARTUP_GRACE_SECONDS + 1)),
     )
     warnings = [(t, r) for t, r, _ in events if t == "Warning"]
     assert warnings == [("Warning", "NoReadyInstances")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from strata_operator.handlers import controller
-from strata_operator.handlers import kvcachetier_reconcile as reconciler
-from strata_operator.handlers.kvcachetier import child_event_action, owning_tier
+from strata_operator.handlers.kvcachetier import reconcile as reconciler
+from strata_operator.handlers.kvcachetier.events import child_event_action, owning_tier
 
 
 def child(

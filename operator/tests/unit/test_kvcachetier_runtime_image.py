@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.handlers.process import runtime_of
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.settings import Settings
@@ -19,7 +20,7 @@ ENV = {
 
 
 def _pod(spec: KVCacheTierSpec, env: dict[str, str]) -> dict[str, Any]:
-    runtime = Settings.from_env(env).runtime
+    runtime = runtime_of(Settings.from_env(env))
     return dict(build_children(spec, TIER, runtime).daemonset["spec"]["template"]["spec"])
 
 

@@ -10,11 +10,14 @@ import pytest
 from strata_operator import kube
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.handlers import kvcachetier_reconcile as tier_reconcile
 from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.observed import Observed as TierObserved
+from strata_operator.resources.kvcachetier.plan import plan as tier_plan
+from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.plan import Observed, Plan, plan
+from strata_operator.resources.modelcache.plan import plan
+from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import RuntimeImage
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
@@ -108,21 +111,31 @@ def tier_spec() -> KVCacheTierSpec:
     return KVCacheTierSpec.model_validate({})
 
 
-def test_a_users_config_map_named_like_the_tiers_is_a_name_conflict(
-    monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]
-) -> None:
+def tier_observed(live: dict[tuple[str, str], dict[str, Any] | None]) -> TierObserved:
+    spec = KVCacheTierSpec.model_validate({"auth": {"disabled": True}})
+    return TierObserved(TIER, runtime=RUNTIME, spec=spec, live=live)
+
+
+def test_a_users_config_map_named_like_the_tiers_is_a_name_conflict() -> None:
     theirs = user_object("ConfigMap", "kv-config", labels={"app": "mine"})
-    wanted = ("ConfigMap", "kv-config")
-    monkeypatch.setattr(kube, "read", lambda _v, kind, name, _ns=None: theirs if (kind, name) == wanted else None)
-    problem = tier_reconcile.apply_children(build_children(tier_spec(), TIER, RUNTIME), TIER)
-    assert problem is not None and problem.reason == "NameConflict"
-    assert "ConfigMap 'kv-config'" in problem.message
-    assert "kv-config" not in [c["metadata"]["name"] for c in applied]
+    result = tier_plan(tier_observed({("ConfigMap", "kv-config"): theirs}))
+    valid = next(c for c in result.status["conditions"] if c["type"] == "ConfigValid")
+    assert (valid["status"], valid["reason"]) == ("False", "NameConflict")
+    assert "ConfigMap 'kv-config'" in valid["message"]
+    assert result.actions == [], "nothing is applied while any child's name is taken"
 
 
-def test_the_tiers_own_children_are_applied(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> None:
-    children = build_children(tier_spec(), TIER, RUNTIME)
-    live = {c["metadata"]["name"]: c for c in children.in_apply_order()}
-    monkeypatch.setattr(kube, "read", lambda _v, kind, name, _ns=None: live.get(name))
-    assert tier_reconcile.apply_children(children, TIER) is None
-    assert len(applied) == len(children.in_apply_order())
+def test_the_tiers_own_children_are_applied() -> None:
+    children = build_children(KVCacheTierSpec.model_validate({"auth": {"disabled": True}}), TIER, RUNTIME)
+    ours = {(c["kind"], c["metadata"]["name"]): stored(c) for c in children.in_apply_order()}
+    result = tier_plan(tier_observed(ours))
+    assert [a.body for a in result.actions] == children.in_apply_order()
+
+
+def test_a_users_secret_under_the_generated_token_name_is_a_name_conflict() -> None:
+    theirs = user_object("Secret", "kv-kv-token")
+    spec = KVCacheTierSpec.model_validate({})
+    result = tier_plan(TierObserved(TIER, runtime=RUNTIME, spec=spec, live={("Secret", "kv-kv-token"): theirs}))
+    valid = next(c for c in result.status["conditions"] if c["type"] == "ConfigValid")
+    assert valid["reason"] == "NameConflict" and "auth.secretRef" in valid["message"]
+    assert result.actions == [] and result.token_secret is None

@@ -15,8 +15,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ForbiddenError
 from strata_operator import kube
-from strata_operator.handlers import modelcache as handler
-from strata_operator.handlers import modelcache_cleanup as cleanup
+from strata_operator.handlers.modelcache import cleanup as cleanup
+from strata_operator.handlers.modelcache import events as handler
 from strata_operator.resources.modelcache import names
 from strata_operator.resources.modelcache.nodes import NodeInfo
 

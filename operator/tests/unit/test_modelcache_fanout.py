@@ -10,9 +10,12 @@ from typing import Any
 from strata_loader.contract import FetchRequest, FetchResult, VerifyMode
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import fanout, names, storage
+from strata_operator.resources.modelcache import peers as peer_objects
 from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.plan import Observed, Plan, plan
+from strata_operator.resources.modelcache.plan import plan
+from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import default_runtime
 
 from .test_modelcache_plan import ended, pod_with_result
@@ -29,7 +32,7 @@ SEED_MANIFEST = "sha256:" + "5e" * 32
 
 
 def job(node: str, how: str) -> dict[str, Any]:
-    adjust = {"origin": None, "seed": fanout.as_seed, "peers": fanout.from_peers(OWNER, SEED_MANIFEST)}[how]
+    adjust = {"origin": None, "seed": peer_objects.as_seed, "peers": peer_objects.from_peers(OWNER, SEED_MANIFEST)}[how]
     return storage.node_preload(OWNER, SPEC, node, NODES[node].uid, adjust=adjust)[1]
 
 
@@ -53,7 +56,7 @@ def ready_state(node: str, how: str) -> dict[str, Any]:
 
 
 def live_daemonset(ready: int) -> dict[str, Any]:
-    body = fanout.build_peer_daemonset(OWNER, SPEC, default_runtime(), paused=False)
+    body = peer_objects.build_peer_daemonset(OWNER, SPEC, default_runtime(), paused=False)
     body["metadata"] = {**body["metadata"], "generation": 1}
     body["status"] = {"observedGeneration": 1, "numberReady": ready}
     return body
@@ -71,14 +74,14 @@ def test_the_first_node_alone_reads_the_source_and_hashes_every_file() -> None:
     )
     assert result.status["desiredNodes"] == 3 and result.status["fanOut"]["phase"] == "Seeding"
     assert result.status["phase"] == "Preloading" and not result.wake_again  # waiting is progress, not a problem
-    assert applied(result, "DaemonSet") == [] and result.peer_token_secret is None
+    assert applied(result, "DaemonSet") == [] and result.token_secret is None
 
 
 def test_a_ready_first_copy_starts_the_peers_and_the_others_keep_waiting() -> None:
     previous = {"nodes": [ready_state("gpu-a", "seed")], "phase": "Preloading"}
     result = plan(observe(previous=previous))
     assert [b["kind"] for b in applied(result)] == ["DaemonSet", "Service", "NetworkPolicy"]
-    assert result.peer_token_secret == fanout.token_secret_name(OWNER)
+    assert result.token_secret is not None and result.token_secret.name == peer_objects.token_secret_name(OWNER)
     assert result.status["fanOut"]["waitingSince"] == "2026-01-01T00:00:00Z"
     assert {s["name"]: s["phase"] for s in result.status["nodes"]} == {
         "gpu-a": "Ready",
@@ -113,8 +116,8 @@ def test_a_ready_peer_lets_the_other_nodes_read_from_it() -> None:
     previous = {"nodes": [ready_state("gpu-a", "seed")], "fanOut": {"phase": "Seeding", "waitingSince": "x"}}
     peers = fanout.PeerObjects(
         daemonset=live_daemonset(ready=1),
-        service=fanout.build_peer_service(OWNER),
-        network_policy=fanout.build_peer_network_policy(OWNER),
+        service=peer_objects.build_peer_service(OWNER),
+        network_policy=peer_objects.build_peer_network_policy(OWNER),
     )
     result = plan(observe(previous=previous, peers=peers))
     jobs = applied(result, "Job")
@@ -180,7 +183,7 @@ def test_every_node_ready_points_the_peers_at_no_node() -> None:
     result = plan(observe(previous=previous, peers=fanout.PeerObjects(daemonset=live_daemonset(ready=3))))
     ds = applied(result)
     assert [b["kind"] for b in ds] == ["DaemonSet"]
-    assert ds[0]["spec"]["template"]["spec"]["nodeSelector"] == fanout.PAUSED_SELECTOR
+    assert ds[0]["spec"]["template"]["spec"]["nodeSelector"] == peer_objects.PAUSED_SELECTOR
     assert result.status["phase"] == "Ready" and result.status["fanOut"]["phase"] == "Done"
     assert applied(plan(observe(previous=previous))) == []  # never started: nothing to stop
 
@@ -225,11 +228,11 @@ def test_nodes_that_start_after_the_first_copy_copy_the_commit_an_hf_branch_reso
     hub = ModelCacheSpec.model_validate(
         {"source": {"uri": "hf://org/model", "revision": "main"}, "storage": SPEC.storage.to_k8s()}
     )
-    seed = storage.node_preload(OWNER, hub, "gpu-a", NODES["gpu-a"].uid, adjust=fanout.as_seed)[1]
+    seed = storage.node_preload(OWNER, hub, "gpu-a", NODES["gpu-a"].uid, adjust=peer_objects.as_seed)[1]
     ready = {"name": "gpu-a", "job": seed["metadata"]["name"], "phase": "Ready", "bytes": 10, "files": 2,
              "manifestSha256": SEED_MANIFEST}  # fmt: skip
     previous = {"nodes": [ready], "resolvedRevision": sha, "resolvedFrom": "main"}
-    peers = fanout.PeerObjects(daemonset=live_daemonset(ready=1), service=fanout.build_peer_service(OWNER))
+    peers = fanout.PeerObjects(daemonset=live_daemonset(ready=1), service=peer_objects.build_peer_service(OWNER))
 
     def later_jobs(spec: ModelCacheSpec, previous: dict[str, Any]) -> dict[str, FetchRequest]:
         result = plan(Observed(owner=OWNER, previous=previous, now=NOW, spec=spec, nodes=NODES, inputs_checked=True,

@@ -15,8 +15,10 @@ from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache.jobs import CONTAINER
 from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.plan import LabelChange, Observed, Plan, plan
+from strata_operator.resources.modelcache.plan import plan
+from strata_operator.resources.modelcache.planner import LabelChange, Plan
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="cache-uid", generation=3)
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

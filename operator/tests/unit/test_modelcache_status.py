@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from strata_loader.contract import FetchResult
-from strata_operator.resources.core import Problem
+from strata_operator.conditions import transition_events
+from strata_operator.resources.core import Problem, status_patch
 from strata_operator.resources.modelcache import status as st
 
 RESULT = FetchResult(source="s3://models/llama", revision="main", bytes=3 * 2**30, files=4, seconds=12.5)
@@ -111,28 +112,32 @@ def test_one_vocabulary_with_kvcachetier_stalled_waits_for_a_person() -> None:
 
 def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> None:
     previous = {"phase": "Ready", "job": "old", "size": "1GiB"}
-    assert st.status_patch(previous, dict(previous)) is None
-    assert st.status_patch(previous, {"phase": "Ready", "job": "new"}) == {"job": "new", "size": None}
+    assert status_patch(previous, dict(previous)) is None
+    assert status_patch(previous, {"phase": "Ready", "job": "new"}) == {"job": "new", "size": None}
 
 
 def test_status_patch_keeps_what_another_handler_writes() -> None:
     """status.consumers is counted by its own handler: a daemon starting from the stored status keeps it."""
-    assert st.status_patch({"phase": "Ready", "consumers": 3}, {"phase": "Ready"}) is None
+    assert status_patch({"phase": "Ready", "consumers": 3}, {"phase": "Ready"}) is None
+
+
+def events(previous: dict[str, Any], desired: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return transition_events("ModelCache", previous["conditions"], desired["conditions"])
 
 
 def test_events_only_on_transitions() -> None:
     ready = st.render_status({}, st.ready_outcome({}, "done"), 1, now="t0")
     preloading = st.render_status({}, st.preloading_outcome({}, "copying"), 1, now="t0")
-    assert [e[1] for e in st.transition_events(preloading, ready)] == ["Preloaded"]
-    assert st.transition_events(ready, ready) == []
+    assert [e[1] for e in events(preloading, ready)] == ["Preloaded"]
+    assert events(ready, ready) == []
     failed = st.render_status({}, st.failed_outcome({}, "PreloadFailed", "AccessDenied"), 1, now="t0")
-    assert st.transition_events(preloading, failed) == [("Warning", "PreloadFailed", "AccessDenied")]
+    assert events(preloading, failed) == [("Warning", "PreloadFailed", "AccessDenied")]
 
 
 def test_node_events_when_a_node_settles() -> None:
     before = {"nodes": [{"name": "a", "phase": "Preloading"}]}
     after = {"nodes": [{"name": "a", "phase": "Ready", "message": "verified copy: 4 files"}]}
-    assert st.transition_events(before, after) == [("Normal", "NodeReady", "node a: verified copy: 4 files")]
+    assert st.node_events(before, after) == [("Normal", "NodeReady", "node a: verified copy: 4 files")]
 
 
 def test_per_node_states_roll_up_into_phase_and_conditions() -> None:

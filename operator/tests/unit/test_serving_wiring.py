@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from strata_operator.resources.serving import (
+from strata_operator.webhook.wiring import (
     KV_ARGS_ANNOTATION,
     KV_ENGINE_ANNOTATION,
     MODEL_READY_GATE,

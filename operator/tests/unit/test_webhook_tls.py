@@ -10,7 +10,7 @@ import datetime
 import pytest
 from cryptography import x509
 from strata_operator.settings import Settings
-from strata_operator.webhook_tls import from_secret, issue, renewal_reason, service_names
+from strata_operator.webhook.certificates import from_secret, issue, renewal_reason, service_names
 
 NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
 NAMES = service_names("strata-system", "strata-webhook")

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.core import GeneratedToken
 from strata_operator.resources.kvcachetier.names import AUTH_FILE, TierRef
-
-TOKEN_BYTES = 32
-"""Random bytes in a generated token (the server warns below 16)."""
 
 
 @dataclass(frozen=True)
@@ -30,13 +27,8 @@ def token_secret(spec: KVCacheTierSpec, tier: TierRef) -> TokenSecret | None:
     return TokenSecret(tier.generated_token_secret, AUTH_FILE, generated=True)
 
 
-def build_token_secret(tier: TierRef, token: str) -> dict[str, Any]:
-    """The generated Secret: immutable, so nothing (the operator included) rewrites a token clients hold."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": tier.metadata(tier.generated_token_secret),
-        "type": "Opaque",
-        "immutable": True,
-        "stringData": {AUTH_FILE: token},
-    }
+def generated_token(tier: TierRef) -> GeneratedToken:
+    """The Secret the operator generates when the spec names none (see `GeneratedToken`)."""
+    return GeneratedToken(
+        tier.metadata(tier.generated_token_secret), AUTH_FILE, " (or set auth.secretRef to use that Secret's token)"
+    )

@@ -7,6 +7,7 @@ from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.core import stable_hash
+from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import build_config_map, config_hash
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.daemonset import build_daemonset
@@ -46,3 +47,19 @@ def build_children(
         pvc=build_pvc(spec, tier),
         config_hash=digest,
     )
+
+
+def child_names(spec: KVCacheTierSpec, tier: TierRef) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every object the tier creates under its own names, the token Secret included:
+    gather reads each, so the plan can tell a child of its own from someone else's object of that name."""
+    names = [("v1", "PersistentVolumeClaim", tier.created_pvc)] if build_pvc(spec, tier) is not None else []
+    names += [
+        ("v1", "ConfigMap", tier.config_map),
+        ("v1", "ConfigMap", tier.connection_config_map),
+        ("v1", "Service", tier.service),
+        ("apps/v1", "DaemonSet", tier.daemonset),
+    ]
+    token = token_secret(spec, tier)
+    if token is not None and token.generated:
+        names.append(("v1", "Secret", token.name))
+    return names

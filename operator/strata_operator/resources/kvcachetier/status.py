@@ -1,4 +1,5 @@
-"""Status from what the cluster reports: DaemonSet counters, pods per node, the claim, the validation result.
+"""Status from what was observed (DaemonSet counters, pods per node, the claim) and what the plan concluded
+about the configuration (`Checked`).
 
 Pure and cheap on purpose: with hundreds of GPU nodes it runs on every DaemonSet status change.
 """
@@ -7,38 +8,40 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.conditions import READY, RECONCILING, STALLED, get_condition, now_rfc3339, set_condition
+from strata_operator.conditions import (
+    ALL_INSTANCES_READY,
+    AVAILABLE,
+    CONFIG_VALID,
+    L2_REACHABLE,
+    READY,
+    RECONCILING,
+    STALLED,
+    get_condition,
+    now_rfc3339,
+    set_condition,
+)
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.observed import Observed
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
 
-AVAILABLE = "Available"
-ALL_INSTANCES_READY = "AllInstancesReady"
-CONFIG_VALID = "ConfigValid"
-L2_REACHABLE = "L2Reachable"
-SUMMARY = (READY, RECONCILING, STALLED)
-"""Conditions that only restate others: no Events for them."""
 STARTUP_GRACE_SECONDS = 300
 """How long a tier may have no ready server before that is a Warning: pulling the image and starting take time."""
-IN_PROGRESS = ("RollingOut", "InstancesStarting")
-"""Reasons of a rollout going as it should: Normal Events, never Warnings."""
 
 
-@dataclass
-class Observed:
-    """The cluster's view for one status computation."""
+@dataclass(frozen=True)
+class Checked:
+    """What the plan concluded about the configuration (a verdict, not an observation)."""
 
-    daemonset: Mapping[str, Any] | None
-    pods: Sequence[Mapping[str, Any]] = ()
     problems: Sequence[Problem] | None = ()
     """None: not checked this time (a status-only refresh); ConfigValid keeps its previous value."""
-    claim: Mapping[str, Any] | None = None
+    warnings: Sequence[str] = ()
     config_hash: str | None = None
-    warnings: list[str] = field(default_factory=list)
+    """The applied configuration's digest; None when nothing was applied this time."""
 
 
 @dataclass(frozen=True)
@@ -128,13 +131,13 @@ def _available(
     )
 
 
-def _l2(spec: KVCacheTierSpec, tier: TierRef, observed: Observed, counts: Counts) -> tuple[str, str, str]:
+def _l2(spec: KVCacheTierSpec, tier: TierRef, claim: Mapping[str, Any] | None, counts: Counts) -> tuple[str, str, str]:
     if spec.l2 is None:
         return "True", "NotConfigured", "L1 only: no L2 tier configured"
     claim_name = l2_claim_name(spec, tier)
     if claim_name is not None:
-        phase = (observed.claim or {}).get("status", {}).get("phase")
-        if observed.claim is None:
+        phase = (claim or {}).get("status", {}).get("phase")
+        if claim is None:
             return "False", "PVCNotFound", f"PersistentVolumeClaim {claim_name!r} does not exist"
         if phase != "Bound":
             return "False", "PVCNotBound", f"PersistentVolumeClaim {claim_name!r} is {phase or 'Pending'}"
@@ -143,29 +146,25 @@ def _l2(spec: KVCacheTierSpec, tier: TierRef, observed: Observed, counts: Counts
     return "Unknown", "NoReadyServer", "no server is ready to reach the L2 tier yet"
 
 
-def _config_valid(observed: Observed, previous: Mapping[str, Any]) -> tuple[bool, str, str]:
-    if observed.problems is None:
+def _config_valid(checked: Checked, previous: Mapping[str, Any]) -> tuple[bool, str, str]:
+    if checked.problems is None:
         kept = get_condition(previous.get("conditions") or [], CONFIG_VALID)
         if kept is not None:
             return kept.get("status") == "True", str(kept.get("reason")), str(kept.get("message", ""))
-    if observed.problems:
-        return False, observed.problems[0].reason, "; ".join(p.message for p in observed.problems)
-    return True, "Valid", "; ".join(observed.warnings) or "configuration accepted"
+    if checked.problems:
+        return False, checked.problems[0].reason, "; ".join(p.message for p in checked.problems)
+    return True, "Valid", "; ".join(checked.warnings) or "configuration accepted"
 
 
-def compute_status(
-    spec: KVCacheTierSpec,
-    tier: TierRef,
-    observed: Observed,
-    previous: Mapping[str, Any],
-    now: str | None = None,
-) -> dict[str, Any]:
-    """The whole status object; conditions keep their lastTransitionTime unless their status flips."""
+def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) -> dict[str, Any]:
+    """The whole status object; conditions keep their lastTransitionTime unless their status flips. What this
+    reconcile did not look at again (the applied configuration's digest, the servers' usage) stays as stored."""
+    tier, previous, now = observed.tier, observed.previous, observed.now
     counts = Counts.of(observed.daemonset)
-    valid = _config_valid(observed, previous)
+    valid = _config_valid(checked, previous)
     all_ready = _instances(counts, valid[0])
     available = _available(counts, all_ready[1], previous, now)
-    l2 = _l2(spec, tier, observed, counts)
+    l2 = _l2(spec, tier, observed.claim, counts)
     ready = (True, all_ready[1], all_ready[2]) if valid[0] and all_ready[0] else (False, *_not_ready(valid, all_ready))
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     for type_, (status, reason, message) in (
@@ -189,8 +188,12 @@ def compute_status(
         "endpoints": endpoints(observed.pods, spec.port, spec.events.port if spec.events.enabled else None),
         "conditions": conditions,
     }
-    if observed.config_hash:
-        status_obj["configHash"] = observed.config_hash
+    config_hash = checked.config_hash or previous.get("configHash")
+    if config_hash:
+        status_obj["configHash"] = config_hash
+    usage = previous.get("usage") if observed.usage is None else observed.usage
+    if usage is not None:
+        status_obj["usage"] = usage
     return status_obj
 
 
@@ -206,28 +209,3 @@ def _stalled(valid: tuple[bool, str, str]) -> tuple[bool, str, str]:
 
 def _not_ready(valid: tuple[bool, str, str], all_ready: tuple[bool, str, str]) -> tuple[str, str]:
     return (valid[1], valid[2]) if not valid[0] else (all_ready[1], all_ready[2])
-
-
-def status_changed(previous: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether a write is needed: only what `compute_status` owns is compared (kopf keeps its own keys)."""
-    return any(previous.get(key) != value for key, value in new.items())
-
-
-def transition_events(
-    previous: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
-) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for each condition whose status or reason changed.
-
-    Ready is left out (it repeats ConfigValid or AllInstancesReady); a rollout in progress or a state not
-    known yet is Normal; a configuration or an L2 that does not work, no matching node once the DaemonSet
-    controller has looked, or no server ready after the start-up grace, is a Warning.
-    """
-    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous}
-    events = []
-    for condition in new:
-        type_ = condition["type"]
-        if type_ in SUMMARY or before.get(type_) == (condition["status"], condition["reason"]):
-            continue
-        healthy = condition["status"] != "False" or type_ == ALL_INSTANCES_READY or condition["reason"] in IN_PROGRESS
-        events.append(("Normal" if healthy else "Warning", condition["reason"], condition["message"]))
-    return events

@@ -37,12 +37,12 @@ from strata_units import parse_bytes
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.api.nodecachepolicy import NodeCachePolicySpec
+from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.resources.modelcache import names
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import CONTAINER, NODE_ROOT_MOUNT
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 NODE_LABEL_EVICTED = "Evicted"
 """The value of `strata.dev/model.<key>` on a node whose copy was evicted: pods select `=Ready`, so none is placed

@@ -11,15 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
 from strata_loader.contract import FetchResult
 
-from strata_operator.conditions import READY, RECONCILING, STALLED, get_condition, set_condition
-from strata_operator.resources.core import Problem
+from strata_operator.conditions import CONDITION_TYPES, DEGRADED, READY, RECONCILING, STALLED, set_condition
+from strata_operator.resources.core import SPEC_INVALID, Problem
 
-DEGRADED = "Degraded"
-"""ModelCache's domain condition: something failed (a node's copy, the preload), whether or not it is usable."""
-CONDITION_TYPES = (READY, RECONCILING, STALLED, DEGRADED)
 PHASE_PENDING, PHASE_PRELOADING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED = (
     "Pending",
     "Preloading",
@@ -34,15 +30,6 @@ PHASE_EVICTED = "Evicted"
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
 
 
-def invalid_spec(error: ValidationError) -> Problem:
-    """The model's refusal, one `spec.<field>: <what is wrong>` per error (pydantic's text names no fields)."""
-    details = "; ".join(
-        f"spec.{'.'.join(str(part) for part in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
-        for e in error.errors()
-    )
-    return Problem("InvalidSpec", f"{details}; fix the spec, the operator retries when it changes")
-
-
 class SpecError(ValueError):
     """A spec the API server accepted but the builders cannot turn into children: names the field to change."""
 
@@ -51,7 +38,7 @@ class SpecError(ValueError):
         self.field = field
 
     def problem(self) -> Problem:
-        return Problem("InvalidSpec", f"{self}; fix the spec, the operator retries when it changes")
+        return Problem(SPEC_INVALID, f"{self}; fix the spec, the operator retries when it changes")
 
 
 @dataclass
@@ -165,7 +152,7 @@ def render_status(
 ) -> dict[str, Any]:
     """The whole desired status; lastTransitionTime only moves when a condition's status flips."""
     # Only the current vocabulary: a condition type an older operator wrote (Progressing) is dropped.
-    conditions = [dict(c) for c in previous.get("conditions") or [] if c.get("type") in CONDITION_TYPES]
+    conditions = [dict(c) for c in previous.get("conditions") or [] if c.get("type") in CONDITION_TYPES["ModelCache"]]
     for type_, (flag, reason, message) in (
         (READY, outcome.ready),
         (RECONCILING, outcome.reconciling),
@@ -186,17 +173,6 @@ def stalled(outcome: Outcome) -> tuple[bool, str, str]:
     return False, outcome.reconciling[1] if outcome.reconciling[0] else outcome.ready[1], ""
 
 
-WRITTEN_ELSEWHERE = ("consumers",)
-"""Status keys another handler owns (`handlers/consumers.py`): the reconcile never drops them."""
-
-
-def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A JSON merge patch from previous to desired (None for keys to drop), or None when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
-    patch.update({k: None for k in previous if k not in desired and k not in WRITTEN_ELSEWHERE})
-    return patch or None
-
-
 NODE_EVENTS = {
     PHASE_READY: "NodeReady",
     PHASE_FAILED: "NodePreloadFailed",
@@ -206,19 +182,10 @@ NODE_EVENTS = {
 """The Event reason of each node phase worth one (Ready is Normal, the others Warnings)."""
 
 
-def transition_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(type, reason, message) for each condition or node that changed state: progress as Events."""
+def node_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) for each node whose copy changed to a phase worth an Event (`NODE_EVENTS`); the
+    conditions' Events are `conditions.transition_events`."""
     events: list[tuple[str, str, str]] = []
-    for type_ in (READY, DEGRADED):
-        before = get_condition(previous.get("conditions") or [], type_) or {}
-        after = get_condition(desired.get("conditions") or [], type_) or {}
-        if after.get("status") != "True" or (before.get("status"), before.get("reason")) == (
-            "True",
-            after.get("reason"),
-        ):
-            continue
-        kind = "Normal" if type_ == READY else "Warning"
-        events.append((kind, str(after.get("reason")), str(after.get("message"))))
     old_nodes = {n["name"]: n.get("phase") for n in previous.get("nodes") or []}
     for node in desired.get("nodes") or []:
         if old_nodes.get(node["name"]) != node["phase"] and node["phase"] in NODE_EVENTS:

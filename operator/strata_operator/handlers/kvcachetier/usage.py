@@ -1,18 +1,19 @@
-"""Scrape every ready server's /metrics (bounded concurrency, short timeouts) into status.usage.
+"""Scrape every ready server's /metrics (bounded concurrency, short timeouts): a read of the tier's gather.
 
-Runs from the drift timer, not on every event: counters move all the time, and a status write per
-scrape interval is the price of showing them.
+Only every `USAGE_INTERVAL_SECONDS` (the daemon decides), not on every event: counters move all the time, and a
+status write per scrape interval is the price of showing them. The plan puts the result into status.usage.
 """
 
 from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from strata_operator.handlers import kvcachetier_io as io
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.resources.kvcachetier.status import endpoints
 from strata_operator.resources.kvcachetier.usage import ServerUsage, parse_metrics, summarize
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
@@ -43,16 +44,11 @@ def scrape_all(hosts: Iterable[str], port: int, deadline: float = SCRAPE_DEADLIN
     return [f.result() if f.done() and not f.cancelled() else None for f in futures]
 
 
-def refresh_usage(tier_body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Scrape the ready endpoints in status and write status.usage when it changed; returns it."""
-    status = tier_body.get("status") or {}
-    ready = [e for e in status.get("endpoints") or [] if e.get("ready") and e.get("address")]
+def read_usage(pods: Sequence[Mapping[str, Any]], spec: KVCacheTierSpec) -> dict[str, Any] | None:
+    """status.usage from the ready servers among `pods`: totals over those that answered; None when none is ready
+    (the stored usage stays)."""
+    ready = [e for e in endpoints(pods, spec.port) if e.get("ready") and e.get("address")]
     if not ready:
         return None
-    port = int((tier_body.get("spec") or {}).get("metricsPort", 9121))
-    results = scrape_all((e["address"].rsplit(":", 1)[0] for e in ready), port)
-    usage = summarize((u for u in results if u is not None), instances=len(ready))
-    if usage != status.get("usage"):
-        meta = tier_body["metadata"]
-        io.write_tier_status(meta["name"], meta["namespace"], {"usage": usage})
-    return usage
+    results = scrape_all((e["address"].rsplit(":", 1)[0] for e in ready), spec.metrics_port)
+    return summarize((u for u in results if u is not None), instances=len(ready))

@@ -14,9 +14,9 @@ from kubernetes.dynamic.exceptions import ApiException, ResourceNotFoundError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
+from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.resources.modelcache import capacity, demand
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 FORBIDDEN = 403
 

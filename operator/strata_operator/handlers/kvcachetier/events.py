@@ -1,5 +1,5 @@
-"""kopf entry points for KVCacheTier: one daemon per tier runs its level-based reconcile (`controller`, the
-same for both kinds); watches only wake it:
+"""What kopf calls for KVCacheTier (the triggers are listed in `strata_operator.routes`): one daemon per tier
+runs its level-based reconcile (`controller`, the same for both kinds); watches only wake it:
 
 - the tier itself: a new generation (a spec change) asks for a full reconcile;
 - its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back (full), a DaemonSet
@@ -17,11 +17,9 @@ from typing import Any, Literal, cast
 
 import kopf
 
-from strata_operator.api import GROUP, VERSION
+from strata_operator.api import GROUP
 from strata_operator.handlers import controller
-from strata_operator.handlers import kvcachetier_reconcile as reconciler
-from strata_operator.handlers import kvcachetier_usage as usage
-from strata_operator.handlers.kvcachetier_io import read_tier
+from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.handlers.process import settings_of
 from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
@@ -31,12 +29,6 @@ RESYNC_SECONDS = 60.0
 USAGE_INTERVAL_SECONDS = 60.0
 """How often the servers' metrics are scraped into status.usage (informative, never urgent)."""
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY, NAME_LABEL: APP_NAME}
-_CHILD_KINDS = (
-    ("apps", "v1", "daemonsets"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("", "v1", "persistentvolumeclaims"),
-)
 
 
 @dataclass
@@ -47,7 +39,6 @@ class TierMemory(controller.Memory):
     applied: reconciler.AppliedChildren = field(default_factory=dict)
 
 
-@kopf.on.startup()
 def remember_tiers(memo: kopf.Memo, **_: Any) -> None:
     memo.kvcachetiers = TierMemory()
 
@@ -56,38 +47,24 @@ def memory(memo: kopf.Memo) -> TierMemory:
     return cast(TierMemory, memo.kvcachetiers)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def tier_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
-    """The tier's reconcile loop; Events are collected in the worker thread and posted on kopf's loop."""
+    """The tier's reconcile loop; its Events are posted on kopf's loop (`controller.run_daemon`)."""
     mine, process = memory(memo), settings_of(memo)
     scraped = 0.0
 
     def reconcile_once(snapshot: dict[str, Any], _waker: controller.Waker, full: bool) -> list[Any]:
         nonlocal scraped
-        events: list[tuple[str, str, str]] = []
-        reconciler.reconcile(
-            snapshot,
-            full=full,
-            events=lambda _body, *event: events.append(cast(tuple[str, str, str], event)),
-            settings=process,
-            applied=mine.applied,
-        )
-        if time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS:
+        scrape = time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS
+        if scrape:
             scraped = time.monotonic()
-            current = read_tier(snapshot["metadata"]["name"], snapshot["metadata"]["namespace"])
-            if current is not None:
-                try:
-                    usage.refresh_usage(current)
-                except Exception:  # metrics are informative: a failed scrape never fails the reconcile
-                    logger.exception("scraping the KV servers' metrics failed")
-        return events
+        outcome = reconciler.reconcile(snapshot, full=full, settings=process, applied=mine.applied, scrape=scrape)
+        return outcome.events if outcome is not None else []
 
     await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 async def tier_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     """A spec change (new generation) wakes the daemon; our own status writes do not."""
     if meta.get("generation") != status.get("observedGeneration"):
@@ -126,17 +103,10 @@ def child_event_action(
     return "full"
 
 
-async def _child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child's watch event: wake its tier when `child_event_action` says the event is news."""
     owner = owning_tier(body)
     mine = memory(memo)
     action = child_event_action(event.get("type"), body, mine.applied)
     if owner is not None and action != "skip":
         mine.wake(body["metadata"]["namespace"], owner, full=action == "full")
-
-
-def _register_child_watches() -> None:
-    for group, version, plural in _CHILD_KINDS:
-        kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"kvcachetier-{plural}")(_child_event)
-
-
-_register_child_watches()

@@ -1,4 +1,4 @@
-"""kopf handlers for the modelcache resource (thin: parse spec, build children, apply, set status).
+"""What kopf calls for ModelCache (the triggers are listed in `strata_operator.routes`).
 
 One daemon per ModelCache runs the level-based reconcile (`controller`, the same for both kinds). Watches on
 the cache, its children (Jobs, their pods, claims) and on nodes only wake it.
@@ -14,19 +14,20 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
-from strata_operator.api import GROUP, VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers import controller
-from strata_operator.handlers.modelcache_cleanup import cleanup_node_copies, finish_cleanup
-from strata_operator.handlers.modelcache_nodes import NodeCache
-from strata_operator.handlers.modelcache_reconcile import reconcile
-from strata_operator.handlers.process import settings_of
+from strata_operator.handlers.modelcache.cleanup import cleanup_node_copies, finish_cleanup
+from strata_operator.handlers.modelcache.nodes import NodeCache
+from strata_operator.handlers.modelcache.reconcile import reconcile
+from strata_operator.handlers.process import runtime_of, settings_of
+from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import PHASE_EVICTED
-from strata_operator.resources.serving import MODEL_CACHE_LABEL
 
 PLURAL = "modelcaches"
+CACHE_CHILD = {CACHE_LABEL: kopf.PRESENT}
+"""Jobs, their pods, claims and peer DaemonSets of any cache carry this label."""
 CLEANUP_ATTEMPTS = 150
 """About five minutes of 2-second retries before a deletion stops waiting for clean-up Jobs."""
 
@@ -39,7 +40,6 @@ class ModelCacheMemory(controller.Memory):
     nodes: NodeCache = field(default_factory=NodeCache)
 
 
-@kopf.on.startup()
 def remember(memo: kopf.Memo, **_: Any) -> None:
     memo.modelcaches = ModelCacheMemory()
 
@@ -56,7 +56,6 @@ def uses_nodes(spec: Mapping[str, Any]) -> bool:
     )
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def modelcache_daemon(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
@@ -67,7 +66,7 @@ async def modelcache_daemon(
     def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
-        previous, events = reconcile(snapshot, previous, mine.nodes, process.runtime, wake=waker.wake)
+        previous, events = reconcile(snapshot, previous, mine.nodes, runtime_of(process), wake=waker.wake)
         waker.tags["evicted"] = any(n.get("phase") == PHASE_EVICTED for n in previous.get("nodes") or [])
         return events
 
@@ -76,21 +75,16 @@ async def modelcache_daemon(
     )
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 async def modelcache_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     """A spec change (new generation) wakes the daemon; our own status writes do not."""
     if meta.get("generation") != status.get("observedGeneration"):
         memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
-@kopf.on.event("apps", "v1", "daemonsets", labels={CACHE_LABEL: kopf.PRESENT})
-@kopf.on.event("batch", "v1", "jobs", labels={CACHE_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "persistentvolumeclaims", labels={CACHE_LABEL: kopf.PRESENT})
 async def child_changed(meta: kopf.Meta, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
     memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
-@kopf.on.event("", "v1", "pods", labels={CACHE_LABEL: kopf.PRESENT})
 async def pod_changed(
     event: Mapping[str, Any],
     meta: kopf.Meta,
@@ -104,7 +98,6 @@ async def pod_changed(
         memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
-@kopf.on.event("", "v1", "pods", labels={MODEL_CACHE_LABEL: kopf.PRESENT})
 async def consumer_waiting(
     meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
 ) -> None:
@@ -117,7 +110,6 @@ async def consumer_waiting(
         waker.wake()
 
 
-@kopf.on.event("", "v1", "nodes")
 async def node_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     mine = memory(memo)
     change = mine.nodes.observe(body, deleted=event.get("type") == "DELETED")
@@ -127,7 +119,6 @@ async def node_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Mem
             waker.wake()
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
 def modelcache_deleted(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -142,7 +133,7 @@ def modelcache_deleted(
     Claims, Jobs and everything else with an ownerReference are left to the garbage collector. The finalizer
     never outstays what can still happen: in a namespace being deleted no clean-up Job can be created, so the
     deletion gives up at once; otherwise it waits about five minutes. Copies left behind are recorded on their
-    nodes (see `modelcache_cleanup`).
+    nodes (see `handlers/modelcache/cleanup.py`).
     """
     try:
         parsed = ModelCacheSpec.model_validate(dict(spec))
@@ -151,7 +142,7 @@ def modelcache_deleted(
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
     owner = CacheRef.from_body(body)
-    state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes, settings_of(memo).runtime)
+    state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes, runtime_of(settings_of(memo)))
     if state.running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)
     if state.namespace_terminating:

@@ -13,7 +13,7 @@ At a rotation the bundle trusts the new CA and the previous one (while that one 
 still serves the old certificate for a few seconds is not refused. A fresh CA is made for each certificate and
 its key is never stored: nothing can sign another certificate later.
 
-Pure functions here; the reads and writes are in `handlers/webhook_tls.py`.
+Pure functions here; the reads and writes are in `certificate_keeper.py`.
 """
 
 from __future__ import annotations

@@ -18,18 +18,17 @@ import kopf
 from kubernetes.dynamic.exceptions import ApiException
 
 from strata_operator import kube
-from strata_operator.admission import AdmissionServer, api_lookup
-from strata_operator.api import GROUP, VERSION
-from strata_operator.handlers import webhook_tls
 from strata_operator.handlers.process import settings_of
-from strata_operator.resources.serving import (
+from strata_operator.settings import WEBHOOK_CERT_DIR_ENV, WebhookTLS
+from strata_operator.webhook import certificate_keeper
+from strata_operator.webhook.admission import AdmissionServer, api_lookup
+from strata_operator.webhook.certificates import CHECK_SECONDS
+from strata_operator.webhook.wiring import (
     MODEL_CACHE_LABEL,
     MODEL_READY_GATE,
     cache_failure,
     cache_is_ready,
 )
-from strata_operator.settings import WEBHOOK_CERT_DIR_ENV, WebhookTLS
-from strata_operator.webhook_tls import CHECK_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,6 @@ def memory(memo: kopf.Memo) -> ServingMemory:
     return cast(ServingMemory, memo.serving)
 
 
-@kopf.on.startup()
 async def start_webhook(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     memo.serving = ServingMemory()
     process = settings_of(memo)
@@ -57,8 +55,8 @@ async def start_webhook(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     cert_dir = Path(process.webhook_cert_dir)
     if process.webhook_tls is not None:  # the operator keeps the certificate: have one before serving
         try:
-            await asyncio.to_thread(webhook_tls.keep, process.webhook_tls, cert_dir)
-        except (ApiException, webhook_tls.SecretMissing) as error:
+            await asyncio.to_thread(certificate_keeper.keep, process.webhook_tls, cert_dir)
+        except (ApiException, certificate_keeper.SecretMissing) as error:
             raise kopf.TemporaryError(f"webhook certificate not ready: {error}", delay=10) from error
         memory(memo).keeping_tls = asyncio.create_task(keep_tls(process.webhook_tls, cert_dir))
     server = AdmissionServer(cert_dir, port=process.webhook_port, access=process.webhook_access)
@@ -72,14 +70,13 @@ async def keep_tls(config: WebhookTLS, cert_dir: Path) -> None:
     while True:
         await asyncio.sleep(delay)
         try:
-            await asyncio.to_thread(webhook_tls.keep, config, cert_dir)
+            await asyncio.to_thread(certificate_keeper.keep, config, cert_dir)
             delay = CHECK_SECONDS
         except Exception:  # an API outage or a conflict: the current certificate stays; retry soon
             log.exception("keeping the webhook certificate failed; retrying in 60 s")
             delay = 60.0
 
 
-@kopf.on.cleanup()
 async def stop_webhook(memo: kopf.Memo, **_: Any) -> None:
     mine = memory(memo) if hasattr(memo, "serving") else None
     if mine is not None and mine.keeping_tls is not None:
@@ -142,7 +139,6 @@ async def settle(pod: Mapping[str, Any], cache: Mapping[str, Any] | None, mine: 
         kopf.event(cast(kopf.Body, dict(pod)), type=type_, reason=reason, message=message)
 
 
-@kopf.on.event("", "v1", "pods", labels={MODEL_CACHE_LABEL: kopf.PRESENT})
 async def gated_pod_seen(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     mine = memory(memo)
     if event.get("type") == "DELETED":
@@ -155,7 +151,6 @@ async def gated_pod_seen(event: Mapping[str, Any], body: kopf.Body, memo: kopf.M
     await settle(dict(body), cache, mine)
 
 
-@kopf.on.event(GROUP, VERSION, "modelcaches")
 async def cache_state_for_gated_pods(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Only a Ready or failed cache changes anything for its gated pods."""
     if event.get("type") == "DELETED" or not (cache_is_ready(body) or cache_failure(body)):

@@ -1,9 +1,9 @@
 """Wiring a serving pod to the ModelCache and KVCacheTier its labels name: a pure function from the pod and those
 objects to a JSON Patch, or a denial that names the field in the way.
 
-The admission webhook (`handlers/webhook.py`) calls `build_pod_patch`; nothing here talks to the API server, so
-every rule is unit-tested on plain dicts. A pod already wired gets an empty patch (mutating twice changes nothing),
-and nothing the user set under the names Strata uses is overwritten: a difference is a `WiringConflict`.
+The admission webhook (`admission.py`) calls `build_pod_patch`; nothing here talks to the API server, so every
+rule is unit-tested on plain dicts. A pod already wired gets an empty patch (mutating twice changes nothing), and
+nothing the user set under the names Strata uses is overwritten: a difference is a `WiringConflict`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from strata_operator.api import GROUP
 from strata_operator.api.kvcachetier import ConnectorType, EngineDevice, KVCacheTierSpec
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, TRANSFER_CONFIG_ENV, client_shm_size
 from strata_operator.resources.kvcachetier.names import TierRef
@@ -26,8 +27,6 @@ from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_la
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.volume import build_volume_snippet
 
-MODEL_CACHE_LABEL = f"{GROUP}/model-cache"
-KV_TIER_LABEL = f"{GROUP}/kv-cache-tier"
 MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
 CONTAINERS_ANNOTATION = f"{GROUP}/containers"
 """Comma-separated container names to wire; all of `spec.containers` when absent."""

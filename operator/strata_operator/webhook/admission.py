@@ -31,14 +31,14 @@ from aiohttp import web
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
-from strata_operator.resources.serving import (
+from strata_operator.settings import DEFAULT_WEBHOOK_PORT, WebhookAccess
+from strata_operator.webhook.wiring import (
     KV_TIER_LABEL,
     MODEL_CACHE_LABEL,
     WiringConflict,
     WiringRequest,
     build_pod_patch,
 )
-from strata_operator.settings import DEFAULT_WEBHOOK_PORT, WebhookAccess
 
 MUTATE_PODS_PATH = "/mutate-pods"
 VALIDATE_DELETION_PATH = "/validate-deletion"

@@ -1,4 +1,4 @@
-"""Keeping the webhook's certificate when the operator owns it: the reads and writes around `webhook_tls`.
+"""Keeping the webhook's certificate when the operator owns it: the reads and writes around `certificates`.
 
 Runs in every replica (each serves admission), at start before the server loads its files, then every
 `CHECK_SECONDS`. Needs only `get`/`patch` on the one Secret and the named webhook configurations (the chart
@@ -16,7 +16,7 @@ from kubernetes.dynamic.exceptions import ConflictError
 
 from strata_operator import kube
 from strata_operator.settings import WebhookTLS
-from strata_operator.webhook_tls import ServingTLS, from_secret, issue, renewal_reason, service_names
+from strata_operator.webhook.certificates import ServingTLS, from_secret, issue, renewal_reason, service_names
 
 log = logging.getLogger(__name__)
 ADMISSION_API = "admissionregistration.k8s.io/v1"

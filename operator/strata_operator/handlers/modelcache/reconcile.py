@@ -1,4 +1,5 @@
-"""One level-based reconcile of a ModelCache: gather → plan → apply → write status only if it changed.
+"""One level-based reconcile of a ModelCache: gather → plan → execute → write status only if it changed (the
+shape of KVCacheTier's `handlers/kvcachetier/reconcile.py`).
 
 Safe to run any number of times: the plan only writes children that are missing or different, status only
 when the rendered status differs from the stored one, and Events only for what happened or changed. The
@@ -8,19 +9,20 @@ decisions are all in `resources/modelcache/plan.py`; this module carries them ou
 from __future__ import annotations
 
 import datetime
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 
 from strata_operator import kube
-from strata_operator.handlers.modelcache_io import delete_job, gather, patch_status
-from strata_operator.handlers.modelcache_nodes import NodeCache, patch_node_label
-from strata_operator.resources.modelcache import fanout
+from strata_operator.handlers.common import ensure_token_secret
+from strata_operator.handlers.modelcache.io import delete_job, gather, patch_status
+from strata_operator.handlers.modelcache.nodes import NodeCache, patch_node_label
+from strata_operator.resources.core import Event, status_patch
+from strata_operator.resources.modelcache import peers
 from strata_operator.resources.modelcache import plan as planning
-from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import RuntimeImage
 
 ROUNDS = 3
@@ -35,10 +37,10 @@ def reconcile(
     *,
     now: datetime.datetime | None = None,
     wake: Callable[[], None] | None = None,
-) -> tuple[dict[str, Any], list[planning.Event]]:
+) -> tuple[dict[str, Any], list[Event]]:
     """Returns (the status now stored, Events to post). `previous` is the status last seen or written; `wake`
     asks the daemon for another reconcile right after this one (when the plan says so)."""
-    events: list[planning.Event] = []
+    events: list[Event] = []
     inputs = False
     for _ in range(ROUNDS):
         observed = gather(body, previous, nodes, runtime, inputs=inputs, now=now)
@@ -53,7 +55,7 @@ def reconcile(
         if not plan.again:
             break
     events += plan.events
-    patch = st.status_patch(previous, plan.status)
+    patch = status_patch(previous, plan.status)
     if patch is not None:
         patch_status(CacheRef.from_body(body), patch)
     if plan.wake_again and wake is not None:
@@ -61,31 +63,13 @@ def reconcile(
     return plan.status, events
 
 
-def ensure_peer_token(owner: CacheRef, name: str) -> str | None:
-    """Create the fan-out token Secret once, with a random token; None when it is there and ours, else why not.
-    Created, never patched: the operator needs no right to rewrite Secrets (as for a KVCacheTier's token)."""
-    live = kube.read("v1", "Secret", name, owner.namespace)
-    if live is None:
-        live = kube.create(fanout.build_token_secret(owner, secrets.token_urlsafe(fanout.TOKEN_BYTES)))
-        if live is None:  # created meanwhile
-            live = kube.read("v1", "Secret", name, owner.namespace)
-    if live is not None and not owner.created(live):
-        return (
-            f"Secret {name!r} exists and was not created by this ModelCache: delete or rename it so the operator"
-            " can create the peers' token there"
-        )
-    return None
-
-
-def execute(
-    plan: planning.Plan, owner: CacheRef, nodes: NodeCache, events: list[planning.Event]
-) -> dict[tuple[str, str], str]:
+def execute(plan: Plan, owner: CacheRef, nodes: NodeCache, events: list[Event]) -> dict[tuple[str, str], str]:
     """Carry out a plan's writes in order; returns what the API server refused, by (kind, name)."""
     rejected: dict[tuple[str, str], str] = {}
     skip: set[tuple[str, str]] = set()
-    if plan.peer_token_secret and (refusal := ensure_peer_token(owner, plan.peer_token_secret)):
-        peer = fanout.peer_name(owner)
-        rejected[("DaemonSet", peer)] = refusal  # the peers need their token; everything else goes on
+    if plan.token_secret and (conflict := ensure_token_secret(owner, plan.token_secret)[1]):
+        peer = peers.peer_name(owner)
+        rejected[("DaemonSet", peer)] = conflict.message  # the peers need their token; everything else goes on
         skip = {("DaemonSet", peer), ("Service", peer), ("NetworkPolicy", peer)}
     for action in plan.actions:
         if action.key in skip:

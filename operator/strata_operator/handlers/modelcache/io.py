@@ -10,17 +10,16 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
-
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
-from strata_operator.handlers.modelcache_capacity import consumer_pods, gather_capacity
-from strata_operator.handlers.modelcache_nodes import NodeCache
-from strata_operator.resources.core import Problem, label_selector
-from strata_operator.resources.modelcache import fanout, plan, storage
+from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
+from strata_operator.handlers.modelcache.nodes import NodeCache
+from strata_operator.resources.core import Problem, label_selector, parse_spec
+from strata_operator.resources.modelcache import fanout, peers, planner, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
+from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
 from strata_operator.resources.runtime_image import RuntimeImage
@@ -34,16 +33,14 @@ def gather(
     *,
     inputs: bool = False,
     now: datetime.datetime | None = None,
-) -> plan.Observed:
+) -> Observed:
     """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use."""
     owner = CacheRef.from_body(body)
-    observed = plan.Observed(
+    observed = Observed(
         owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC), runtime=runtime
     )
-    try:
-        spec = ModelCacheSpec.model_validate(body.get("spec") or {})
-    except ValidationError as error:
-        observed.spec_problem = st.invalid_spec(error)
+    spec, observed.spec_problem = parse_spec(ModelCacheSpec, body)
+    if spec is None:
         return observed
     observed.spec = spec
     mode = spec.storage.mode
@@ -57,14 +54,14 @@ def gather(
     except SpecError as error:
         observed.spec_problem = error.problem()
         return observed
-    role = plan.job_role(spec)
+    role = planner.job_role(spec)
     if mode != StorageMode.SHARED_PVC and role is not None:
         observed.nodes = nodes.snapshot()
     if mode == StorageMode.NODE_LOCAL:
         observed.peers = peer_objects(owner)
     if role is not None:
         observed.jobs = {j["metadata"]["name"]: j for j in list_children(owner, "batch/v1", "Job", role)}
-    settled = plan.settled_jobs(previous)
+    settled = planner.settled_jobs(previous)
     observed.pods = {
         name: job_pods(owner.namespace, name)
         for name, job in observed.jobs.items()
@@ -82,7 +79,7 @@ def gather(
 
 def peer_objects(owner: CacheRef) -> fanout.PeerObjects:
     """The cache's peer DaemonSet, Service and NetworkPolicy, where they exist and are ours."""
-    name = fanout.peer_name(owner)
+    name = peers.peer_name(owner)
 
     def ours(api_version: str, kind: str) -> dict[str, Any] | None:
         live = kube.read(api_version, kind, name, owner.namespace)

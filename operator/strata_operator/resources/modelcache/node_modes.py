@@ -1,0 +1,129 @@
+"""NodeLocal (a copy per selected node, fanned out from the first) and ImageVolume (pods mount an image; optional
+pre-pulls), both planned from per-node states (`node_states`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata_operator.api.modelcache import ModelCacheSpec
+from strata_operator.resources.modelcache import fanout, names, storage
+from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
+from strata_operator.resources.modelcache.node_states import (
+    job_builder,
+    label_changes,
+    needed_again,
+    node_states,
+    selected_nodes,
+)
+from strata_operator.resources.modelcache.planner import Planner
+from strata_operator.resources.modelcache.status import Outcome
+from strata_operator.resources.modelcache.volume import build_volume_snippet
+
+
+def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
+    observed = planner.observed
+    owner = observed.owner
+    local = storage.node_local(spec)
+    key = names.node_label_key(owner.namespace, owner.name)
+    wanted = selected_nodes(observed.nodes, local.node_selector)
+    planner.node_label = key
+    fan = fanout.decide(
+        owner, spec, wanted, observed.previous, observed.jobs, observed.peers, observed.now, observed.runtime
+    )
+    planner.build = lambda node: fan.builder(node, wanted[node].uid)[1]
+    planner.needed_again = needed_again(planner, wanted)
+    starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
+    found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
+    waiting = [{"name": n, "phase": fanout.NODE_WAITING, "message": m} for n, m in fan.waiting.items()]
+    states = sorted(found.states + waiting, key=lambda s: str(s["name"]))
+    _fan_out_children(planner, fan)
+    before = {n["name"]: n.get("phase") for n in observed.previous.get("nodes") or []}
+    if fan.status is not None and any(
+        s["phase"] == st.PHASE_READY and before.get(s["name"]) != st.PHASE_READY for s in states
+    ):
+        planner.wake_again = True
+    ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
+    planner.labels = label_changes(observed.nodes, key, ready) + planner.labels  # + other caches' evictions
+    fields = _node_fields(planner, spec, states)
+    fields["nodeLabel"] = key
+    if fan.status is not None:
+        fields["fanOut"] = fan.status
+    done = [s for s in states if s["phase"] == st.PHASE_READY and s.get("bytes") is not None]
+    if done:
+        revisions = list(found.revisions.values())
+        fields.update(
+            totalBytes=done[0]["bytes"],
+            totalFiles=done[0]["files"],
+            size=st.human_bytes(done[0]["bytes"]),
+            resolvedRevision=revisions[0] if revisions else observed.previous.get("resolvedRevision"),
+            # What the spec asked when that commit was resolved: later nodes copy the same commit (fanout).
+            resolvedFrom=(spec.source.revision or "") if revisions else observed.previous.get("resolvedFrom"),
+        )
+    if not wanted:
+        message = f"no Ready node matches storage.nodeLocal.nodeSelector {local.node_selector or '{}'}"
+        return Outcome(
+            st.PHASE_PENDING,
+            (False, "NoMatchingNodes", message),
+            (False, "NoMatchingNodes", message),
+            fields=fields,
+        )
+    return st.nodes_outcome(
+        states,
+        ready_reason="AllNodesReady",
+        ready_message=f"pods select nodes with {key}=Ready",
+        fields=fields,
+    )
+
+
+def _fan_out_children(planner: Planner, fan: fanout.Decision) -> None:
+    """Apply the peer objects that differ; a refusal is told in the fan-out status (the other nodes then wait,
+    and read the source after `peerWaitSeconds`)."""
+    planner.token_secret = fan.token_secret
+    for body in fan.apply:
+        if (refusal := planner.create(body, None)) and fan.status is not None:
+            fan.status["message"] = f"{body['kind']} {body['metadata']['name']}: {refusal}"
+
+
+def _node_fields(planner: Planner, spec: ModelCacheSpec, states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Roll-up fields; `preloadHash` fingerprints the fetch request itself (each node's Job adds its node)."""
+    return {
+        "nodes": states,
+        "readyNodes": sum(1 for s in states if s["phase"] == st.PHASE_READY),
+        "desiredNodes": len(states),
+        "preloadHash": request_hash(spec, fetch_request(spec, MODEL_MOUNT), runtime=planner.observed.runtime),
+        "volume": build_volume_snippet(planner.observed.owner, spec),
+    }
+
+
+def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
+    """Nothing to download: pods mount the image; optional pre-pull Jobs warm the nodes."""
+    owner = planner.observed.owner
+    fields: dict[str, Any] = {"volume": build_volume_snippet(owner, spec)}
+    message = f"pods mount {storage.image_reference(spec)} as an image volume"
+    pull = storage.image_volume(spec)
+    if not pull.pre_pull:
+        return Outcome(
+            phase=st.PHASE_READY,
+            ready=(True, "VolumeAvailable", message),
+            reconciling=(False, "VolumeAvailable", "nothing to download"),
+            fields=fields,
+        )
+    # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Reconciling.
+    wanted = selected_nodes(planner.observed.nodes, pull.node_selector)
+    states = node_states(
+        planner,
+        storage.ROLE_PREPULL,
+        wanted,
+        job_builder(storage.node_prepull, owner, spec, planner.observed),
+    ).states
+    fields.update(
+        nodes=states,
+        readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
+        desiredNodes=len(states),
+    )
+    outcome = st.nodes_outcome(states, ready_reason="VolumeAvailable", ready_message=message, fields=fields)
+    outcome.ready = (True, "VolumeAvailable", message)
+    outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
+    return outcome
