@@ -19,7 +19,7 @@ from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE
 from .shard import SHARD_NAME
 
 MODEL_DIR_ENV = "STRATA_MODEL_DIR"
-"""Set by the pod admission webhook to the ModelCache's mount path (operator `resources/serving.py`)."""
+"""Set by the pod admission webhook to the ModelCache's mount path (operator `webhook/wiring.py`)."""
 
 DEFAULT_MEMORY_LIMIT = 1 * 2**30
 

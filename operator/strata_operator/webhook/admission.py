@@ -2,7 +2,7 @@
 refuses deleting a ModelCache or KVCacheTier that pods still use (`VALIDATE_DELETION_PATH`).
 
 Its own server rather than kopf's admission support: the chart owns the MutatingWebhookConfiguration (the
-operator needs no rights on webhook configurations), the patch is the exact JSON Patch `resources.serving`
+operator needs no rights on webhook configurations), the patch is the exact JSON Patch `webhook.wiring`
 computes, and tests can start and stop it apart from the operator. It reads the ModelCache and KVCacheTier a pod
 names at admission time (two GETs), so the gate decision sees the cache as it is now. The certificate files are
 re-read when they change (cert-manager or a rotated Secret), without a restart.
