@@ -21,12 +21,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .capacity import CapacityReport, CapacityRequest
-from .catalog import SourceFile, list_source
-from .concurrency import finish
-from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
-from .eviction import measure, node_budget
-from .manifest import (
+from ..capacity import CapacityReport, CapacityRequest
+from ..contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
+from ..core.concurrency import finish
+from ..core.manifest import (
     VERIFIABLE,
     Manifest,
     ManifestFile,
@@ -38,9 +36,11 @@ from .manifest import (
     same_manifest,
     write_manifest,
 )
-from .paths import DestDir
+from ..core.sources import RangeReader, SourceFile
+from ..paths import DestDir
+from .catalog import list_source
+from .eviction import measure, node_budget
 from .progress import Progress
-from .sources import RangeReader
 
 PROGRESS_SUFFIX = PARTIAL_SUFFIX + ".progress"
 CHECKPOINT_BLOCKS = 4
@@ -105,9 +105,9 @@ def _fetch_with_peers(
     room: _Room | None = None,
 ) -> FetchResult:
     """Files the peers hold come from them; bytes from a peer are always hashed against the checksums the
-    origin and the peers' manifests agree on, whatever `verify` says (see `peer_source`)."""
-    from .peer_server import read_token
-    from .peer_source import PeerSet, with_peers
+    origin and the peers' manifests agree on, whatever `verify` says (see `peer.source`)."""
+    from ..peer.server import read_token
+    from ..peer.source import PeerSet, with_peers
 
     assert req.peer_token_file is not None and req.peer_manifest_sha256 is not None  # the validator insists
     token = read_token(req.peer_token_file)
@@ -177,7 +177,7 @@ def _fetch_into(
     finally:
         progress.close()
     if req.shard:
-        from .shard import shard_directory
+        from ..tensor.shard import shard_directory
 
         tree.dir_fd(req.shard.output_subdir, create=True)  # refuses a link planted where the parts go
         shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size, req.shard.max_part_bytes)
