@@ -14,9 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..contract import MANIFEST_NAME
-
-OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-"""How a copy's directory is opened, by a reader to lock it and by eviction: never through a symlink."""
+from ..paths import OPEN_DIR
 
 
 @contextlib.contextmanager

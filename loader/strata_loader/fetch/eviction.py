@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ..capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
 from ..contract import MANIFEST_NAME
-from ..core.copy_lock import OPEN_DIR as _DIR
+from ..paths import OPEN_DIR, open_subdir
 from .eviction_messages import no_room, over_budget
 
 LOCK_NAME = ".strata-capacity.lock"
@@ -94,7 +94,7 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
     inside (the fetch failing) carries the report as `.capacity`, so what was evicted is reported either way."""
     root = Path(req.root)
     own = _own_key(root, dest)
-    root_fd = os.open(root, _DIR)
+    root_fd = os.open(root, OPEN_DIR)
     reservation: int | None = None
     report = CapacityReport(policy=req.policy, needed_bytes=needed)
     try:
@@ -216,19 +216,12 @@ def _locked(root_fd: int, name: str) -> Iterator[None]:
 
 def _subdir(parent: int, name: str, *, create: bool = False) -> int | None:
     """A directory entry opened without following links; None when missing (or not a plain directory)."""
-    for _ in range(2):
-        try:
-            return os.open(name, _DIR, dir_fd=parent)
-        except FileNotFoundError:
-            if not create:
-                return None
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=parent)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                return None
-            raise
-    return None
+    try:
+        return open_subdir(parent, name, create=create)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None
+        raise
 
 
 def evict(root_fd: int, key: str) -> tuple[int, str | None]:
