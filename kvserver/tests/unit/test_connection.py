@@ -19,6 +19,7 @@ from strata_kv import resp
 from strata_kv.config import KVServerConfig
 from strata_kv.connection import RespConnection
 from strata_kv.cpus import usable_cpus
+from strata_kv.intake import ReadGate
 from strata_kv.senders import SEND_CHUNK, SEND_VIEWS, advance, take
 from strata_kv.server import KVServer
 from strata_kv.state import IDLE_TIMEOUT
@@ -269,3 +270,37 @@ def test_usable_cpus_is_the_affinity_within_the_cgroups_quota(tmp_path, cpu_max:
         path.write_text(cpu_max)
     affinity = len(os.sched_getaffinity(0))
     assert usable_cpus(path) == (affinity if expected == "all" else min(expected, affinity))
+
+
+class ReadingRecorder:
+    """Stands in for the transport: records every pause and resume of reading."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume")
+
+
+def test_reading_resumes_only_when_neither_the_pipeline_nor_the_budget_holds_it() -> None:
+    """The two reasons to stop reading are kept apart: a full pipeline that drains does not resume a connection
+    whose large value still waits for in-flight budget, nor the other way round; the transport hears each change
+    once."""
+    gate = ReadGate()
+    recorder = ReadingRecorder()
+    gate.transport = recorder
+    gate.set_pipeline_full(True)
+    gate.set_waiting_budget(True)
+    gate.set_pipeline_full(False)
+    assert recorder.calls == ["pause"], "still waiting for budget"
+    gate.set_waiting_budget(False)
+    assert recorder.calls == ["pause", "resume"]
+    gate.set_waiting_budget(True)
+    gate.set_pipeline_full(True)
+    gate.set_waiting_budget(False)
+    assert recorder.calls == ["pause", "resume", "pause"], "the pipeline is still full"
+    gate.set_pipeline_full(False)
+    assert recorder.calls == ["pause", "resume", "pause", "resume"]
