@@ -37,6 +37,9 @@ _TURN_BYTES = 256 * 1024
 
 
 class RespConnection(asyncio.BufferedProtocol):
+    """One client, from `connection_made` to `connection_lost`: its session, its queue of parsed commands and the
+    task that runs them; what it reads goes through `intake`, what it writes through `output`."""
+
     def __init__(self, server: KVServer) -> None:
         self.server = server
         limits = server.cfg.limits
