@@ -56,7 +56,7 @@ def make_model(root: Path, size_gib: float, files: int) -> list[Path]:
 
 
 def run_one(reader: str, paths: list[str]) -> dict[str, float]:
-    from strata_loader.sources import open_reader
+    from strata_loader.core.sources import open_reader
 
     nbytes = sum(open_reader(p).size for p in paths)  # local files or s3:// objects
     t0 = time.perf_counter()

@@ -57,7 +57,7 @@ def upload(s3: Any, bucket: str, prefix: str, size: int) -> int:
     import os
     import tempfile
 
-    from strata_loader.writer import encode_header, layout
+    from strata_loader.tensor.writer import encode_header, layout
 
     total, index, files = 0, 0, max(1, round(size / FILE_BYTES))
     client = s3.client()

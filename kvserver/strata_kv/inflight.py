@@ -8,7 +8,7 @@ from typing import Protocol
 
 
 class Waiter(Protocol):
-    """A connection that may wait for a reservation (the server's `RespConnection`)."""
+    """A connection that may wait for a reservation (a connection's `intake.LargeValueIntake`)."""
 
     transport: asyncio.Transport | None
 

@@ -10,21 +10,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import SafetensorsFile, TensorSlice, iter_tensors, load_file, load_files
-    from .format import Header, SafetensorsError, TensorInfo, parse_header
-    from .shard import load_rank
+    from .core.format import Header, SafetensorsError, TensorInfo, parse_header
+    from .tensor.api import SafetensorsFile, TensorSlice, iter_tensors, load_file, load_files
+    from .tensor.shard import load_rank
 
 _WHERE = {
-    "SafetensorsFile": "api",
-    "TensorSlice": "api",
-    "iter_tensors": "api",
-    "load_file": "api",
-    "load_files": "api",
-    "Header": "format",
-    "SafetensorsError": "format",
-    "TensorInfo": "format",
-    "parse_header": "format",
-    "load_rank": "shard",
+    "SafetensorsFile": "tensor.api",
+    "TensorSlice": "tensor.api",
+    "iter_tensors": "tensor.api",
+    "load_file": "tensor.api",
+    "load_files": "tensor.api",
+    "Header": "core.format",
+    "SafetensorsError": "core.format",
+    "TensorInfo": "core.format",
+    "parse_header": "core.format",
+    "load_rank": "tensor.shard",
 }
 
 __all__ = [

@@ -61,7 +61,24 @@ def is_within(path: str, root: str) -> bool:
     return os.path.commonpath([path, root]) == root
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""A directory entry opened as a directory and never through a link."""
+
+
+def open_subdir(parent: int, name: str, *, create: bool = False) -> int | None:
+    """`name` in the directory `parent`, opened with `OPEN_DIR`, made first when it is missing and `create`.
+
+    None: missing and not made, or removed again twice while being made. A link or a non-directory there raises
+    `OSError` (ELOOP, ENOTDIR): what that means (refuse the fetch, skip the copy) is the caller's to say."""
+    for _ in range(2):
+        try:
+            return os.open(name, OPEN_DIR, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+            with contextlib.suppress(FileExistsError):  # made meanwhile, or a dangling link the next open refuses
+                os.mkdir(name, 0o755, dir_fd=parent)
+    return None
 
 
 class DestDir:
@@ -111,19 +128,15 @@ class DestDir:
             return fd
 
     def _open_child(self, parent: int, name: str, rel: str, create: bool) -> int | None:
-        for _ in range(2):
-            try:
-                return os.open(name, _DIR_FLAGS, dir_fd=parent)
-            except FileNotFoundError:
-                if not create:
-                    return None
-                with contextlib.suppress(FileExistsError):  # made meanwhile, or a dangling link the next open refuses
-                    os.mkdir(name, 0o755, dir_fd=parent)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise self._refusal(rel, parent, name, "a directory") from None
-                raise
-        raise FileNotFoundError(errno.ENOENT, "directory removed while being created", str(self.root / rel))
+        try:
+            fd = open_subdir(parent, name, create=create)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._refusal(rel, parent, name, "a directory") from None
+            raise
+        if fd is None and create:
+            raise FileNotFoundError(errno.ENOENT, "directory removed while being created", str(self.root / rel))
+        return fd
 
     def _refusal(self, rel: str, parent: int, name: str, wanted: str) -> UnsafePathError:
         try:

@@ -7,7 +7,7 @@ answers the Hub's API as `huggingface_hub` calls it (`/api/models/<repo>/revisio
 with sizes and LFS SHA-256) and the resolve URLs, for branches, tags and commits. What it does not do, so
 these tests cannot cover it: tokens and gated repositories (it never checks Authorization), ranged GETs on the
 repositories it serves from git (it answers 200 with the whole file; the loader copes, see
-`strata_loader.hub.HubReader`), and "revision not found" (a missing revision is "repository not found").
+`strata_loader.fetch.hub.HubReader`), and "revision not found" (a missing revision is "repository not found").
 
 olah lives in its own venv (its dependencies conflict with the dev venv's), built once into the cache by
 `hack/build-olah.sh`. It is configured to reach nothing but loopback. When it cannot start, tests skip with the

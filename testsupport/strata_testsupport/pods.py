@@ -29,7 +29,7 @@ RESTRICTED_CONTAINER = {**container_security_context(), "runAsUser": RUNTIME_UID
 # safetensors parser, hashed, so the test compares them with the source bit for bit.
 TENSOR_DIGESTS = """
 import hashlib, json, os, sys
-from strata_loader.format import parse_header, parse_header_size
+from strata_loader.core.format import parse_header, parse_header_size
 root, digests = sys.argv[1], {}
 for name in sorted(os.listdir(root)):
     if not name.endswith(".safetensors"):

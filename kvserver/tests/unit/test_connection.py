@@ -17,7 +17,11 @@ from typing import Any
 import pytest
 from strata_kv import resp
 from strata_kv.config import KVServerConfig
-from strata_kv.server import _SEND_CHUNK, _SEND_VIEWS, KVServer, RespConnection, _advance, _take, usable_cpus
+from strata_kv.connection import RespConnection
+from strata_kv.cpus import usable_cpus
+from strata_kv.intake import ReadGate
+from strata_kv.senders import SEND_CHUNK, SEND_VIEWS, advance, take
+from strata_kv.server import KVServer
 from strata_kv.state import IDLE_TIMEOUT
 
 MiB = 1024 * 1024
@@ -198,8 +202,8 @@ async def test_a_pipelining_connection_leaves_turns_to_the_others() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_sender_jobs_cover_a_replys_parts_once_and_in_order(seed: int) -> None:
-    """`_take` cuts a reply into sender jobs (at most `_SEND_CHUNK` bytes and `_SEND_VIEWS` buffers) and
-    `_advance` drops what a partial send took: chunk after chunk, with sends cut at random points, every byte of
+    """`take` cuts a reply into sender jobs (at most `SEND_CHUNK` bytes and `SEND_VIEWS` buffers) and
+    `advance` drops what a partial send took: chunk after chunk, with sends cut at random points, every byte of
     every part goes out once, in order."""
     rng = random.Random(seed)
     sizes = [0, 5, MiB + 1, 3, 4 * MiB, 17] + [rng.randint(0, 200) for _ in range(700)] + [9 * MiB + 3]
@@ -207,12 +211,12 @@ def test_sender_jobs_cover_a_replys_parts_once_and_in_order(seed: int) -> None:
     pending = [memoryview(part) for part in parts]
     sent = bytearray()
     while pending:
-        chunk = _take(pending, _SEND_CHUNK)
+        chunk = take(pending, SEND_CHUNK)
         size = sum(len(view) for view in chunk)
-        assert size <= _SEND_CHUNK and len(chunk) <= _SEND_VIEWS
+        assert size <= SEND_CHUNK and len(chunk) <= SEND_VIEWS
         took = size if rng.random() < 0.5 else rng.randint(0, size)  # whole, or cut where the socket filled
         sent += b"".join(chunk)[:took]
-        pending = _advance(pending, took)
+        pending = advance(pending, took)
     assert sent == b"".join(parts)
 
 
@@ -232,19 +236,19 @@ async def test_the_low_water_mark_halves_over_a_values_last_megabytes_only_while
     server = make_server(limits={"max_inflight_bytes": "64MiB"})
     alone, _ = open_connection(server)
     other, _ = open_connection(server)
-    alone.lowat_socket, other.lowat_socket = MarkRecorder(), MarkRecorder()
+    alone.intake.lowat_socket, other.intake.lowat_socket = MarkRecorder(), MarkRecorder()
     size = 4 * MiB
     header = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % size
     receive(alone, header)
     receive(alone, b"x" * (2 * MiB))
     receive(alone, b"x" * MiB)
-    assert alone.lowat_socket.marks == [2 * MiB, MiB, 512 * 1024]
+    assert alone.intake.lowat_socket.marks == [2 * MiB, MiB, 512 * 1024]
     receive(other, b"*3\r\n$3\r\nSET\r\n$1\r\nj\r\n$%d\r\n" % size)  # another value arrives now
     receive(alone, b"x" * (512 * 1024))
-    assert alone.lowat_socket.marks[-1] == 512 * 1024 == alone.parser.big_remaining, "the rest, not half of it"
-    assert other.lowat_socket.marks == [size], "not alone: the rest, up to 4 MiB"
+    assert alone.intake.lowat_socket.marks[-1] == 512 * 1024 == alone.parser.big_remaining, "the rest, not half of it"
+    assert other.intake.lowat_socket.marks == [size], "not alone: the rest, up to 4 MiB"
     receive(alone, b"x" * (512 * 1024) + b"\r\n")
-    assert alone.lowat_socket.marks[-1] == 1, "a complete request: back to the first byte"
+    assert alone.intake.lowat_socket.marks[-1] == 1, "a complete request: back to the first byte"
     await turns()
 
 
@@ -266,3 +270,37 @@ def test_usable_cpus_is_the_affinity_within_the_cgroups_quota(tmp_path, cpu_max:
         path.write_text(cpu_max)
     affinity = len(os.sched_getaffinity(0))
     assert usable_cpus(path) == (affinity if expected == "all" else min(expected, affinity))
+
+
+class ReadingRecorder:
+    """Stands in for the transport: records every pause and resume of reading."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume")
+
+
+def test_reading_resumes_only_when_neither_the_pipeline_nor_the_budget_holds_it() -> None:
+    """The two reasons to stop reading are kept apart: a full pipeline that drains does not resume a connection
+    whose large value still waits for in-flight budget, nor the other way round; the transport hears each change
+    once."""
+    gate = ReadGate()
+    recorder = ReadingRecorder()
+    gate.transport = recorder
+    gate.set_pipeline_full(True)
+    gate.set_waiting_budget(True)
+    gate.set_pipeline_full(False)
+    assert recorder.calls == ["pause"], "still waiting for budget"
+    gate.set_waiting_budget(False)
+    assert recorder.calls == ["pause", "resume"]
+    gate.set_waiting_budget(True)
+    gate.set_pipeline_full(True)
+    gate.set_waiting_budget(False)
+    assert recorder.calls == ["pause", "resume", "pause"], "the pipeline is still full"
+    gate.set_pipeline_full(False)
+    assert recorder.calls == ["pause", "resume", "pause", "resume"]

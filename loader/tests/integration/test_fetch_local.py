@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from strata_loader.catalog import list_source
 from strata_loader.contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode
-from strata_loader.fetch import PROGRESS_SUFFIX, FetchError, fetch
+from strata_loader.fetch.catalog import list_source
+from strata_loader.fetch.run import PROGRESS_SUFFIX, FetchError, fetch
 
 pytestmark = pytest.mark.integration
 
@@ -281,7 +281,7 @@ def test_failed_refetch_of_a_changed_source_leaves_no_manifest(tmp_path, monkeyp
 def test_hf_revision_missing_from_cache_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local cache, never the Hub
-    from strata_loader.catalog import SourceError
+    from strata_loader.fetch.catalog import SourceError
 
     with pytest.raises(SourceError, match="not in the Hugging Face cache"):
         fetch(FetchRequest(source="hf://acme/none", dest=str(tmp_path / "d")), progress_mode="none")

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from strata_loader.catalog import SourceError, list_source
 from strata_loader.contract import MANIFEST_NAME, FetchRequest
+from strata_loader.fetch.catalog import SourceError, list_source
 from strata_loader.paths import UnsafePathError
 
 from .test_fetch_local import make_model, tree
@@ -87,7 +87,7 @@ def test_s3_folder_markers_are_still_skipped(s3_env, tmp_path):
 
 
 def fetch_to(source: str, dest: Path, **kw):
-    from strata_loader.fetch import fetch
+    from strata_loader.fetch.run import fetch
 
     return fetch(FetchRequest(source=source, dest=str(dest), **kw), progress_mode="none")
 
@@ -254,7 +254,7 @@ def test_shard_output_link_planted_in_dest_is_refused(tmp_path, outside):
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "sharded").symlink_to(outside)
     req = FetchRequest.parse_args(["fetch", str(tmp_path / "src"), str(tmp_path / "dst"), "--shard-tp", "2"])
-    from strata_loader.fetch import fetch
+    from strata_loader.fetch.run import fetch
 
     with pytest.raises(UnsafePathError, match="sharded is a symlink"):
         fetch(req, progress_mode="none")
@@ -263,9 +263,9 @@ def test_shard_output_link_planted_in_dest_is_refused(tmp_path, outside):
 
 def test_writer_refuses_an_unsafe_path_even_if_a_source_lists_one(tmp_path, monkeypatch):
     """Defence in depth: were a source to let `../x` through, the writer still would not write it."""
-    from strata_loader import fetch as fetch_module
-    from strata_loader.catalog import SourceFile
-    from strata_loader.sources import LocalReader
+    from strata_loader.core.sources import LocalReader
+    from strata_loader.fetch import run as fetch_module
+    from strata_loader.fetch.catalog import SourceFile
 
     (tmp_path / "src").mkdir()
     data = tmp_path / "src" / "data"

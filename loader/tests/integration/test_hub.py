@@ -20,9 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file as reference_load_file
 from safetensors.torch import save
-from strata_loader.catalog import SourceError, list_source
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, FetchResult, VerifyMode
-from strata_loader.fetch import FetchError, fetch
+from strata_loader.fetch.catalog import SourceError, list_source
+from strata_loader.fetch.run import FetchError, fetch
 from strata_testsupport.counting_proxy import CountingProxy
 from strata_testsupport.hub import HubServer
 
@@ -201,7 +201,7 @@ def test_ranged_reads_on_an_endpoint_that_serves_ranges(s3_env, monkeypatch, cap
     `<endpoint>/<org>/<name>/resolve/<commit>/<path>` is such a path with the org as the bucket."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from strata_loader.hub import HubReader
+    from strata_loader.fetch.hub import HubReader
 
     org = s3_env.create_bucket()
     commit = "c" * 40

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode
-from strata_loader.fetch import fetch
+from strata_loader.fetch.run import fetch
 
 from .test_fetch_local import make_model, run_cli, tree
 

@@ -153,7 +153,7 @@ def test_a_copy_that_fits_evicts_nothing(node, sources, tmp_path):
 
 HOLDER = """
 import sys
-from strata_loader.eviction import hold_copy
+from strata_loader.core.copy_lock import hold_copy
 with hold_copy(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.readline()

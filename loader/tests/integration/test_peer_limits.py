@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from strata_loader.peer_limits import DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+from strata_loader.peer.limits import DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 from strata_testsupport.peers import fetch_process, finish_fetch, running_peer, write_token
 
 from .test_fanout import Origin, make_origin, node_args, request, run_node

@@ -1,4 +1,4 @@
-"""Whom a fetcher trusts (`strata_loader.peer_trust`): a local source (the origin vouches for no checksum, like
+"""Whom a fetcher trusts (`strata_loader.peer.trust`): a local source (the origin vouches for no checksum, like
 S3 multipart objects and pvc://), real `serve-peer` and fetch processes, a pod with the peer labels played by a
 real peer over a changed copy or by a server that records what it is sent; and the Hub's git blob ids, which
 vouch for files outside LFS."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode
-from strata_loader.fetch import FetchError, fetch
+from strata_loader.fetch.run import FetchError, fetch
 from strata_testsupport.peers import fetch_process, finish_fetch, running_peer, write_token
 
 pytestmark = pytest.mark.integration

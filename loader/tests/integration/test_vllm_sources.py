@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from strata_loader.api import iter_tensors
-from strata_loader.serving import LoaderOptions, select_files
-from strata_loader.shard import shard_directory
+from strata_loader.tensor.api import iter_tensors
+from strata_loader.tensor.shard import shard_directory
+from strata_loader.vllm.serving import LoaderOptions, select_files
 
 pytestmark = pytest.mark.integration
 

@@ -76,7 +76,7 @@ def make_model(root: Path) -> dict[str, torch.Tensor]:
 
 def assert_rank_slices(out: Path, full: dict[str, torch.Tensor], tp: int) -> None:
     """Every rank's files hold, bit for bit, torch's slice of each split tensor and all of the others."""
-    from strata_loader.shard import rank_files, shard_dim
+    from strata_loader.tensor.shard import rank_files, shard_dim
 
     for rank in range(tp):
         got: dict[str, torch.Tensor] = {}

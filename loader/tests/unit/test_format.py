@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save
-from strata_loader.format import DTYPE_BITS, SafetensorsError, parse_file_bytes
+from strata_loader.core.format import DTYPE_BITS, SafetensorsError, parse_file_bytes
 
 CORPUS = Path(__file__).parent.parent / "corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())

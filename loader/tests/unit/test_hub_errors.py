@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from huggingface_hub.utils import hf_raise_for_status
-from strata_loader.hub import HubError, _hub_errors
+from strata_loader.fetch.hub import HubError, _hub_errors
 
 URL = "http://127.0.0.1:9/api/models/acme/llama/revision/main"
 

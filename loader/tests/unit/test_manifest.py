@@ -6,7 +6,7 @@ import json
 import pytest
 from pydantic import ValidationError
 from strata_loader.contract import MANIFEST_NAME
-from strata_loader.manifest import (
+from strata_loader.core.manifest import (
     Manifest,
     ManifestError,
     ManifestFile,

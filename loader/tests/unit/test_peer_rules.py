@@ -4,7 +4,7 @@ integration/test_fanout.py)."""
 import pytest
 from pydantic import ValidationError
 from strata_loader.contract import FetchRequest
-from strata_loader.peer_server import _parse_range
+from strata_loader.peer.server import _parse_range
 
 DIGEST = "sha256:" + "0" * 64
 

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save
-from strata_loader.format import parse_file_bytes
-from strata_loader.planner import Run, coalesce, plan_file, plan_files, slice_runs, split_range
+from strata_loader.core.format import parse_file_bytes
+from strata_loader.tensor.planner import Run, coalesce, plan_file, plan_files, slice_runs, split_range
 
 
 @given(length=st.integers(0, 10_000), block=st.integers(1, 3000))

@@ -7,10 +7,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file as reference_load_file
 from safetensors.torch import save_file
-from strata_loader import load_rank, shard
-from strata_loader.format import parse_file_bytes
-from strata_loader.shard import rank_files, shard_dim, shard_directory
-from strata_loader.writer import encode_header, layout
+from strata_loader import load_rank
+from strata_loader.core.format import parse_file_bytes
+from strata_loader.tensor import shard
+from strata_loader.tensor.shard import rank_files, shard_dim, shard_directory
+from strata_loader.tensor.writer import encode_header, layout
 
 
 def test_default_rules_split_llama_layers():

@@ -1,4 +1,4 @@
-"""`--load-format strata`'s options and file choice (strata_loader.serving), without vLLM: which files a rank
+"""`--load-format strata`'s options and file choice (strata_loader.vllm.serving), without vLLM: which files a rank
 reads from a ModelCache directory, and the errors a user sees for bad options or a missing mount."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from strata_loader.serving import MODEL_DIR_ENV, LoaderOptions, select_files
-from strata_loader.shard import shard_directory
+from strata_loader.tensor.shard import shard_directory
+from strata_loader.vllm.serving import MODEL_DIR_ENV, LoaderOptions, select_files
 
 
 def model_dir(path: Path) -> Path:

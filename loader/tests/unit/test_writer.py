@@ -3,8 +3,8 @@
 import pytest
 import torch
 from safetensors.torch import save
-from strata_loader.format import DTYPE_BITS, parse_file_bytes
-from strata_loader.writer import DTYPE_ORDER, encode_header, layout
+from strata_loader.core.format import DTYPE_BITS, parse_file_bytes
+from strata_loader.tensor.writer import DTYPE_ORDER, encode_header, layout
 
 DTYPES = {
     "F64": torch.float64,

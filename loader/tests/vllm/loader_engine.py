@@ -185,7 +185,7 @@ def plugins(request: dict[str, Any]) -> dict[str, Any]:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
-    import strata_loader.vllm_plugin as plugin
+    import strata_loader.vllm.plugin as plugin
 
     plugin.register()  # again: vLLM calls the hook in every process, sometimes more than once in one
     plugin.register()

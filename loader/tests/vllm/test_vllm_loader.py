@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from strata_loader.shard import shard_directory
+from strata_loader.tensor.shard import shard_directory
 from strata_testsupport.vllm import VLLM_VERSIONS, VllmScript
 from strata_testsupport.vllm_loader import CONFIG, llama_weights, loader_script, write_model
 
@@ -34,8 +34,8 @@ def vllm_loader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 def test_vllm_finds_the_loader_through_the_entry_point(vllm_loader: VllmScript) -> None:
     answer = vllm_loader.call({"mode": "plugins"})
-    assert answer["entry_points"]["strata"] == "strata_loader.vllm_plugin:register"
-    assert answer["loader_class"] == "strata_loader.vllm_plugin.StrataModelLoader"
+    assert answer["entry_points"]["strata"] == "strata_loader.vllm.plugin:register"
+    assert answer["loader_class"] == "strata_loader.vllm.plugin.StrataModelLoader"
 
 
 def test_vllm_plugins_filters_by_the_entry_point_name(vllm_loader: VllmScript) -> None:
@@ -50,7 +50,7 @@ def test_a_tiny_llama_loads_bit_exact(vllm_loader: VllmScript, tmp_path: Path) -
         {"mode": "load", "model_dir": str(model), "reference_dir": str(model), "extra": {"concurrency": 2}}
     )
     (rank,) = answer["ranks"]
-    assert rank["loader_class"] == "strata_loader.vllm_plugin.StrataModelLoader"
+    assert rank["loader_class"] == "strata_loader.vllm.plugin.StrataModelLoader"
     assert rank["params"] > 0 and rank["differ"] == []
     assert rank["file_compared"] >= 2 * CONFIG["num_hidden_layers"] + 2 and rank["file_differ"] == []
     stats = rank["stats"]

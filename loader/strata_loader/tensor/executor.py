@@ -13,10 +13,10 @@ from concurrent.futures import Future, wait
 
 import torch
 
+from ..core.concurrency import finish, thread_pool
+from ..core.sources import RangeReader
 from .buffers import BufferPool, alloc_host
-from .concurrency import finish, thread_pool
 from .planner import Batch, split_range
-from .sources import RangeReader
 
 
 def writable_view(buf: torch.Tensor) -> memoryview:

@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
+from ..core.concurrency import concurrency_for, finish, thread_pool
+from ..core.copy_lock import hold_copies
+from ..core.format import Header, TensorInfo
+from ..core.sources import RangeReader, open_reader, read_header
 from .buffers import BufferPool, alloc_host
-from .concurrency import concurrency_for, finish, thread_pool
-from .eviction import hold_copies
 from .executor import read_ranges, stream_batches, writable_view
-from .format import Header, TensorInfo
 from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE, Span, coalesce, plan_files, slice_runs
-from .sources import RangeReader, open_reader, read_header
-from .tensors import torch_dtype, view_tensor
+from .torch_dtypes import torch_dtype, view_tensor
 
 PathLike = str | os.PathLike[str]
 

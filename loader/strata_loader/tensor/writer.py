@@ -14,7 +14,7 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
-from .format import DTYPE_BITS, METADATA_KEY, TensorInfo
+from ..core.format import DTYPE_BITS, METADATA_KEY, TensorInfo
 
 DTYPE_ORDER: tuple[str, ...] = (
     "BOOL",

@@ -23,8 +23,8 @@ import torch
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from ..core.sources import open_reader, read_header
 from .serving import LoaderOptions, Selection, select_files
-from .sources import open_reader, read_header
 
 LOAD_FORMAT = "strata"
 
@@ -71,7 +71,7 @@ class StrataModelLoader(BaseModelLoader):
         self._select(model_config)
 
     def load_weights(self, model: Any, model_config: Any) -> None:
-        from .api import iter_tensors
+        from ..tensor.api import iter_tensors
 
         selection = self._select(model_config)
         counted = {"tensors": 0, "bytes": 0}
@@ -110,7 +110,7 @@ class StrataModelLoader(BaseModelLoader):
 
 
 def _check_parts(files: list[str], rank: int, size: int) -> None:
-    """The parts say which rank of which tensor-parallel size they were cut for (`shard._write_part`)."""
+    """The parts say which rank of which tensor-parallel size they were cut for (`tensor.shard._write_part`)."""
     reader = open_reader(files[0])
     try:
         meta = read_header(reader).metadata or {}

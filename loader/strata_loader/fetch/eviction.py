@@ -19,8 +19,8 @@ Evicting one copy is safe against what the operator could not see when it planne
 - only `<root>/<namespace>/<name>` is touched, each component opened with O_NOFOLLOW | O_DIRECTORY, so a symlink
   anywhere is refused and nothing outside the root is reached; the copy must hold a regular manifest file (a
   Strata copy, complete; a copy still being written has none and is never evicted);
-- a reader that holds a shared `flock` on the copy's directory (`hold_copy`, which strata_loader's readers take)
-  keeps it: the eviction asks for an exclusive lock without waiting, and skips the copy when it is held;
+- a reader that holds a shared `flock` on the copy's directory (`core.copy_lock.hold_copy`, which strata_loader's
+  readers take) keeps it: the eviction asks for an exclusive lock without waiting, and skips the copy when it is held;
 - with the lock held, the directory is renamed atomically into `<root>/.strata-evicting/` before its files are
   removed, so a pod that starts afterwards finds no directory (its hostPath volume has type Directory and does not
   start) instead of a half-deleted model. Leftovers of an eviction that was interrupted are removed next time.
@@ -40,18 +40,18 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
-from .contract import MANIFEST_NAME
+from ..capacity import ENV_NODE_CAPACITY, REASON_INSUFFICIENT_STORAGE, CapacityReport, CapacityRequest, EvictedCopy
+from ..contract import MANIFEST_NAME
+from ..paths import OPEN_DIR, open_subdir
 from .eviction_messages import no_room, over_budget
 
 LOCK_NAME = ".strata-capacity.lock"
 RESERVATIONS = ".strata-reservations"
 EVICTING = ".strata-evicting"
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class InsufficientStorage(RuntimeError):
@@ -94,7 +94,7 @@ def node_budget(req: CapacityRequest, dest: Path, needed: int) -> Iterator[Capac
     inside (the fetch failing) carries the report as `.capacity`, so what was evicted is reported either way."""
     root = Path(req.root)
     own = _own_key(root, dest)
-    root_fd = os.open(root, _DIR)
+    root_fd = os.open(root, OPEN_DIR)
     reservation: int | None = None
     report = CapacityReport(policy=req.policy, needed_bytes=needed)
     try:
@@ -216,19 +216,12 @@ def _locked(root_fd: int, name: str) -> Iterator[None]:
 
 def _subdir(parent: int, name: str, *, create: bool = False) -> int | None:
     """A directory entry opened without following links; None when missing (or not a plain directory)."""
-    for _ in range(2):
-        try:
-            return os.open(name, _DIR, dir_fd=parent)
-        except FileNotFoundError:
-            if not create:
-                return None
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=parent)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                return None
-            raise
-    return None
+    try:
+        return open_subdir(parent, name, create=create)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None
+        raise
 
 
 def evict(root_fd: int, key: str) -> tuple[int, str | None]:
@@ -356,46 +349,3 @@ def _reserved_by_others(root_fd: int, own: str) -> dict[str, int]:
     finally:
         os.close(res_fd)
     return total
-
-
-@contextlib.contextmanager
-def hold_copy(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Keep a node copy from being evicted while it is read: a shared lock on its directory (many readers may
-    hold it; an eviction asks for it exclusively and skips the copy when it cannot have it at once)."""
-    fd = os.open(path, _DIR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)
-
-
-COPY_DEPTH = 3
-"""How far above a file its copy's manifest may be: the copy itself, one subdirectory (original/, a model's
-subfolder) or the sharded parts' directory below it."""
-
-
-def hold_copies(files: Iterable[str | os.PathLike[str]]) -> contextlib.ExitStack:
-    """Shared locks (`hold_copy`) on every Strata copy the files belong to, held until `.close()`; files outside a
-    copy are read as they are. Taking a lock never fails a read: a copy that cannot be opened is not held."""
-    stack = contextlib.ExitStack()
-    held: set[Path] = set()
-    try:
-        for f in files:
-            copy = _copy_of(Path(f))
-            if copy is not None and copy not in held:
-                held.add(copy)
-                with contextlib.suppress(OSError):
-                    stack.enter_context(hold_copy(copy))
-    except BaseException:
-        stack.close()
-        raise
-    return stack
-
-
-def _copy_of(path: Path) -> Path | None:
-    for parent in list(path.parents)[:COPY_DEPTH]:
-        with contextlib.suppress(OSError):
-            if stat.S_ISREG(os.stat(parent / MANIFEST_NAME, follow_symlinks=False).st_mode):
-                return parent
-    return None

@@ -14,10 +14,9 @@ import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import (
+from ..contract import (
     DEFAULT_PVC_MOUNT_ROOT,
     ENV_HF_HOME,
     ENV_HF_HUB_CACHE,
@@ -26,26 +25,13 @@ from .contract import (
     PARTIAL_SUFFIX,
     FetchRequest,
 )
-from .manifest import GIT_BLOB
-from .paths import UnsafePathError, is_within, safe_relative_path
-from .sources import LocalReader, RangeReader
+from ..core.manifest import GIT_BLOB
+from ..core.sources import LocalReader, RangeReader, SourceFile
+from ..paths import UnsafePathError, is_within, safe_relative_path
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One file to copy. `checksums` maps algorithm ('sha256', 'md5') to the hex digest the source
-    vouches for; `version` changes whenever the content may have (ETag, blob hash, mtime), so stale bytes
-    are never reused."""
-
-    relpath: str
-    size: int
-    open: Callable[[], RangeReader] = field(compare=False, repr=False)
-    checksums: dict[str, str] = field(default_factory=dict)
-    version: str = ""
 
 
 class SourceError(RuntimeError):
@@ -217,7 +203,7 @@ def _list_hf(uri: str, revision: str | None, concurrency: int) -> tuple[list[Sou
 
 
 def _list_s3(uri: str, concurrency: int) -> list[SourceFile]:
-    from . import s3
+    from ..core import s3
 
     bucket, prefix = s3.split_uri(uri)
     if prefix and not prefix.endswith("/"):
@@ -243,6 +229,6 @@ def _list_s3(uri: str, concurrency: int) -> list[SourceFile]:
 
 
 def _s3_opener(bucket: str, key: str, size: int, concurrency: int) -> Callable[[], RangeReader]:
-    from .s3 import S3Reader
+    from ..core.s3 import S3Reader
 
     return lambda: S3Reader(bucket, key, size, max_connections=max(10, concurrency))

@@ -2,12 +2,12 @@
 Hub) is read once per cluster instead of once per node.
 
 Who may trust what it serves, and how it proves it holds the token and the first copy's manifest before a
-fetcher sends the token: `peer_trust`. What it serves is deliberately narrow: the copy's manifest and the byte
+fetcher sends the token: `trust`. What it serves is deliberately narrow: the copy's manifest and the byte
 ranges of the files that manifest lists, nothing else (no listing, no other path under DIR, no bookkeeping
 files), read-only, and only after every listed file has been hashed and matched the manifest's checksum at
 start-up. Every request but the health probe and the proof carries `Authorization: Bearer <token>`, the token
 the operator keeps in a Secret; it is compared in constant time. Connections, request heads and transfers are
-bounded, and only a token holder's file request takes a transfer slot (`peer_limits`); one over a limit gets a
+bounded, and only a token holder's file request takes a transfer slot (`limits`); one over a limit gets a
 503 and the fetcher tries another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is
 followed) and the request path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
 """
@@ -29,11 +29,11 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .contract import MANIFEST_NAME, PEER_HEALTH_PATH, manifest_digest
-from .manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
-from .paths import DestDir, UnsafePathError, safe_relative_path
-from .peer_limits import ConnectionGate, DeadlineReader, Overflow, PeerLimits
-from .peer_trust import NONCE, PROOF_URL_PATH, connection_address, proof
+from ..contract import MANIFEST_NAME, PEER_HEALTH_PATH, manifest_digest
+from ..core.manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
+from ..paths import DestDir, UnsafePathError, safe_relative_path
+from .limits import ConnectionGate, DeadlineReader, Overflow, PeerLimits
+from .trust import NONCE, PROOF_URL_PATH, connection_address, proof
 
 TOKEN_MIN_LENGTH = 16
 """A shorter token is refused at start: the operator generates 32 random bytes."""
@@ -103,7 +103,7 @@ class VerifiedCopy:
 
 
 class PeerServer(socketserver.TCPServer):
-    """One thread per admitted connection (`peer_limits.ConnectionGate`), the rest answered by one overflow
+    """One thread per admitted connection (`limits.ConnectionGate`), the rest answered by one overflow
     thread; the copy is served once `ready` is set."""
 
     allow_reuse_address = True
@@ -261,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _prove(self, query: str) -> None:
         """No token needed: the answer shows the fetcher this peer holds the token and the manifest it expects,
-        before the fetcher sends its token (`peer_trust`)."""
+        before the fetcher sends its token (`trust`)."""
         nonce = (parse_qs(query).get("nonce") or [""])[0]
         if not NONCE.match(nonce):
             self._refuse(HTTPStatus.BAD_REQUEST, "nonce: 32 to 128 lowercase hex digits")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .format import Header, TensorInfo
+from ..core.format import Header, TensorInfo
 
 DEFAULT_BATCH_BYTES = 64 * 2**20
 DEFAULT_BLOCK_SIZE = 16 * 2**20

@@ -4,7 +4,7 @@ no peer can serve.
 The origin is still listed (one LIST or directory walk: names, sizes, versions, its own checksums; no object
 bytes), and that listing stays the truth. A peer is used at all only once it has proved it holds the token and
 exactly the first copy's manifest (the digest the operator passes), before the token is sent to it
-(`peer_trust`); then it is used for a file only when its manifest names the same
+(`trust`); then it is used for a file only when its manifest names the same
 source and revision and records that file with the same size and version, a checksum, and no checksum that
 contradicts the origin's. The fetch then hashes every file that came from peers against those checksums (the
 origin's where it has them, else the one the first copy computed while reading the origin), exactly as a fetch
@@ -36,12 +36,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlsplit
 
-from .catalog import SourceFile
-from .contract import PEER_PORT, manifest_digest
-from .manifest import Manifest, ManifestFile, strongest_checksum
-from .peer_server import FILES_URL_PREFIX, MANIFEST_URL_PATH
-from .peer_trust import PROOF_URL_PATH, connection_address, proof
-from .sources import RangeReader
+from ..contract import PEER_PORT, manifest_digest
+from ..core.manifest import Manifest, ManifestFile, strongest_checksum
+from ..core.sources import RangeReader, SourceFile
+from .server import FILES_URL_PREFIX, MANIFEST_URL_PATH
+from .trust import PROOF_URL_PATH, connection_address, proof
 
 PEER_TIMEOUT_S = 20.0
 """Connect and read timeout for one request to a peer; past it the peer counts as gone."""

@@ -36,8 +36,8 @@ from urllib.parse import quote
 
 import urllib3
 
-from .contract import ENV_HF_ENDPOINT, ENV_HF_HUB_OFFLINE, ENV_HF_TOKEN
-from .paths import UnsafePathError, safe_relative_path
+from ..contract import ENV_HF_ENDPOINT, ENV_HF_HUB_OFFLINE, ENV_HF_TOKEN
+from ..paths import UnsafePathError, safe_relative_path
 
 RETRIES = max(1, int(os.environ.get("STRATA_HF_RETRIES", "8")))
 """Attempts per ranged GET before giving up, with jittered exponential backoff (0.1 s doubling, 8 s cap)."""

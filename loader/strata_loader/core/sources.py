@@ -1,4 +1,5 @@
-"""Byte-range readers over local files and S3 objects: one `read_into(offset, buffer)` call each.
+"""Byte-range readers over local files and S3 objects: one `read_into(offset, buffer)` call each; and `SourceFile`,
+one file of a fetch source with the reader that opens it (the catalog lists them, the peer fan-out wraps them).
 
 Reads run in worker threads; `os.preadv` and socket reads release the GIL, so threads give real parallelism.
 """
@@ -6,6 +7,8 @@ Reads run in worker threads; `os.preadv` and socket reads release the GIL, so th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .format import Header, SafetensorsError, parse_header, parse_header_size
@@ -21,6 +24,19 @@ class RangeReader(Protocol):
     def read_into(self, offset: int, buf: memoryview) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to copy. `checksums` maps algorithm ('sha256', 'md5') to the hex digest the source
+    vouches for; `version` changes whenever the content may have (ETag, blob hash, mtime), so stale bytes
+    are never reused."""
+
+    relpath: str
+    size: int
+    open: Callable[[], RangeReader] = field(compare=False, repr=False)
+    checksums: dict[str, str] = field(default_factory=dict)
+    version: str = ""
 
 
 class LocalReader:

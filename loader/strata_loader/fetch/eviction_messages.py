@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .capacity import CapacityReport, CapacityRequest
+from ..capacity import CapacityReport, CapacityRequest
 
 if TYPE_CHECKING:
     from .eviction import Usage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .format import TensorInfo
+from ..core.format import TensorInfo
 
 _NAMES = {
     "F64": "float64",

@@ -1,4 +1,4 @@
-"""What the vLLM loader plugin (`vllm_plugin`) decides without vLLM: its options and which files a rank reads.
+"""What the vLLM loader plugin (`plugin`) decides without vLLM: its options and which files a rank reads.
 
 Kept apart from the plugin so that it is testable in any environment: nothing here imports vLLM or torch.
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE
-from .shard import SHARD_NAME
+from ..tensor.planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE
+from ..tensor.shard import SHARD_NAME
 
 MODEL_DIR_ENV = "STRATA_MODEL_DIR"
 """Set by the pod admission webhook to the ModelCache's mount path (operator `webhook/wiring.py`)."""
@@ -37,7 +37,7 @@ class LoaderOptions:
     or `require` (an error when there is none)."""
     sharded_subdir: str = "sharded"
     concurrency: int | None = None
-    """Parallel reads; default 4 for local files, more for S3 (`concurrency.concurrency_for`)."""
+    """Parallel reads; default 4 for local files, more for S3 (`core.concurrency.concurrency_for`)."""
     block_size: int = DEFAULT_BLOCK_SIZE
     batch_bytes: int = DEFAULT_BATCH_BYTES
     memory_limit: int = DEFAULT_MEMORY_LIMIT
@@ -135,7 +135,7 @@ def _join(source: str, name: str) -> str:
 def _listing(source: str) -> list[str]:
     """Names relative to `source`: the top level and one level below (the sharded parts' directory)."""
     if source.startswith("s3://"):
-        from .s3 import list_objects, split_uri
+        from ..core.s3 import list_objects, split_uri
 
         bucket, prefix = split_uri(source + "/")
         return [o.key[len(prefix) :] for o in list_objects(bucket, prefix)]

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from .contract import MANIFEST_NAME, manifest_digest
-from .paths import DestDir, UnsafePathError, safe_relative_path
+from ..contract import MANIFEST_NAME, manifest_digest
+from ..paths import DestDir, UnsafePathError, safe_relative_path
 
 CHECKSUM_PREFERENCE = ("sha256", "md5")
 """Strongest first: one of them is enough to tell whether a file's content changed."""

@@ -19,14 +19,13 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .capacity import CapacityReport, CapacityRequest
-from .catalog import SourceFile, list_source
-from .concurrency import finish
-from .contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
-from .eviction import measure, node_budget
-from .manifest import (
+from ..capacity import CapacityReport, CapacityRequest
+from ..contract import MANIFEST_NAME, PARTIAL_SUFFIX, FetchRequest, FetchResult, VerifyMode, manifest_digest
+from ..core.concurrency import finish
+from ..core.manifest import (
     VERIFIABLE,
     Manifest,
     ManifestFile,
@@ -38,9 +37,11 @@ from .manifest import (
     same_manifest,
     write_manifest,
 )
-from .paths import DestDir
+from ..core.sources import RangeReader, SourceFile
+from ..paths import DestDir
+from .catalog import list_source
+from .eviction import measure, node_budget
 from .progress import Progress
-from .sources import RangeReader
 
 PROGRESS_SUFFIX = PARTIAL_SUFFIX + ".progress"
 CHECKPOINT_BLOCKS = 4
@@ -59,11 +60,12 @@ def fetch(req: FetchRequest, progress_mode: str | None = None, capacity: Capacit
     dest.mkdir(parents=True, exist_ok=True)
     room = _Room(capacity)
     with room:
+        run = _Run(req, files, revision, t0, progress_mode, room)
         if req.peers:
-            result = _fetch_with_peers(req, files, revision, t0, progress_mode, room)
+            result = _fetch_with_peers(run)
         else:
             with DestDir(dest) as tree:
-                result = _fetch_into(tree, req, files, revision, t0, progress_mode, room)
+                result = _fetch_into(tree, run)
     return result.model_copy(update={"capacity": room.report(dest)}) if capacity else result
 
 
@@ -96,18 +98,25 @@ class _Room:
         return self._report
 
 
-def _fetch_with_peers(
-    req: FetchRequest,
-    files: list[SourceFile],
-    revision: str | None,
-    t0: float,
-    progress_mode: str | None,
-    room: _Room | None = None,
-) -> FetchResult:
+@dataclass(frozen=True)
+class _Run:
+    """One fetch as `fetch` gathered it: the request, the source's files and revision, when it began, how its
+    progress shows, and where its bytes must fit."""
+
+    req: FetchRequest
+    files: list[SourceFile]
+    revision: str | None
+    t0: float
+    progress_mode: str | None
+    room: _Room
+
+
+def _fetch_with_peers(run: _Run) -> FetchResult:
     """Files the peers hold come from them; bytes from a peer are always hashed against the checksums the
-    origin and the peers' manifests agree on, whatever `verify` says (see `peer_source`)."""
-    from .peer_server import read_token
-    from .peer_source import PeerSet, with_peers
+    origin and the peers' manifests agree on, whatever `verify` says (see `peer.source`)."""
+    req, revision = run.req, run.revision
+    from ..peer.server import read_token
+    from ..peer.source import PeerSet, with_peers
 
     assert req.peer_token_file is not None and req.peer_manifest_sha256 is not None  # the validator insists
     token = read_token(req.peer_token_file)
@@ -116,33 +125,19 @@ def _fetch_with_peers(
         print("strata-loader fetch: no peer holds this copy; reading the source", file=sys.stderr, flush=True)
     try:
         with DestDir(Path(req.dest)) as tree:
-            result = _fetch_into(
-                tree,
-                req.model_copy(update={"verify": VerifyMode.CHECKSUMS}),
-                with_peers(files, peers),
-                revision,
-                t0,
-                progress_mode,
-                room,
-                proven=peers.manifest,
+            checked = replace(
+                run, req=req.model_copy(update={"verify": VerifyMode.CHECKSUMS}), files=with_peers(run.files, peers)
             )
+            result = _fetch_into(tree, checked, proven=peers.manifest)
     finally:
         peers.close()
     return result.model_copy(update={"bytes_from_peers": peers.bytes_from_peers})
 
 
-def _fetch_into(
-    tree: DestDir,
-    req: FetchRequest,
-    files: list[SourceFile],
-    revision: str | None,
-    t0: float,
-    progress_mode: str | None,
-    room: _Room | None = None,
-    proven: bytes | None = None,
-) -> FetchResult:
+def _fetch_into(tree: DestDir, run: _Run, proven: bytes | None = None) -> FetchResult:
     """`proven`: the manifest the peers proved they hold; written as it is when this copy's says the same, so
     every node's copy has the first copy's manifest byte for byte, and can serve as a peer in turn."""
+    req, files, revision, t0 = run.req, run.files, run.revision, run.t0
     dest = tree.root
     wanted = [(f.relpath, f.size) for f in files]
     old = read_manifest(dest)
@@ -162,8 +157,8 @@ def _fetch_into(
 
     states = [_FileState(f, tree, req.verify, req.block_size, known.get(f.relpath)) for f in files]
     remaining = sum(s.remaining for s in states)
-    (room or _Room(None)).make(dest, remaining)
-    progress = Progress(sum(f.size for f in files), len(files), progress_mode)
+    run.room.make(dest, remaining)
+    progress = Progress(sum(f.size for f in files), len(files), run.progress_mode)
     progress.add(sum(f.size for f in files) - remaining)
     try:
         _copy_all(states, tree, req, progress)
@@ -177,7 +172,7 @@ def _fetch_into(
     finally:
         progress.close()
     if req.shard:
-        from .shard import shard_directory
+        from ..tensor.shard import shard_directory
 
         tree.dir_fd(req.shard.output_subdir, create=True)  # refuses a link planted where the parts go
         shard_directory(dest, dest / req.shard.output_subdir, req.shard.tensor_parallel_size, req.shard.max_part_bytes)

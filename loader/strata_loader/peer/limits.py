@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .contract import PEER_HEALTH_PATH
+from ..contract import PEER_HEALTH_PATH
 
 DEFAULT_MAX_CONNECTIONS = 128
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 16

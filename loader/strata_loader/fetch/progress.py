@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from .contract import ENV_PROGRESS
+from ..contract import ENV_PROGRESS
 
 
 class Progress:

@@ -1,0 +1,21 @@
+"""Any failure as one line: what the CLI prints on stderr and what a fetch reports (`FetchResult.error`).
+
+Job logs and termination messages are read by people and by the operator, so neither gets a traceback or
+pydantic's boilerplate.
+"""
+
+from __future__ import annotations
+
+
+def one_line(e: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):  # the field and the rule, without pydantic's boilerplate
+        return "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or 'request'}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
+        )
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+        text = f"{e.filename}: {text}"
+    return " ".join(text.split())
