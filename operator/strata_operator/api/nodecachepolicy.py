@@ -7,7 +7,7 @@ copies are never evicted, and whether one namespace's caches may evict another's
 platform team's calls, not the tenants': a tenant's own ModelCache cannot raise its budget, pin itself against
 other namespaces or evict them. The operator reads policies when it creates a node's preload Job and hands the
 Job the budget and the copies it may evict; the Job measures the filesystem itself (see
-`strata_loader.eviction`). Without a policy for a node and path, copies are not evicted there (a copy that does
+`strata_loader.fetch.eviction`). Without a policy for a node and path, copies are not evicted there (a copy that does
 not fit fails, as before). The CRD in `crds/nodecachepolicies.strata.dev.yaml` is generated from this module.
 """
 
