@@ -3,8 +3,8 @@ its result means for the other caches (pure: plain data in, plain data out).
 
 The split (the README's "Node capacity for NodeLocal copies"): the operator cannot see a node's filesystem, so it
 decides *which* copies may go and in what order, and the Job on the node decides *whether* any must go
-(`strata_loader.fetch.eviction`). A copy is offered for eviction only when it is another cache's complete (Ready) copy on
-that node and the same node path, of the same namespace unless the policy's `evictAcrossNamespaces` allows more,
+(`strata_loader.fetch.eviction`). A copy is offered for eviction only when it is another cache's complete (Ready)
+copy on that node and the same node path, of the same namespace unless the policy's `evictAcrossNamespaces` allows more,
 not in the policy's `pinned` list (nor `storage.nodeLocal.pinned` by a cache of the same namespace), and no live
 pod on that node consumes it; least recently used first, by the `lastUsed` its cache keeps in status (the last
 time a consumer was seen on the node, or when the copy became Ready). The namespace's byte budget on the node
