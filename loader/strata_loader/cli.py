@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from strata_units import parse_bytes
+
 from .contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     ENV_TERMINATION_MESSAGE_PATH,
     FetchRequest,
     FetchResult,
-    parse_bytes,
 )
 from .peer_limits import (
     DEFAULT_HEADER_TIMEOUT_S,

@@ -13,10 +13,10 @@ import hashlib
 import json
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from strata_units import parse_bytes
+from strata_units import ByteSize, SizeField
 
 from .capacity import CapacityReport
 from .paths import UnsafePathError, safe_relative_path
@@ -74,8 +74,12 @@ DEFAULT_PVC_MOUNT_ROOT = "/strata/source"
 """`pvc://claim/path` reads `<root>/<claim>/path`: the operator mounts the claim there, read-only."""
 
 DEFAULT_CONCURRENCY = 16
-DEFAULT_BLOCK_SIZE = 16 * 2**20
-DEFAULT_MEMORY_LIMIT = 1 * 2**30
+DEFAULT_BLOCK_SIZE = ByteSize(16 * 2**20)
+DEFAULT_MEMORY_LIMIT = ByteSize(1 * 2**30)
+
+Bytes = Annotated[ByteSize, SizeField(minimum=1, written="count")]
+"""A size in the contract: `16Mi`, `1GiB` or an int, above 0, read by the one parser; an argument or JSON carries
+the count."""
 
 
 class VerifyMode(StrEnum):
@@ -93,13 +97,10 @@ class ShardOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tensor_parallel_size: int = Field(ge=1, le=1024)
-    max_part_bytes: int = Field(default=5 * 2**30, description="size cap of one part file (vLLM uses 5 GiB)")
+    max_part_bytes: Bytes = Field(
+        default=ByteSize(5 * 2**30), description="size cap of one part file (vLLM uses 5 GiB)"
+    )
     output_subdir: str = Field(default="sharded", description="relative to DEST")
-
-    @field_validator("max_part_bytes", mode="before")
-    @classmethod
-    def _parse_size(cls, v: int | str) -> int:
-        return parse_bytes(v)
 
     @field_validator("output_subdir")
     @classmethod
@@ -126,8 +127,8 @@ class FetchRequest(BaseModel):
     include: list[str] = Field(default_factory=list, description="globs on relative paths; empty = all")
     exclude: list[str] = Field(default_factory=list)
     concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=1024)
-    block_size: int = DEFAULT_BLOCK_SIZE
-    memory_limit: int = DEFAULT_MEMORY_LIMIT
+    block_size: Bytes = DEFAULT_BLOCK_SIZE
+    memory_limit: Bytes = DEFAULT_MEMORY_LIMIT
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardOptions | None = None
     peers: list[str] = Field(
@@ -166,11 +167,6 @@ class FetchRequest(BaseModel):
                 " copy's manifest; give that copy's manifestSha256"
             )
         return self
-
-    @field_validator("block_size", "memory_limit", mode="before")
-    @classmethod
-    def _parse_size(cls, v: int | str) -> int:
-        return parse_bytes(v)
 
     @field_validator("source")
     @classmethod

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.alias_generators import to_camel
-from pydantic_core import CoreSchema, core_schema
-from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, parse_bytes
+from pydantic_core import CoreSchema
+from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, SizeField
 
 
 class CRDModel(BaseModel):
@@ -85,28 +85,37 @@ BYTE_SIZE_MAX_LENGTH = 32
 
 @dataclass(frozen=True)
 class WholeBytes:
-    """Marks a spec field as a byte size: `Annotated[str, WholeBytes("l1.size")]`, or `int | str` for
-    int-or-string. The CRD gets BYTE_SIZE_PATTERN and CEL rules whose messages say what to write; the model
-    reads the value with the same parser as the loader and the KV server, so a spec stored under an older CRD
-    is refused as well. The value itself is kept as written (the API server stores it so)."""
+    """Marks a spec field as a byte size: `Annotated[ByteSize, WholeBytes("l1.size", text=True)]` for a string
+    field, without `text` for int-or-string.
+
+    The value is parsed once, here, into a `ByteSize` (an int that keeps its spelling): builders do arithmetic on
+    it and never read the text again, and the object serialises back exactly as the user wrote it (the API server
+    stores it so; `spelling` is what a message quotes). The CRD gets BYTE_SIZE_PATTERN and CEL rules whose
+    messages say what to write; the model reads the value with the same parser as the loader and the KV server,
+    so a spec stored under an older CRD is refused as well. Defaults must be `ByteSize` values, so that the CRD's
+    default is written as given."""
 
     field: str
     minimum: Literal[0, 1] = 1
     """1 where a size must be positive; 0 where 0 has a meaning of its own (say so in the description)."""
+    text: bool = False
+    """A string field (`type: string`) rather than int-or-string."""
 
-    def _check(self, value: int | str) -> int | str:
-        parse_bytes(value, minimum=self.minimum, strict=True)
-        return value
+    @property
+    def size_field(self) -> SizeField:
+        return SizeField(minimum=self.minimum, strict=True, text_only=self.text, written="as_given")
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
+        return self.size_field.__get_pydantic_core_schema__(source, handler)
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        json_schema = dict(handler(schema))
+        json_schema: dict[str, Any] = (
+            {"type": "string"} if self.text else {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+        )
         json_schema["pattern"] = BYTE_SIZE_PATTERN
         # Bounds the CEL rules' cost (the API server refuses a CRD whose estimate has no bound, as in a list).
         json_schema["maxLength"] = BYTE_SIZE_MAX_LENGTH
-        json_schema["x-kubernetes-validations"] = self.rules(int_or_string="anyOf" in json_schema)
+        json_schema["x-kubernetes-validations"] = self.rules(int_or_string=not self.text)
         return json_schema
 
     def rules(self, *, int_or_string: bool) -> list[dict[str, str]]:

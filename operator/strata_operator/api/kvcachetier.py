@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 from strata_kv.csi.volume import DRIVER_NAME
+from strata_units import ByteSize
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
@@ -94,8 +95,8 @@ class LogLevel(StrEnum):
 class L1Spec(CRDModel):
     """The DRAM tier of each server: also what the pod's memory request is derived from."""
 
-    size: Annotated[str, WholeBytes("l1.size")] = Field(
-        default="4Gi",
+    size: Annotated[ByteSize, WholeBytes("l1.size", text=True)] = Field(
+        default=ByteSize("4Gi"),
         description="Bytes of chunk values each server holds in DRAM: " + BYTE_SIZE_UNITS + ". Default 4Gi. The "
         "pod's memory request is this plus memoryHeadroom.",
     )
@@ -106,7 +107,7 @@ class L1Spec(CRDModel):
 
 
 class PVCCreate(CRDModel):
-    size: Annotated[str, WholeBytes("l2.fs.pvc.create.size")] = Field(
+    size: Annotated[ByteSize, WholeBytes("l2.fs.pvc.create.size", text=True)] = Field(
         description="Storage request of the created claim, in bytes: " + BYTE_SIZE_UNITS + " (e.g. 500Gi)."
     )
     storage_class_name: str | None = Field(
@@ -152,8 +153,8 @@ class L2FS(CRDModel):
 
     pvc: L2PVC | None = None
     host_path: HostPath | None = None
-    capacity: Annotated[str, WholeBytes("l2.fs.capacity", minimum=0)] = Field(
-        default="0",
+    capacity: Annotated[ByteSize, WholeBytes("l2.fs.capacity", minimum=0, text=True)] = Field(
+        default=ByteSize("0"),
         description="Bytes the tier may use: " + BYTE_SIZE_UNITS + ". Default 0, which means the filesystem's "
         "free space.",
     )
@@ -271,8 +272,8 @@ class ConnectorSpec(CRDModel):
         "front of the node's server. lmcache: LMCache's connector on its RESP backend (needs lmcache in the "
         "image; vLLM turns its hybrid KV cache manager off with it).",
     )
-    cpu_bytes: Annotated[str, WholeBytes("connector.cpuBytes")] = Field(
-        default="4Gi",
+    cpu_bytes: Annotated[ByteSize, WholeBytes("connector.cpuBytes", text=True)] = Field(
+        default=ByteSize("4Gi"),
         description="vllm: bytes of each engine's CPU tier (cpu_bytes_to_use), allocated in /dev/shm: "
         + BYTE_SIZE_UNITS
         + ". Default 4Gi. The webhook's /dev/shm is this plus 1Gi unless clientShmSize says otherwise.",
@@ -404,8 +405,8 @@ class KVCacheTierSpec(CRDModel):
     resources: dict[str, Any] | None = Field(
         default=None, description="core/v1 ResourceRequirements; memory defaults to l1.size + memoryHeadroom."
     )
-    memory_headroom: Annotated[str, WholeBytes("memoryHeadroom", minimum=0)] = Field(
-        default="1Gi",
+    memory_headroom: Annotated[ByteSize, WholeBytes("memoryHeadroom", minimum=0, text=True)] = Field(
+        default=ByteSize("1Gi"),
         description="Memory each server needs beyond l1.size (the process, the write-behind queue), in bytes: "
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; added to l1.size for the pod's memory request.",
@@ -468,7 +469,7 @@ class KVCacheTierSpec(CRDModel):
         "For nodes with cores to spare: on 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% "
         "faster but doubled a small GET's p99 beside them. With threads, the CPU request defaults to threads + 1.",
     )
-    client_shm_size: Annotated[str, WholeBytes("clientShmSize")] | None = Field(
+    client_shm_size: Annotated[ByteSize, WholeBytes("clientShmSize", text=True)] | None = Field(
         default=None,
         description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "
         "wires to this tier (vLLM's CPU KV tier needs more than the runtime's 64Mi default); a pod's "

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from strata_units import ByteSize
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
@@ -181,7 +182,7 @@ class SharedPVCStorage(CRDModel):
         description="An existing claim to fill (adopted, never deleted); when omitted the operator creates "
         "<name>-model.",
     )
-    size: Annotated[str, WholeBytes("storage.sharedPVC.size")] | None = Field(
+    size: Annotated[ByteSize, WholeBytes("storage.sharedPVC.size", text=True)] | None = Field(
         default=None,
         description="Storage request of the claim the operator creates, in bytes: " + BYTE_SIZE_UNITS + " (e.g. "
         "200Gi). Not used with claimName.",
@@ -310,8 +311,8 @@ class ShardSpec(CRDModel):
     tensor_parallel_size: int = Field(
         ge=1, le=1024, description="Number of ranks to shard for (vLLM's --tensor-parallel-size), 1 to 1024."
     )
-    max_part_bytes: Annotated[int | str, WholeBytes("preload.shard.maxPartBytes")] = Field(
-        default="5Gi",
+    max_part_bytes: Annotated[ByteSize, WholeBytes("preload.shard.maxPartBytes")] = Field(
+        default=ByteSize("5Gi"),
         description="Size cap of one part file, in bytes: " + BYTE_SIZE_UNITS + ". Default 5Gi (what vLLM uses).",
     )
 
@@ -342,11 +343,11 @@ class Preload(CRDModel):
     concurrency: int = Field(
         default=16, ge=1, le=1024, description="Reads in flight against the source, 1 to 1024. Default 16."
     )
-    block_size: Annotated[int | str, WholeBytes("preload.blockSize")] = Field(
-        default="16Mi", description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
+    block_size: Annotated[ByteSize, WholeBytes("preload.blockSize")] = Field(
+        default=ByteSize("16Mi"), description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
     )
-    memory_limit: Annotated[int | str, WholeBytes("preload.memoryLimit")] = Field(
-        default="1Gi",
+    memory_limit: Annotated[ByteSize, WholeBytes("preload.memoryLimit")] = Field(
+        default=ByteSize("1Gi"),
         description="Bound on the preloader's buffer pool (bytes held in memory at once): "
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; keep it below the container's memory limit.",

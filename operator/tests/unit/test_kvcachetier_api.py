@@ -23,7 +23,7 @@ def _rules(node: dict[str, Any]) -> list[str]:
 
 def test_empty_spec_gets_every_default() -> None:
     spec = KVCacheTierSpec.model_validate({})
-    assert spec.l1.size == "4Gi"
+    assert spec.l1.size == 4 * 2**30 and spec.l1.size.spelling == "4Gi"
     assert spec.l1.eviction_policy is EvictionPolicy.PREFIX_LIRS
     assert spec.chunk_tokens == 256
     assert spec.port == 6379 and spec.metrics_port == 9121

@@ -20,8 +20,7 @@ from strata_operator.resources.kvcachetier.names import (
     METRICS_PORT_NAME,
     RESP_PORT_NAME,
     TierRef,
-    byte_size,
-    mebibytes,
+    memory_quantity,
     quantity_bytes,
 )
 from strata_operator.resources.kvcachetier.node_socket import node_socket_mount, node_socket_volume
@@ -39,7 +38,7 @@ TERMINATION_GRACE_SECONDS = 45
 
 def derived_memory_request(spec: KVCacheTierSpec) -> int:
     """L1 plus headroom for the process and the write-behind queue, in bytes."""
-    return byte_size(spec.l1.size) + byte_size(spec.memory_headroom)
+    return spec.l1.size + spec.memory_headroom
 
 
 def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
@@ -48,9 +47,9 @@ def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
     requests = resources.setdefault("requests", {})
     limits = resources.setdefault("limits", {})
     if "memory" not in requests:
-        requests["memory"] = limits.get("memory") or mebibytes(derived_memory_request(spec))
+        requests["memory"] = limits.get("memory") or memory_quantity(derived_memory_request(spec))
     if "memory" not in limits:
-        limits["memory"] = mebibytes(int(quantity_bytes(requests["memory"]) * MEMORY_LIMIT_FACTOR))
+        limits["memory"] = memory_quantity(int(quantity_bytes(requests["memory"]) * MEMORY_LIMIT_FACTOR))
     requests.setdefault("cpu", str(spec.sender_threads + 1) if spec.sender_threads else CPU_REQUEST)
     return resources
 

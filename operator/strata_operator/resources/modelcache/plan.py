@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from strata_loader.contract import FetchResult
+from strata_units import format_bytes
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import Problem
@@ -598,7 +599,7 @@ def _node_local(planner: _Planner, spec: ModelCacheSpec) -> Outcome:
         fields.update(
             totalBytes=done[0]["bytes"],
             totalFiles=done[0]["files"],
-            size=st.human_bytes(done[0]["bytes"]),
+            size=format_bytes(done[0]["bytes"], approximate=True),
             resolvedRevision=revisions[0] if revisions else observed.previous.get("resolvedRevision"),
             # What the spec asked when that commit was resolved: later nodes copy the same commit (fanout).
             resolvedFrom=(spec.source.revision or "") if revisions else observed.previous.get("resolvedFrom"),
