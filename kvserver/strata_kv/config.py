@@ -26,11 +26,35 @@ Size = Annotated[ByteSize, SizeField(written="formatted")]
 allowed where a field says what it means; fractions and `m` are refused) and written compactly (`1GiB`)."""
 
 
+SenderThreads = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=64,
+        description="Threads that send replies holding a value above 1 MiB while another such reply is going out, "
+        "so that large GETs to several clients use several cores. 0 (default): the event loop writes them, in 1 MiB "
+        "slices. On 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% faster, but doubled a small "
+        "GET's p99 beside 8 of them (kvserver README; at nice 10, below the loop, as they run: 1.5x): for nodes with "
+        "cores to spare.",
+    ),
+]
+"""The server's sender threads, declared once: the KVCacheTier spec's `senderThreads` is this type."""
+
+
 class EvictionPolicyName(StrEnum):
     """L1 eviction policies. `prefix-lirs` is scan-resistant and evicts chain tails before heads."""
 
     LRU = "lru"
     PREFIX_LIRS = "prefix-lirs"
+
+
+class S3AddressingStyle(StrEnum):
+    """How the S3 client names the bucket: `path` for most S3-compatible servers, `virtual` (a host per bucket),
+    or `auto` (the client's choice)."""
+
+    AUTO = "auto"
+    PATH = "path"
+    VIRTUAL = "virtual"
 
 
 class _Model(BaseModel):
@@ -61,16 +85,7 @@ class ListenConfig(_Model):
         description="auto: uvloop when installed (its transports send a large reply without copying it), "
         "else asyncio's own",
     )
-    sender_threads: int = Field(
-        default=0,
-        ge=0,
-        le=64,
-        description="Threads that send replies holding a value above 1 MiB while another such reply is going "
-        "out, so that large GETs to several clients use several cores. 0 (default): the event loop writes them, "
-        "in 1 MiB slices. On 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% faster, but "
-        "doubled a small GET's p99 beside 8 of them (kvserver README; at nice 10, below the loop, as they run: "
-        "1.5x): for nodes with cores to spare",
-    )
+    sender_threads: SenderThreads = 0
 
     @model_validator(mode="after")
     def _socket_not_world_accessible(self) -> ListenConfig:
@@ -169,8 +184,8 @@ class L2S3Config(_Model):
     endpoint_url: str | None = None
     region: str | None = None
     max_pool_connections: int = Field(default=16, ge=1)
-    addressing_style: Literal["auto", "path", "virtual"] = Field(
-        default="auto", description="Bucket addressing; 'path' for most S3-compatible servers"
+    addressing_style: S3AddressingStyle = Field(
+        default=S3AddressingStyle.AUTO, description="Bucket addressing; 'path' for most S3-compatible servers"
     )
 
 

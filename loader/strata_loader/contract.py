@@ -113,6 +113,29 @@ class ShardOptions(BaseModel):
 
 SourceKind = Literal["s3", "hf", "pvc", "local"]
 
+SOURCE_URI_GRAMMAR: dict[SourceKind, str] = {
+    "s3": r"s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?",
+    "hf": r"hf://[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+/?",
+    "pvc": r"pvc://[a-z0-9][a-z0-9.\-]*(/.*)?",
+}
+"""What a remote source URI may look like, by scheme: the loader checks a request against it, and the ModelCache
+CRD's `source.uri` pattern is made of it (with `oci://`, which the kubelet reads, not the loader)."""
+
+_SOURCE_URI_SHAPES: dict[SourceKind, str] = {
+    "s3": "s3://bucket[/prefix] with a valid bucket name",
+    "hf": "hf://org/name",
+    "pvc": "pvc://claim[/path]",
+}
+
+
+def pvc_source(uri: str) -> tuple[str, str] | None:
+    """`pvc://claim/path/in/it` as `("claim", "path/in/it")` (`""` for the claim's root); None for another scheme.
+    The one reading of a pvc:// URI: the operator mounts that claim, the loader lists that path inside it."""
+    if not uri.startswith("pvc://"):
+        return None
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return claim, path
+
 
 class FetchRequest(BaseModel):
     """One preloader run: copy SOURCE to DEST, then mark it complete with a manifest."""
@@ -172,13 +195,9 @@ class FetchRequest(BaseModel):
     @classmethod
     def _known_scheme(cls, v: str) -> str:
         kind = source_kind(v)
-        if kind == "s3" and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?$", v):
-            raise ValueError(f"source {v!r}: expected s3://bucket[/prefix] with a valid bucket name")
-        if kind == "hf" and not re.match(r"^hf://[\w.\-]+/[\w.\-]+/?$", v):
-            raise ValueError(f"source {v!r}: expected hf://org/name")
-        if kind == "pvc" and not re.match(r"^pvc://[a-z0-9][a-z0-9.\-]*(/.*)?$", v):
-            raise ValueError(f"source {v!r}: expected pvc://claim[/path]")
-        if kind == "pvc" and (sub := v[len("pvc://") :].partition("/")[2].rstrip("/")):
+        if kind != "local" and not re.fullmatch(SOURCE_URI_GRAMMAR[kind], v):
+            raise ValueError(f"source {v!r}: expected {_SOURCE_URI_SHAPES[kind]}")
+        if (pvc := pvc_source(v)) and (sub := pvc[1].rstrip("/")):
             try:  # the path is joined onto the claim's mount: it must not climb out to other claims
                 safe_relative_path(sub)
             except UnsafePathError as e:

@@ -5,9 +5,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import CoreSchema
 from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, SizeField
@@ -52,10 +60,23 @@ class Condition(CRDModel):
     )
 
 
-class SecretKeyRef(CRDModel):
-    """A key of a Secret in the resource's namespace: the only way credentials enter a spec."""
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-    name: str = Field(min_length=1, max_length=253, description="Name of the Secret, in the resource's namespace.")
+
+class SecretRef(CRDModel):
+    """A Secret in the resource's namespace: the only way credentials enter a spec."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the Secret, in the resource's namespace (e.g. hf-token).",
+    )
+
+
+class SecretKeyRef(SecretRef):
+    """A Secret in the resource's namespace, and optionally one key of it."""
+
     key: str | None = Field(default=None, description="Key inside the Secret; all keys when omitted.")
 
 
@@ -254,10 +275,35 @@ def endpoint_problem(endpoint: str | None, allow_link_local: bool, field: str, w
     return None
 
 
-def allow_link_local_field() -> Any:
-    return Field(
+class S3Endpoint(CRDModel):
+    """Where an S3 client sends its requests: an endpoint (AWS when omitted), a region, and the refusal of link-local
+    and metadata addresses. ModelCache's `source.s3` and KVCacheTier's `l2.s3` are this with fields of their own;
+    a subclass names its path in the spec and who sends the requests, for the rules' messages."""
+
+    FIELD: ClassVar[str]
+    WHO: ClassVar[str]
+
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=2048,
+        description="S3-compatible endpoint URL (MinIO, Ceph, R2); AWS when omitted. Link-local and cloud metadata "
+        "addresses are refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
+    )
+    region: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Region of the bucket, e.g. us-east-1; the client's default (AWS_REGION) when omitted.",
+    )
+    allow_link_local: bool = Field(
         default=False,
         description="Allow an endpoint on a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, "
         "metadata.google.internal). Refused by default: requests and credentials sent there reach the node's "
         "metadata service, not an object store.",
     )
+
+    @model_validator(mode="after")
+    def _endpoint_is_no_metadata_service(self) -> S3Endpoint:
+        if problem := endpoint_problem(self.endpoint, self.allow_link_local, self.FIELD, self.WHO):
+            raise ValueError(problem)
+        return self

@@ -9,26 +9,30 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
+from strata_loader.contract import SOURCE_URI_GRAMMAR, VerifyMode
 from strata_units import ByteSize
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
+    DNS_SUBDOMAIN_PATTERN,
     HOST_PATH_RULES,
     Condition,
     CRDModel,
     HostDirectory,
     PullPolicy,
+    S3Endpoint,
+    SecretRef,
     WholeBytes,
-    allow_link_local_field,
     cel,
-    endpoint_problem,
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SOURCE_URI_PATTERN = "^(" + "|".join([*SOURCE_URI_GRAMMAR.values(), "oci://.+"]) + ")$"
+"""The preloader's own grammar of each source it reads (so the API cannot accept a URI the Job would refuse), and
+oci:// for an image volume."""
 
 
 class StorageMode(StrEnum):
@@ -42,14 +46,6 @@ class DeletionPolicy(StrEnum):
 
     DELETE = "Delete"
     RETAIN = "Retain"
-
-
-class VerifyMode(StrEnum):
-    """Mirrors `strata_loader.contract.VerifyMode`; a unit test keeps the two in step."""
-
-    SIZES = "sizes"
-    CHECKSUMS = "checksums"
-    NONE = "none"
 
 
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
@@ -100,46 +96,18 @@ class Credentials(CRDModel):
     )
 
 
-class SecretRef(CRDModel):
-    """A Secret in the ModelCache's namespace."""
-
-    name: str = Field(
-        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the Secret, e.g. hf-token."
-    )
-
-
-class S3Options(CRDModel):
+class S3Options(S3Endpoint):
     """Settings for an s3:// source beyond the URI; only allowed with one."""
 
-    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules("source.s3", "the preloader")))
-
-    endpoint: str | None = Field(
-        default=None,
-        pattern=r"^https?://.+",
-        max_length=2048,
-        description="S3-compatible endpoint URL (MinIO, Ceph, R2). Link-local and cloud metadata addresses are "
-        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
-    )
-    region: str | None = Field(
-        default=None,
-        max_length=64,
-        description="Region of the bucket, e.g. us-east-1; the client's default (AWS_REGION) when omitted.",
-    )
-    allow_link_local: bool = allow_link_local_field()
-
-    @model_validator(mode="after")
-    def _endpoint_is_no_metadata_service(self) -> S3Options:
-        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "source.s3", "the preloader"):
-            raise ValueError(problem)
-        return self
+    FIELD, WHO = "source.s3", "the preloader"
+    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules(FIELD, WHO)))
 
 
 class ModelSource(CRDModel):
     """Where the model's files come from, and which of them."""
 
     uri: str = Field(
-        pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|hf://[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+/?"
-        r"|pvc://[a-z0-9][a-z0-9.\-]*(/.*)?|oci://.+)$",
+        pattern=SOURCE_URI_PATTERN,
         max_length=2048,
         description="Where the model comes from: s3://bucket/prefix, hf://org/name, pvc://claim/path, "
         "oci://registry/repo:tag (ImageVolume only). Immutable.",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from strata_kv.config import EvictionPolicyName
+from strata_kv.config import EvictionPolicyName, ListenConfig
 from strata_operator.api.crdgen import build_crd
 from strata_operator.api.kvcachetier import CRD, EvictionPolicy, KVCacheTierSpec
 
@@ -37,8 +37,14 @@ def test_nested_objects_default_to_empty_so_the_api_server_fills_their_fields() 
     assert spec["l1"]["properties"]["size"]["default"] == "4Gi"
 
 
-def test_eviction_policies_are_ones_the_server_knows() -> None:
-    assert {p.value for p in EvictionPolicy} <= {p.value for p in EvictionPolicyName}
+def test_fields_the_server_reads_are_declared_by_the_server_s_config() -> None:
+    """One source: the spec takes the server's own enums and bounds, so the two cannot drift."""
+    assert EvictionPolicy is EvictionPolicyName
+    threads = _schema()["properties"]["spec"]["properties"]["senderThreads"]
+    assert (threads["minimum"], threads["maximum"], threads["default"]) == (0, 64, ListenConfig().sender_threads)
+    assert str(ListenConfig.model_fields["sender_threads"].description) in threads["description"]
+    with pytest.raises(ValidationError):
+        KVCacheTierSpec(sender_threads=65)
 
 
 def test_cel_rules_guard_the_l2_choices() -> None:

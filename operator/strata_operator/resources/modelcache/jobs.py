@@ -82,7 +82,7 @@ def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
                 "concurrency": preload.concurrency,
                 "block_size": preload.block_size,
                 "memory_limit": preload.memory_limit,
-                "verify": contract.VerifyMode(preload.verify.value),
+                "verify": preload.verify,
                 "shard": shard,
             }
         )
@@ -118,9 +118,8 @@ class PodMounts:
 def source_mounts(spec: ModelCacheSpec) -> PodMounts:
     """A pvc:// source is read from its claim, mounted read-only where the loader expects it."""
     mounts = PodMounts()
-    uri = spec.source.uri
-    if uri.startswith("pvc://"):
-        claim = uri.removeprefix("pvc://").split("/", 1)[0]
+    if pvc := contract.pvc_source(spec.source.uri):
+        claim = pvc[0]
         mounts.add(
             "source",
             {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
