@@ -111,3 +111,19 @@ def test_require_salt_needs_the_lmcache_connector() -> None:
     with pytest.raises(ValidationError, match=r"set connector\.type lmcache, or requireSalt false"):
         KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}})
     KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}, "connector": {"type": "lmcache"}})
+
+
+def test_sizes_are_parsed_once_and_written_back_as_the_user_wrote_them() -> None:
+    written = {
+        "l1": {"size": "1500M"},
+        "memoryHeadroom": "0512Mi",
+        "l2": {"fs": {"hostPath": {"path": "/mnt/nvme/kv"}, "capacity": "2Ti"}},
+        "connector": {"cpuBytes": "8Gi"},
+        "clientShmSize": "9Gi",
+    }
+    spec = KVCacheTierSpec.model_validate(written)
+    assert (spec.l1.size, spec.memory_headroom, spec.connector.cpu_bytes) == (1_500_000_000, 512 * 2**20, 8 * 2**30)
+    again = spec.to_k8s()
+    assert again["l1"]["size"] == "1500M" and again["memoryHeadroom"] == "0512Mi"
+    assert again["l2"]["fs"]["capacity"] == "2Ti" and again["clientShmSize"] == "9Gi"
+    assert KVCacheTierSpec.model_validate(again) == spec

@@ -106,3 +106,20 @@ def test_rendered_crd_has_no_yaml_anchors() -> None:
 
 def test_storage_mode_values() -> None:
     assert [m.value for m in StorageMode] == ["SharedPVC", "NodeLocal", "ImageVolume"]
+
+
+def test_int_or_string_sizes_keep_their_form_and_reach_the_preloader_as_counts() -> None:
+    spec = ModelCacheSpec.model_validate(
+        {
+            "source": {"uri": "s3://models/llama"},
+            "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "200Gi"}},
+            "preload": {"blockSize": 8388608, "memoryLimit": "2Gi", "shard": {"tensorParallelSize": 2}},
+        }
+    )
+    preload = spec.to_k8s()["preload"]
+    assert preload["blockSize"] == 8388608 and preload["memoryLimit"] == "2Gi"
+    assert preload["shard"]["maxPartBytes"] == "5Gi"  # the default, as the CRD writes it
+    request = contract.FetchRequest(source="s3://models/llama", dest="/d", block_size=spec.preload.block_size,
+                                    memory_limit=spec.preload.memory_limit)  # fmt: skip
+    assert request.memory_limit is spec.preload.memory_limit  # not parsed again
+    assert "--memory-limit" in request.to_args() and str(2 * 2**30) in request.to_args()
