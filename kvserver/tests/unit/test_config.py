@@ -96,3 +96,14 @@ def test_shared_memory_needs_the_unix_socket_it_is_handed_over() -> None:
         KVServerConfig.model_validate({"listen": {"shared_memory": True}})
     cfg = KVServerConfig.model_validate({"listen": {"shared_memory": True, "unix_socket": "/run/kv.sock"}})
     assert cfg.listen.shared_memory and not KVServerConfig().listen.shared_memory, "off unless asked for"
+
+
+def test_sizes_are_byte_sizes_with_their_bounds_and_written_compactly() -> None:
+    from strata_units import ByteSize
+
+    cfg = KVServerConfig.model_validate({"limits": {"max_value_size": "64Mi"}})
+    assert isinstance(cfg.limits.max_value_size, ByteSize) and isinstance(cfg.l1.size, ByteSize)
+    assert isinstance(cfg.limits.max_output_buffer, ByteSize)  # derived from max_value_size, still one type
+    assert cfg.model_dump(mode="json")["limits"]["max_value_size"] == "64MiB"
+    with pytest.raises(ValidationError, match="above 0"):
+        KVServerConfig.model_validate({"limits": {"max_unauthenticated_bulk": 0}})
