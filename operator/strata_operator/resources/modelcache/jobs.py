@@ -61,7 +61,7 @@ def _spec_field(loc: tuple[int | str, ...]) -> str:
 def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
     """The preloader's one run, as the loader's own contract model (validated on construction).
 
-    Sizes may be quantities ("16Mi"); the contract's validators parse them, hence `model_validate`. A value
+    Sizes arrive as the spec's `ByteSize` values and pass through unparsed; `model_validate` checks the rest. A value
     the CRD let through but the contract refuses is a `SpecError` naming the spec field, not a crash.
     """
     preload = spec.preload
