@@ -9,7 +9,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from .config import KVServerConfig, parse_size
+from .config import KVServerConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_config(args: argparse.Namespace) -> KVServerConfig:
         "listen.bind": args.bind,
         "listen.unix_socket": args.unix_socket,
         "listen.event_loop": args.event_loop,
-        "l1.size": parse_size(args.l1_size) if args.l1_size else None,
+        "l1.size": args.l1_size or None,
         "l1.eviction_policy": args.eviction_policy,
         "metrics.port": args.metrics_port,
         "metrics.bind": args.metrics_bind,

@@ -14,27 +14,31 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
-from strata_units import ByteSizeError, format_bytes, parse_bytes
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from strata_units import ByteSize, SizeField
 
 CONFIG_FILE_NAME = "strata-kv.yaml"
 """File name inside the ConfigMap / the `--config` default directory."""
 
 
-def parse_size(value: Any) -> int:
-    """Bytes of a size in the config or on the command line: `1GiB`, `512Mi`, `4096` or an int; 0 is allowed
-    (it means "no limit" or "the filesystem's free space" where a field says so). Fractions and `m` are refused."""
-    try:
-        return parse_bytes(value, minimum=0)
-    except ByteSizeError as e:
-        raise ValueError(f"cannot read size: {e}") from None
+Size = Annotated[ByteSize, SizeField(written="formatted")]
+"""A size in the config or on the command line: `1GiB`, `512Mi`, `4096` or an int, read by the one parser (0 is
+allowed where a field says what it means; fractions and `m` are refused) and written compactly (`1GiB`)."""
 
 
-format_size = format_bytes
-"""Render bytes compactly for logs and YAML (`1GiB`), exact when a binary unit divides it."""
-
-
-ByteSize = Annotated[int, BeforeValidator(parse_size), PlainSerializer(format_size, return_type=str)]
+SenderThreads = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=64,
+        description="Threads that send replies holding a value above 1 MiB while another such reply is going out, "
+        "so that large GETs to several clients use several cores. 0 (default): the event loop writes them, in 1 MiB "
+        "slices. On 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% faster, but doubled a small "
+        "GET's p99 beside 8 of them (kvserver README; at nice 10, below the loop, as they run: 1.5x): for nodes with "
+        "cores to spare.",
+    ),
+]
+"""The server's sender threads, declared once: the KVCacheTier spec's `senderThreads` is this type."""
 
 
 class EvictionPolicyName(StrEnum):
@@ -42,6 +46,15 @@ class EvictionPolicyName(StrEnum):
 
     LRU = "lru"
     PREFIX_LIRS = "prefix-lirs"
+
+
+class S3AddressingStyle(StrEnum):
+    """How the S3 client names the bucket: `path` for most S3-compatible servers, `virtual` (a host per bucket),
+    or `auto` (the client's choice)."""
+
+    AUTO = "auto"
+    PATH = "path"
+    VIRTUAL = "virtual"
 
 
 class _Model(BaseModel):
@@ -72,16 +85,7 @@ class ListenConfig(_Model):
         description="auto: uvloop when installed (its transports send a large reply without copying it), "
         "else asyncio's own",
     )
-    sender_threads: int = Field(
-        default=0,
-        ge=0,
-        le=64,
-        description="Threads that send replies holding a value above 1 MiB while another such reply is going "
-        "out, so that large GETs to several clients use several cores. 0 (default): the event loop writes them, "
-        "in 1 MiB slices. On 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% faster, but "
-        "doubled a small GET's p99 beside 8 of them (kvserver README; at nice 10, below the loop, as they run: "
-        "1.5x): for nodes with cores to spare",
-    )
+    sender_threads: SenderThreads = 0
 
     @model_validator(mode="after")
     def _socket_not_world_accessible(self) -> ListenConfig:
@@ -98,7 +102,7 @@ class ListenConfig(_Model):
 class L1Config(_Model):
     """DRAM tier: never holds more than `size` bytes of values."""
 
-    size: ByteSize = Field(default=1024**3, description="Capacity in bytes of chunk values held in DRAM")
+    size: Size = Field(default=ByteSize(1024**3), description="Capacity in bytes of chunk values held in DRAM")
     eviction_policy: EvictionPolicyName = EvictionPolicyName.PREFIX_LIRS
     hir_fraction: float = Field(
         default=0.05,
@@ -123,7 +127,9 @@ class L2FsConfig(_Model):
     """Shared-filesystem tier in vLLM's offloading FS layout, with the capacity limit vLLM lacks."""
 
     root_dir: str
-    capacity: ByteSize = Field(default=0, description="Bytes the tier may use; 0 means the filesystem's free space")
+    capacity: Size = Field(
+        default=ByteSize(0), description="Bytes the tier may use; 0 means the filesystem's free space"
+    )
     high_watermark: float = Field(default=0.90, gt=0, le=1, description="Start evicting above this fill ratio")
     low_watermark: float = Field(default=0.80, gt=0, le=1, description="Evict down to this fill ratio")
     rank: int = Field(default=0, ge=0, description="The `_r<rank>` directory suffix (tensor-parallel rank)")
@@ -178,8 +184,8 @@ class L2S3Config(_Model):
     endpoint_url: str | None = None
     region: str | None = None
     max_pool_connections: int = Field(default=16, ge=1)
-    addressing_style: Literal["auto", "path", "virtual"] = Field(
-        default="auto", description="Bucket addressing; 'path' for most S3-compatible servers"
+    addressing_style: S3AddressingStyle = Field(
+        default=S3AddressingStyle.AUTO, description="Bucket addressing; 'path' for most S3-compatible servers"
     )
 
 
@@ -249,18 +255,18 @@ class AuthConfig(_Model):
 
 
 class LimitsConfig(_Model):
-    max_value_size: ByteSize = Field(default=512 * 1024**2, description="Largest value a SET may carry")
-    max_key_size: ByteSize = Field(default=4096)
+    max_value_size: Size = Field(default=ByteSize(512 * 1024**2), description="Largest value a SET may carry")
+    max_key_size: Size = Field(default=ByteSize(4096))
     max_clients: int = Field(default=1024, ge=1)
     max_pipeline_depth: int = Field(
         default=1024, ge=1, description="Requests parsed ahead of the replies written, per connection"
     )
-    max_request_size: ByteSize = Field(
-        default=1024**3,
+    max_request_size: Size = Field(
+        default=ByteSize(1024**3),
         description="Largest total request (e.g. an MSET); larger gets an error, the connection closes",
     )
-    max_output_buffer: ByteSize = Field(
-        default=1024**3,
+    max_output_buffer: Size = Field(
+        default=ByteSize(1024**3),
         description="Most reply bytes one connection may have pending; a reply past it closes the connection "
         "(Redis' client-output-buffer-limit, hard). 0 = no limit; unset, at least twice max_value_size",
     )
@@ -279,9 +285,8 @@ class LimitsConfig(_Model):
         description="Close a connection with no complete request, no finished command and no reply progress "
         "for this long (a running command does not count as idle); 0 = never",
     )
-    max_unauthenticated_bulk: ByteSize = Field(
-        default=16 * 1024,
-        ge=1,
+    max_unauthenticated_bulk: Annotated[ByteSize, SizeField(minimum=1, written="formatted")] = Field(
+        default=ByteSize(16 * 1024),
         description="With auth on: largest argument a connection may send before AUTH succeeds",
     )
     max_unauthenticated_args: int = Field(
@@ -291,7 +296,7 @@ class LimitsConfig(_Model):
         "(HELLO 3 AUTH user pass SETNAME name is 7)",
     )
 
-    max_inflight_bytes: ByteSize | None = Field(
+    max_inflight_bytes: Size | None = Field(
         default=None,
         description="Bytes of large values (256 KiB and up) received but not yet stored, all connections "
         "together; past it a connection starting a large value waits before reading it. One value is "
@@ -302,7 +307,7 @@ class LimitsConfig(_Model):
     def _largest_value_fits_the_output_buffer(self) -> LimitsConfig:
         """A GET of the largest value must fit; a config written before this limit existed still parses."""
         if "max_output_buffer" not in self.model_fields_set:
-            self.max_output_buffer = max(self.max_output_buffer, 2 * self.max_value_size)
+            self.max_output_buffer = ByteSize(max(self.max_output_buffer, 2 * self.max_value_size))
         elif self.max_output_buffer and self.max_output_buffer < self.max_value_size:
             raise ValueError(
                 f"limits.max_output_buffer ({self.max_output_buffer}) is below limits.max_value_size "
@@ -322,7 +327,9 @@ class MetricsConfig(_Model):
 
 class WriteBehindConfig(_Model):
     queue_items: int = Field(default=1024, ge=1, description="Chunks waiting for L2; a full queue slows SETs down")
-    queue_bytes: ByteSize = Field(default=512 * 1024**2, description="Bytes waiting for L2 before SETs are held back")
+    queue_bytes: Size = Field(
+        default=ByteSize(512 * 1024**2), description="Bytes waiting for L2 before SETs are held back"
+    )
     workers: int = Field(default=4, ge=1, le=64)
     drain_timeout_seconds: float = Field(default=30.0, ge=0)
 

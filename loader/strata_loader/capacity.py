@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from strata_units import ByteSize, SizeField
 
 ENV_NODE_CAPACITY = "STRATA_NODE_CAPACITY"
 """JSON of a `CapacityRequest`; unset means no budget (the fetch only checks that the bytes fit)."""
@@ -50,6 +52,10 @@ COPY_KEY = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0
 '/', nothing that could name a path outside `<root>/<namespace>/<name>`."""
 
 
+Bytes = Annotated[ByteSize, SizeField(minimum=0, written="count")]
+"""A byte count in the request, 0 allowed; its JSON carries the count."""
+
+
 class CapacityRequest(BaseModel):
     """The budget of the node path a Job writes into, and the copies it may evict (least recently used first)."""
 
@@ -59,7 +65,7 @@ class CapacityRequest(BaseModel):
     policy: str = Field(description="the NodeCachePolicy this budget comes from, for messages")
     high_watermark: int = Field(ge=1, le=100, description="percent of the filesystem a new copy may fill up to")
     low_watermark: int = Field(ge=0, le=99, description="percent eviction brings usage down to")
-    min_free_bytes: int = Field(default=0, ge=0, description="bytes that must stay free whatever the percentages")
+    min_free_bytes: Bytes = Field(default=ByteSize(0), description="bytes that must stay free whatever the percentages")
     candidates: list[str] = Field(
         default_factory=list, max_length=MAX_CANDIDATES, description="<namespace>/<name>, least recently used first"
     )
@@ -70,9 +76,8 @@ class CapacityRequest(BaseModel):
         "use): only for the message when the copy cannot fit",
     )
     protected_more: int = Field(default=0, ge=0, description="protected copies left out of `protected`")
-    namespace_budget_bytes: int | None = Field(
+    namespace_budget_bytes: Bytes | None = Field(
         default=None,
-        ge=0,
         description="bytes the copies of the Job's own namespace may take under the root (allocated, as du counts, "
         "with that namespace's reservations); None: no budget. Only that namespace's candidates bring it down.",
     )

@@ -13,10 +13,10 @@ import hashlib
 import json
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from strata_units import parse_bytes
+from strata_units import ByteSize, SizeField
 
 from .capacity import CapacityReport
 from .paths import UnsafePathError, safe_relative_path
@@ -74,8 +74,12 @@ DEFAULT_PVC_MOUNT_ROOT = "/strata/source"
 """`pvc://claim/path` reads `<root>/<claim>/path`: the operator mounts the claim there, read-only."""
 
 DEFAULT_CONCURRENCY = 16
-DEFAULT_BLOCK_SIZE = 16 * 2**20
-DEFAULT_MEMORY_LIMIT = 1 * 2**30
+DEFAULT_BLOCK_SIZE = ByteSize(16 * 2**20)
+DEFAULT_MEMORY_LIMIT = ByteSize(1 * 2**30)
+
+Bytes = Annotated[ByteSize, SizeField(minimum=1, written="count")]
+"""A size in the contract: `16Mi`, `1GiB` or an int, above 0, read by the one parser; an argument or JSON carries
+the count."""
 
 
 class VerifyMode(StrEnum):
@@ -93,13 +97,10 @@ class ShardOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tensor_parallel_size: int = Field(ge=1, le=1024)
-    max_part_bytes: int = Field(default=5 * 2**30, description="size cap of one part file (vLLM uses 5 GiB)")
+    max_part_bytes: Bytes = Field(
+        default=ByteSize(5 * 2**30), description="size cap of one part file (vLLM uses 5 GiB)"
+    )
     output_subdir: str = Field(default="sharded", description="relative to DEST")
-
-    @field_validator("max_part_bytes", mode="before")
-    @classmethod
-    def _parse_size(cls, v: int | str) -> int:
-        return parse_bytes(v)
 
     @field_validator("output_subdir")
     @classmethod
@@ -111,6 +112,29 @@ class ShardOptions(BaseModel):
 
 
 SourceKind = Literal["s3", "hf", "pvc", "local"]
+
+SOURCE_URI_GRAMMAR: dict[SourceKind, str] = {
+    "s3": r"s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?",
+    "hf": r"hf://[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+/?",
+    "pvc": r"pvc://[a-z0-9][a-z0-9.\-]*(/.*)?",
+}
+"""What a remote source URI may look like, by scheme: the loader checks a request against it, and the ModelCache
+CRD's `source.uri` pattern is made of it (with `oci://`, which the kubelet reads, not the loader)."""
+
+_SOURCE_URI_SHAPES: dict[SourceKind, str] = {
+    "s3": "s3://bucket[/prefix] with a valid bucket name",
+    "hf": "hf://org/name",
+    "pvc": "pvc://claim[/path]",
+}
+
+
+def pvc_source(uri: str) -> tuple[str, str] | None:
+    """`pvc://claim/path/in/it` as `("claim", "path/in/it")` (`""` for the claim's root); None for another scheme.
+    The one reading of a pvc:// URI: the operator mounts that claim, the loader lists that path inside it."""
+    if not uri.startswith("pvc://"):
+        return None
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return claim, path
 
 
 class FetchRequest(BaseModel):
@@ -126,8 +150,8 @@ class FetchRequest(BaseModel):
     include: list[str] = Field(default_factory=list, description="globs on relative paths; empty = all")
     exclude: list[str] = Field(default_factory=list)
     concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1, le=1024)
-    block_size: int = DEFAULT_BLOCK_SIZE
-    memory_limit: int = DEFAULT_MEMORY_LIMIT
+    block_size: Bytes = DEFAULT_BLOCK_SIZE
+    memory_limit: Bytes = DEFAULT_MEMORY_LIMIT
     verify: VerifyMode = VerifyMode.SIZES
     shard: ShardOptions | None = None
     peers: list[str] = Field(
@@ -167,22 +191,13 @@ class FetchRequest(BaseModel):
             )
         return self
 
-    @field_validator("block_size", "memory_limit", mode="before")
-    @classmethod
-    def _parse_size(cls, v: int | str) -> int:
-        return parse_bytes(v)
-
     @field_validator("source")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
         kind = source_kind(v)
-        if kind == "s3" and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?$", v):
-            raise ValueError(f"source {v!r}: expected s3://bucket[/prefix] with a valid bucket name")
-        if kind == "hf" and not re.match(r"^hf://[\w.\-]+/[\w.\-]+/?$", v):
-            raise ValueError(f"source {v!r}: expected hf://org/name")
-        if kind == "pvc" and not re.match(r"^pvc://[a-z0-9][a-z0-9.\-]*(/.*)?$", v):
-            raise ValueError(f"source {v!r}: expected pvc://claim[/path]")
-        if kind == "pvc" and (sub := v[len("pvc://") :].partition("/")[2].rstrip("/")):
+        if kind != "local" and not re.fullmatch(SOURCE_URI_GRAMMAR[kind], v):
+            raise ValueError(f"source {v!r}: expected {_SOURCE_URI_SHAPES[kind]}")
+        if (pvc := pvc_source(v)) and (sub := pvc[1].rstrip("/")):
             try:  # the path is joined onto the claim's mount: it must not climb out to other claims
                 safe_relative_path(sub)
             except UnsafePathError as e:

@@ -11,6 +11,7 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for
+from strata_testsupport.status import checked_status_writes
 
 
 def missing(message: str) -> None:
@@ -78,7 +79,15 @@ def strata_crds(k8s: DynamicClient) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def operator(strata_crds: list[dict[str, Any]], control_plane: Any) -> Iterator[Any]:
+def status_writes() -> Iterator[list[str]]:
+    """Every status write of the in-process operator, checked against the kind's status model (see
+    `strata_testsupport.status`); the list holds the writes that did not fit."""
+    with checked_status_writes() as violations:
+        yield violations
+
+
+@pytest.fixture(scope="session")
+def operator(strata_crds: list[dict[str, Any]], control_plane: Any, status_writes: list[str]) -> Iterator[Any]:
     """Strata's operator running in-process (kopf's KopfRunner) against the local control plane."""
     from kopf.testing import KopfRunner
     from strata_operator.cli import HANDLERS_MODULE
@@ -88,6 +97,19 @@ def operator(strata_crds: list[dict[str, Any]], control_plane: Any) -> Iterator[
         yield runner
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None, runner.exception
+    assert not status_writes, "\n".join(status_writes)
+
+
+@pytest.fixture(autouse=True)
+def status_fits_its_model(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that ran the operator fails if a status the operator wrote meanwhile does not fit its model."""
+    if "operator" not in request.fixturenames:
+        yield
+        return
+    violations: list[str] = request.getfixturevalue("status_writes")
+    before = len(violations)
+    yield
+    assert violations[before:] == [], "status written outside its model:\n" + "\n".join(violations[before:])
 
 
 @pytest.fixture

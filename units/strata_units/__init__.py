@@ -1,7 +1,13 @@
 """Byte sizes, one way everywhere: the CRDs' pattern, the operator's models, the loader's contract and the KV
 server's config all read `16Mi` through this module, so no two of them can disagree on what a size means.
 
-Standard library only: the operator, the preloader and the KV server each import it without pulling in the others.
+One parser (`parse_bytes`), one formatter (`format_bytes`) and one type (`ByteSize`): a size is parsed once, where
+it enters a pydantic model, into a `ByteSize` (an int that remembers how it was written), and code downstream
+does arithmetic on it and never reads the text again. `SizeField` says, per field, what a model accepts and how
+it writes the size back out.
+
+Standard library only at import time: the operator, the preloader and the KV server each import it without pulling
+in the others (pydantic's hooks import pydantic-core when a model is built, and only then).
 
 A size is a whole number of bytes. Kubernetes' binary (Ki Mi Gi Ti Pi Ei) and decimal (k M G T P E) suffixes are
 the spelling the CRDs accept; configuration files and command lines may also write KiB, MiB, GB, ... and B.
@@ -11,6 +17,8 @@ Fractions (`1.5Gi`) are refused rather than rounded, and so is `m`: to Kubernete
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any, Literal
 
 __all__ = [
     "ALIASES",
@@ -18,7 +26,9 @@ __all__ = [
     "BYTE_SIZE_SPELLING",
     "KUBERNETES_UNITS",
     "MAX_BYTES",
+    "ByteSize",
     "ByteSizeError",
+    "SizeField",
     "format_bytes",
     "parse_bytes",
 ]
@@ -82,16 +92,116 @@ def parse_bytes(value: object, *, minimum: int = 1, strict: bool = False) -> int
     return count
 
 
-def format_bytes(count: int) -> str:
-    """`count` in the largest binary unit that divides it exactly (`1GiB`, `1536KiB`), else as plain bytes.
+def format_bytes(count: int, *, quantity: bool = False, round_up_to: int = 1, approximate: bool = False) -> str:
+    """`count` in the largest binary unit that divides it exactly (`1GiB`, `1536KiB`), else as plain bytes; the
+    one way a size is written, and `parse_bytes` reads every exact string it returns.
 
-    The KV server writes its config with this, and `parse_bytes` reads every string it returns.
+    `quantity` writes Kubernetes' suffix (`1Gi`, for resource requests) instead of a config file's (`1GiB`);
+    `round_up_to` first rounds `count` up to a multiple of it (a memory request in whole MiB stays the same text
+    when a byte changes); `approximate` writes one decimal in the largest unit below `count` (`1.5GiB`, for
+    people: a status column), never read back.
     """
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        factor = ALIASES[unit]
+    suffix = "" if quantity else "B"
+    if approximate:
+        value, unit = float(count), ""
+        for unit in _BINARY:
+            if value < 1024 or unit == _BINARY[-1]:
+                break
+            value /= 1024
+        return f"{value:.0f}{unit or 'B'}" if unit == "" else f"{value:.1f}{unit}{suffix}"
+    count = -(-count // round_up_to) * round_up_to
+    for unit in reversed(_BINARY[1:]):
+        factor = KUBERNETES_UNITS[unit]
         if count >= factor and count % factor == 0:
-            return f"{count // factor}{unit}"
+            return f"{count // factor}{unit}{suffix}"
     return str(count)
+
+
+_BINARY = ("", "Ki", "Mi", "Gi", "Ti")
+"""The units `format_bytes` writes, smallest first (Pi and Ei never: sizes that large are written in Ti)."""
+
+
+class ByteSize(int):
+    """A whole number of bytes, parsed once, that remembers how it was written.
+
+    It is an `int` in every way code downstream uses one (arithmetic, comparison, `str`, JSON), so nothing after
+    the model that made it reads the text again; `spelling` is the value as given (`"4Gi"`, or the int itself),
+    so an API object written back, or a message quoting the user, says what the user wrote.
+    """
+
+    spelling: int | str
+
+    def __new__(cls, value: object, *, minimum: int = 0, strict: bool = False) -> ByteSize:
+        count = parse_bytes(value, minimum=minimum, strict=strict)
+        size = super().__new__(cls, count)
+        size.spelling = value.spelling if isinstance(value, ByteSize) else value if isinstance(value, str) else count
+        return size
+
+    def __repr__(self) -> str:
+        return f"ByteSize({self.spelling!r})"
+
+    __str__ = int.__repr__
+    """Digits, as an int prints: `str(size)` is what a command line or a JSON number carries."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_byte_size, (self.spelling,))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """A bare `ByteSize` field: read leniently, 0 allowed, written back as given."""
+        return SizeField().__get_pydantic_core_schema__(source, handler)
+
+
+def _byte_size(spelling: int | str) -> ByteSize:
+    return ByteSize(spelling, minimum=0)
+
+
+@dataclass(frozen=True)
+class SizeField:
+    """How one model's field takes a size: `Annotated[ByteSize, SizeField(minimum=1)]`.
+
+    The field's value is always a `ByteSize`. `strict` reads only the CRD's spelling; `text_only` takes a string
+    and never a number (a CRD field of type string); `written` is what serialising writes: `as_given` (the user's
+    spelling: an API object round-trips), `formatted` (`format_bytes`: a config file people read) or `count`
+    (the int: a machine contract).
+    """
+
+    minimum: int = 0
+    strict: bool = False
+    text_only: bool = False
+    written: Literal["as_given", "formatted", "count"] = "as_given"
+
+    def size(self, value: object) -> ByteSize:
+        """`value` as this field reads it (an error says what to write). A `ByteSize` is taken as it is unless
+        the field is stricter about spelling than whatever made it: then its spelling is read again."""
+        if isinstance(value, ByteSize):
+            if not (self.strict or self.text_only):
+                return value if value >= self.minimum else ByteSize(value, minimum=self.minimum)
+            value = value.spelling
+        if self.text_only and not isinstance(value, str):
+            raise ByteSizeError(_message(value, self.minimum, f" written as a string (e.g. '16Mi'), not {value!r}"))
+        return ByteSize(value, minimum=self.minimum, strict=self.strict)
+
+    def write(self, size: int) -> int | str:
+        if self.written == "formatted":
+            return format_bytes(size)
+        if self.written == "as_given" and isinstance(size, ByteSize):
+            return size.spelling
+        return int(size)
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(
+            self.size,
+            serialization=core_schema.plain_serializer_function_ser_schema(self.write, when_used="always"),
+        )
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        """A string, or int-or-string: what the field takes (the CRD generator adds its rules to this)."""
+        text = {"type": "string", "pattern": BYTE_SIZE_PATTERN if self.strict else None}
+        text = {k: v for k, v in text.items() if v is not None}
+        return text if self.text_only else {"anyOf": [{"type": "integer", "minimum": self.minimum}, text]}
 
 
 def _parse_text(text: str, minimum: int, strict: bool) -> int:

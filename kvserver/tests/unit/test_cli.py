@@ -25,7 +25,8 @@ def test_no_file_needed(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bad_size_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "--l1-size", "lots"]) == 2
-    assert "cannot read size" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "l1.size" in err and "'lots' must be a whole number of bytes" in err
 
 
 def test_serve_without_a_bind_setting_listens_on_loopback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 from pydantic import ValidationError
-from strata_kv.config import CONFIG_FILE_NAME, EvictionPolicyName, KVServerConfig, parse_size
+from strata_kv.config import CONFIG_FILE_NAME, EvictionPolicyName, KVServerConfig, L1Config
 
 
 @pytest.mark.parametrize(
@@ -10,13 +10,14 @@ from strata_kv.config import CONFIG_FILE_NAME, EvictionPolicyName, KVServerConfi
     [("1GiB", 1024**3), ("512Mi", 512 * 1024**2), ("1500M", 1_500_000_000), ("4096", 4096), (" 2 KiB ", 2048)],
 )
 def test_sizes_accept_binary_decimal_and_kubernetes_units(text: str, expected: int) -> None:
-    assert parse_size(text) == expected
+    size = L1Config(size=text).size
+    assert size == expected and L1Config(size=size).size is size
 
 
 @pytest.mark.parametrize("bad", ["1 gigabyte", "-5", "GiB", "", True, "1.5G", "1.5Gi", "500m", "1g", -1, 1.0])
 def test_unreadable_sizes_are_rejected_with_a_hint(bad: object) -> None:
     with pytest.raises(ValueError):
-        parse_size(bad)
+        L1Config(size=bad)
 
 
 def test_yaml_round_trip_keeps_every_field() -> None:
@@ -95,3 +96,14 @@ def test_shared_memory_needs_the_unix_socket_it_is_handed_over() -> None:
         KVServerConfig.model_validate({"listen": {"shared_memory": True}})
     cfg = KVServerConfig.model_validate({"listen": {"shared_memory": True, "unix_socket": "/run/kv.sock"}})
     assert cfg.listen.shared_memory and not KVServerConfig().listen.shared_memory, "off unless asked for"
+
+
+def test_sizes_are_byte_sizes_with_their_bounds_and_written_compactly() -> None:
+    from strata_units import ByteSize
+
+    cfg = KVServerConfig.model_validate({"limits": {"max_value_size": "64Mi"}})
+    assert isinstance(cfg.limits.max_value_size, ByteSize) and isinstance(cfg.l1.size, ByteSize)
+    assert isinstance(cfg.limits.max_output_buffer, ByteSize)  # derived from max_value_size, still one type
+    assert cfg.model_dump(mode="json")["limits"]["max_value_size"] == "64MiB"
+    with pytest.raises(ValidationError, match="above 0"):
+        KVServerConfig.model_validate({"limits": {"max_unauthenticated_bulk": 0}})

@@ -24,6 +24,7 @@ from ..contract import (
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
     FetchRequest,
+    pvc_source,
 )
 from ..core.manifest import GIT_BLOB
 from ..core.sources import LocalReader, RangeReader, SourceFile
@@ -46,7 +47,7 @@ def list_source(req: FetchRequest) -> tuple[list[SourceFile], str | None]:
     elif kind == "hf":
         files, revision = _list_hf(req.source, req.revision, req.concurrency)
     elif kind == "pvc":
-        claim, _, sub = req.source[len("pvc://") :].partition("/")
+        claim, sub = pvc_source(req.source) or ("", "")
         mount = Path(os.environ.get(ENV_PVC_MOUNT_ROOT, DEFAULT_PVC_MOUNT_ROOT)) / claim
         root = mount / sub
         if not is_within(os.path.realpath(root), os.path.realpath(mount)):

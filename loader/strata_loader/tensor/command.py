@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from ..contract import parse_bytes
+from strata_units import parse_bytes
 
 
 def add_shard(sub: argparse._SubParsersAction) -> None:

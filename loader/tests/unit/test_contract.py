@@ -10,7 +10,6 @@ from strata_loader.contract import (
     FetchResult,
     ShardOptions,
     VerifyMode,
-    parse_bytes,
 )
 
 
@@ -60,13 +59,14 @@ def test_bad_args_raise_instead_of_exiting():
 
 @pytest.mark.parametrize("text,expected", [("16Mi", 16 * 2**20), ("1Gi", 2**30), ("500M", 500 * 10**6), (7, 7)])
 def test_quantities(text, expected):
-    assert parse_bytes(text) == expected
+    size = ShardOptions(tensor_parallel_size=1, max_part_bytes=text).max_part_bytes
+    assert size == expected and size.spelling == text
 
 
 @pytest.mark.parametrize("bad", ["", "1Xi", "-1", 0, "1.5Gi", True, "500m", "1g", 1.0])
 def test_bad_quantities(bad):
     with pytest.raises(ValueError):
-        parse_bytes(bad)
+        ShardOptions(tensor_parallel_size=1, max_part_bytes=bad)
 
 
 @given(

@@ -5,12 +5,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_core import CoreSchema, core_schema
-from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, parse_bytes
+from pydantic_core import CoreSchema
+from strata_units import BYTE_SIZE_PATTERN, BYTE_SIZE_SPELLING, SizeField
 
 
 class CRDModel(BaseModel):
@@ -52,10 +60,23 @@ class Condition(CRDModel):
     )
 
 
-class SecretKeyRef(CRDModel):
-    """A key of a Secret in the resource's namespace: the only way credentials enter a spec."""
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-    name: str = Field(min_length=1, max_length=253, description="Name of the Secret, in the resource's namespace.")
+
+class SecretRef(CRDModel):
+    """A Secret in the resource's namespace: the only way credentials enter a spec."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the Secret, in the resource's namespace (e.g. hf-token).",
+    )
+
+
+class SecretKeyRef(SecretRef):
+    """A Secret in the resource's namespace, and optionally one key of it."""
+
     key: str | None = Field(default=None, description="Key inside the Secret; all keys when omitted.")
 
 
@@ -85,28 +106,37 @@ BYTE_SIZE_MAX_LENGTH = 32
 
 @dataclass(frozen=True)
 class WholeBytes:
-    """Marks a spec field as a byte size: `Annotated[str, WholeBytes("l1.size")]`, or `int | str` for
-    int-or-string. The CRD gets BYTE_SIZE_PATTERN and CEL rules whose messages say what to write; the model
-    reads the value with the same parser as the loader and the KV server, so a spec stored under an older CRD
-    is refused as well. The value itself is kept as written (the API server stores it so)."""
+    """Marks a spec field as a byte size: `Annotated[ByteSize, WholeBytes("l1.size", text=True)]` for a string
+    field, without `text` for int-or-string.
+
+    The value is parsed once, here, into a `ByteSize` (an int that keeps its spelling): builders do arithmetic on
+    it and never read the text again, and the object serialises back exactly as the user wrote it (the API server
+    stores it so; `spelling` is what a message quotes). The CRD gets BYTE_SIZE_PATTERN and CEL rules whose
+    messages say what to write; the model reads the value with the same parser as the loader and the KV server,
+    so a spec stored under an older CRD is refused as well. Defaults must be `ByteSize` values, so that the CRD's
+    default is written as given."""
 
     field: str
     minimum: Literal[0, 1] = 1
     """1 where a size must be positive; 0 where 0 has a meaning of its own (say so in the description)."""
+    text: bool = False
+    """A string field (`type: string`) rather than int-or-string."""
 
-    def _check(self, value: int | str) -> int | str:
-        parse_bytes(value, minimum=self.minimum, strict=True)
-        return value
+    @property
+    def size_field(self) -> SizeField:
+        return SizeField(minimum=self.minimum, strict=True, text_only=self.text, written="as_given")
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
+        return self.size_field.__get_pydantic_core_schema__(source, handler)
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        json_schema = dict(handler(schema))
+        json_schema: dict[str, Any] = (
+            {"type": "string"} if self.text else {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+        )
         json_schema["pattern"] = BYTE_SIZE_PATTERN
         # Bounds the CEL rules' cost (the API server refuses a CRD whose estimate has no bound, as in a list).
         json_schema["maxLength"] = BYTE_SIZE_MAX_LENGTH
-        json_schema["x-kubernetes-validations"] = self.rules(int_or_string="anyOf" in json_schema)
+        json_schema["x-kubernetes-validations"] = self.rules(int_or_string=not self.text)
         return json_schema
 
     def rules(self, *, int_or_string: bool) -> list[dict[str, str]]:
@@ -245,10 +275,35 @@ def endpoint_problem(endpoint: str | None, allow_link_local: bool, field: str, w
     return None
 
 
-def allow_link_local_field() -> Any:
-    return Field(
+class S3Endpoint(CRDModel):
+    """Where an S3 client sends its requests: an endpoint (AWS when omitted), a region, and the refusal of link-local
+    and metadata addresses. ModelCache's `source.s3` and KVCacheTier's `l2.s3` are this with fields of their own;
+    a subclass names its path in the spec and who sends the requests, for the rules' messages."""
+
+    FIELD: ClassVar[str]
+    WHO: ClassVar[str]
+
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://.+",
+        max_length=2048,
+        description="S3-compatible endpoint URL (MinIO, Ceph, R2); AWS when omitted. Link-local and cloud metadata "
+        "addresses are refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
+    )
+    region: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Region of the bucket, e.g. us-east-1; the client's default (AWS_REGION) when omitted.",
+    )
+    allow_link_local: bool = Field(
         default=False,
         description="Allow an endpoint on a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, "
         "metadata.google.internal). Refused by default: requests and credentials sent there reach the node's "
         "metadata service, not an object store.",
     )
+
+    @model_validator(mode="after")
+    def _endpoint_is_no_metadata_service(self) -> S3Endpoint:
+        if problem := endpoint_problem(self.endpoint, self.allow_link_local, self.FIELD, self.WHO):
+            raise ValueError(problem)
+        return self

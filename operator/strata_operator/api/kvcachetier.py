@@ -11,7 +11,9 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
+from strata_kv.config import EvictionPolicyName, ListenConfig, S3AddressingStyle, SenderThreads
 from strata_kv.csi.volume import DRIVER_NAME
+from strata_units import ByteSize
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
@@ -20,11 +22,10 @@ from strata_operator.api.base import (
     CRDModel,
     HostDirectory,
     PullPolicy,
+    S3Endpoint,
     SecretKeyRef,
     WholeBytes,
-    allow_link_local_field,
     cel,
-    endpoint_problem,
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
@@ -43,11 +44,9 @@ def _rules(*rules: dict[str, str]) -> ConfigDict:
     return ConfigDict(json_schema_extra=_validations(*rules))
 
 
-class EvictionPolicy(StrEnum):
-    """L1 eviction; `prefix-lirs` keeps hits on loops slightly larger than the cache, LRU does not."""
-
-    PREFIX_LIRS = "prefix-lirs"
-    LRU = "lru"
+EvictionPolicy = EvictionPolicyName
+"""L1 eviction: the server's own list of policies (`prefix-lirs` keeps hits on loops slightly larger than the
+cache, LRU does not)."""
 
 
 class HashAlgorithm(StrEnum):
@@ -73,12 +72,6 @@ class EngineDevice(StrEnum):
     CPU = "cpu"
 
 
-class S3AddressingStyle(StrEnum):
-    AUTO = "auto"
-    PATH = "path"
-    VIRTUAL = "virtual"
-
-
 class UpdateStrategyType(StrEnum):
     ROLLING_UPDATE = "RollingUpdate"
     ON_DELETE = "OnDelete"
@@ -94,8 +87,8 @@ class LogLevel(StrEnum):
 class L1Spec(CRDModel):
     """The DRAM tier of each server: also what the pod's memory request is derived from."""
 
-    size: Annotated[str, WholeBytes("l1.size")] = Field(
-        default="4Gi",
+    size: Annotated[ByteSize, WholeBytes("l1.size", text=True)] = Field(
+        default=ByteSize("4Gi"),
         description="Bytes of chunk values each server holds in DRAM: " + BYTE_SIZE_UNITS + ". Default 4Gi. The "
         "pod's memory request is this plus memoryHeadroom.",
     )
@@ -106,7 +99,7 @@ class L1Spec(CRDModel):
 
 
 class PVCCreate(CRDModel):
-    size: Annotated[str, WholeBytes("l2.fs.pvc.create.size")] = Field(
+    size: Annotated[ByteSize, WholeBytes("l2.fs.pvc.create.size", text=True)] = Field(
         description="Storage request of the created claim, in bytes: " + BYTE_SIZE_UNITS + " (e.g. 500Gi)."
     )
     storage_class_name: str | None = Field(
@@ -152,8 +145,8 @@ class L2FS(CRDModel):
 
     pvc: L2PVC | None = None
     host_path: HostPath | None = None
-    capacity: Annotated[str, WholeBytes("l2.fs.capacity", minimum=0)] = Field(
-        default="0",
+    capacity: Annotated[ByteSize, WholeBytes("l2.fs.capacity", minimum=0, text=True)] = Field(
+        default=ByteSize("0"),
         description="Bytes the tier may use: " + BYTE_SIZE_UNITS + ". Default 0, which means the filesystem's "
         "free space.",
     )
@@ -161,30 +154,21 @@ class L2FS(CRDModel):
     low_watermark_percent: int = Field(default=80, ge=1, le=100, description="Evict down to this.")
 
 
-class L2S3(CRDModel):
+class L2S3(S3Endpoint):
     """An S3 bucket (or S3-compatible store) shared by every node: the tier behind DRAM and the filesystem."""
 
+    FIELD, WHO = "l2.s3", "the KV server"
     model_config = _rules(
         cel(
             "!has(self.endpoint) || has(self.secretRef)",
             "l2.s3.endpoint needs l2.s3.secretRef: an S3-compatible endpoint has no pod identity",
             field_path=".secretRef",
         ),
-        *endpoint_rules("l2.s3", "the KV server"),
+        *endpoint_rules(FIELD, WHO),
     )
 
     bucket: str = Field(min_length=3, max_length=63, description="Bucket name, e.g. kv-cache (3 to 63 characters).")
     prefix: str = Field(default="", description="Key prefix inside the bucket.")
-    endpoint: str | None = Field(
-        default=None,
-        pattern=r"^https?://.+",
-        max_length=2048,
-        description="S3-compatible endpoint; AWS when omitted. Link-local and cloud metadata addresses are "
-        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
-    )
-    region: str | None = Field(
-        default=None, description="Region of the bucket, e.g. us-east-1; the client's default when omitted."
-    )
     addressing_style: S3AddressingStyle | None = Field(
         default=None, description="Bucket addressing; `path` when an endpoint is set, else `auto`."
     )
@@ -192,13 +176,6 @@ class L2S3(CRDModel):
         default=None,
         description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; pod identity when omitted.",
     )
-    allow_link_local: bool = allow_link_local_field()
-
-    @model_validator(mode="after")
-    def _endpoint_is_no_metadata_service(self) -> L2S3:
-        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "l2.s3", "the KV server"):
-            raise ValueError(problem)
-        return self
 
 
 class L2Spec(CRDModel):
@@ -271,8 +248,8 @@ class ConnectorSpec(CRDModel):
         "front of the node's server. lmcache: LMCache's connector on its RESP backend (needs lmcache in the "
         "image; vLLM turns its hybrid KV cache manager off with it).",
     )
-    cpu_bytes: Annotated[str, WholeBytes("connector.cpuBytes")] = Field(
-        default="4Gi",
+    cpu_bytes: Annotated[ByteSize, WholeBytes("connector.cpuBytes", text=True)] = Field(
+        default=ByteSize("4Gi"),
         description="vllm: bytes of each engine's CPU tier (cpu_bytes_to_use), allocated in /dev/shm: "
         + BYTE_SIZE_UNITS
         + ". Default 4Gi. The webhook's /dev/shm is this plus 1Gi unless clientShmSize says otherwise.",
@@ -404,8 +381,8 @@ class KVCacheTierSpec(CRDModel):
     resources: dict[str, Any] | None = Field(
         default=None, description="core/v1 ResourceRequirements; memory defaults to l1.size + memoryHeadroom."
     )
-    memory_headroom: Annotated[str, WholeBytes("memoryHeadroom", minimum=0)] = Field(
-        default="1Gi",
+    memory_headroom: Annotated[ByteSize, WholeBytes("memoryHeadroom", minimum=0, text=True)] = Field(
+        default=ByteSize("1Gi"),
         description="Memory each server needs beyond l1.size (the process, the write-behind queue), in bytes: "
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; added to l1.size for the pod's memory request.",
@@ -459,16 +436,12 @@ class KVCacheTierSpec(CRDModel):
     log_level: LogLevel = Field(
         default=LogLevel.INFO, description="Server log level: DEBUG, INFO (default), WARNING or ERROR."
     )
-    sender_threads: int = Field(
-        default=0,
-        ge=0,
-        le=64,
-        description="Threads per server that send replies holding a value above 1 MiB while another such reply is "
-        "going out, so large GETs to several clients use several cores. 0 (default): the event loop sends them. "
-        "For nodes with cores to spare: on 2 shared cores 2 threads moved 64 MiB GETs to 8-32 clients 39-43% "
-        "faster but doubled a small GET's p99 beside them. With threads, the CPU request defaults to threads + 1.",
+    sender_threads: SenderThreads = Field(
+        default=ListenConfig.model_fields["sender_threads"].default,
+        description=f"{ListenConfig.model_fields['sender_threads'].description} Per server; with threads, the CPU "
+        "request defaults to threads + 1.",
     )
-    client_shm_size: Annotated[str, WholeBytes("clientShmSize")] | None = Field(
+    client_shm_size: Annotated[ByteSize, WholeBytes("clientShmSize", text=True)] | None = Field(
         default=None,
         description="A memory-backed /dev/shm of this size limit for the serving pods the admission webhook "
         "wires to this tier (vLLM's CPU KV tier needs more than the runtime's 64Mi default); a pod's "

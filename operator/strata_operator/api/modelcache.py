@@ -9,25 +9,30 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
+from strata_loader.contract import SOURCE_URI_GRAMMAR, VerifyMode
+from strata_units import ByteSize
 
 from strata_operator.api.base import (
     BYTE_SIZE_UNITS,
+    DNS_SUBDOMAIN_PATTERN,
     HOST_PATH_RULES,
     Condition,
     CRDModel,
     HostDirectory,
     PullPolicy,
+    S3Endpoint,
+    SecretRef,
     WholeBytes,
-    allow_link_local_field,
     cel,
-    endpoint_problem,
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SOURCE_URI_PATTERN = "^(" + "|".join([*SOURCE_URI_GRAMMAR.values(), "oci://.+"]) + ")$"
+"""The preloader's own grammar of each source it reads (so the API cannot accept a URI the Job would refuse), and
+oci:// for an image volume."""
 
 
 class StorageMode(StrEnum):
@@ -41,14 +46,6 @@ class DeletionPolicy(StrEnum):
 
     DELETE = "Delete"
     RETAIN = "Retain"
-
-
-class VerifyMode(StrEnum):
-    """Mirrors `strata_loader.contract.VerifyMode`; a unit test keeps the two in step."""
-
-    SIZES = "sizes"
-    CHECKSUMS = "checksums"
-    NONE = "none"
 
 
 def _validations(*rules: dict[str, str]) -> dict[str, Any]:
@@ -99,46 +96,18 @@ class Credentials(CRDModel):
     )
 
 
-class SecretRef(CRDModel):
-    """A Secret in the ModelCache's namespace."""
-
-    name: str = Field(
-        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the Secret, e.g. hf-token."
-    )
-
-
-class S3Options(CRDModel):
+class S3Options(S3Endpoint):
     """Settings for an s3:// source beyond the URI; only allowed with one."""
 
-    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules("source.s3", "the preloader")))
-
-    endpoint: str | None = Field(
-        default=None,
-        pattern=r"^https?://.+",
-        max_length=2048,
-        description="S3-compatible endpoint URL (MinIO, Ceph, R2). Link-local and cloud metadata addresses are "
-        "refused unless allowLinkLocal is set; IPv4 addresses must be written dotted-decimal.",
-    )
-    region: str | None = Field(
-        default=None,
-        max_length=64,
-        description="Region of the bucket, e.g. us-east-1; the client's default (AWS_REGION) when omitted.",
-    )
-    allow_link_local: bool = allow_link_local_field()
-
-    @model_validator(mode="after")
-    def _endpoint_is_no_metadata_service(self) -> S3Options:
-        if problem := endpoint_problem(self.endpoint, self.allow_link_local, "source.s3", "the preloader"):
-            raise ValueError(problem)
-        return self
+    FIELD, WHO = "source.s3", "the preloader"
+    model_config = ConfigDict(json_schema_extra=_validations(*endpoint_rules(FIELD, WHO)))
 
 
 class ModelSource(CRDModel):
     """Where the model's files come from, and which of them."""
 
     uri: str = Field(
-        pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|hf://[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+/?"
-        r"|pvc://[a-z0-9][a-z0-9.\-]*(/.*)?|oci://.+)$",
+        pattern=SOURCE_URI_PATTERN,
         max_length=2048,
         description="Where the model comes from: s3://bucket/prefix, hf://org/name, pvc://claim/path, "
         "oci://registry/repo:tag (ImageVolume only). Immutable.",
@@ -181,7 +150,7 @@ class SharedPVCStorage(CRDModel):
         description="An existing claim to fill (adopted, never deleted); when omitted the operator creates "
         "<name>-model.",
     )
-    size: Annotated[str, WholeBytes("storage.sharedPVC.size")] | None = Field(
+    size: Annotated[ByteSize, WholeBytes("storage.sharedPVC.size", text=True)] | None = Field(
         default=None,
         description="Storage request of the claim the operator creates, in bytes: " + BYTE_SIZE_UNITS + " (e.g. "
         "200Gi). Not used with claimName.",
@@ -310,8 +279,8 @@ class ShardSpec(CRDModel):
     tensor_parallel_size: int = Field(
         ge=1, le=1024, description="Number of ranks to shard for (vLLM's --tensor-parallel-size), 1 to 1024."
     )
-    max_part_bytes: Annotated[int | str, WholeBytes("preload.shard.maxPartBytes")] = Field(
-        default="5Gi",
+    max_part_bytes: Annotated[ByteSize, WholeBytes("preload.shard.maxPartBytes")] = Field(
+        default=ByteSize("5Gi"),
         description="Size cap of one part file, in bytes: " + BYTE_SIZE_UNITS + ". Default 5Gi (what vLLM uses).",
     )
 
@@ -342,11 +311,11 @@ class Preload(CRDModel):
     concurrency: int = Field(
         default=16, ge=1, le=1024, description="Reads in flight against the source, 1 to 1024. Default 16."
     )
-    block_size: Annotated[int | str, WholeBytes("preload.blockSize")] = Field(
-        default="16Mi", description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
+    block_size: Annotated[ByteSize, WholeBytes("preload.blockSize")] = Field(
+        default=ByteSize("16Mi"), description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
     )
-    memory_limit: Annotated[int | str, WholeBytes("preload.memoryLimit")] = Field(
-        default="1Gi",
+    memory_limit: Annotated[ByteSize, WholeBytes("preload.memoryLimit")] = Field(
+        default=ByteSize("1Gi"),
         description="Bound on the preloader's buffer pool (bytes held in memory at once): "
         + BYTE_SIZE_UNITS
         + ". Default 1Gi; keep it below the container's memory limit.",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
-from strata_units import parse_bytes
+from strata_units import ByteSize
 
 from strata_operator.api.base import BYTE_SIZE_UNITS, HOST_PATH_RULES, CRDModel, HostDirectory, WholeBytes, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
@@ -64,7 +64,7 @@ class NamespaceBudget(CRDModel):
     namespace: str = Field(
         min_length=1, max_length=63, pattern=NAMESPACE_PATTERN, description="The namespace, e.g. team-a."
     )
-    max_bytes: Annotated[int | str, WholeBytes("namespaceBudgets[].maxBytes", minimum=0)] = Field(
+    max_bytes: Annotated[ByteSize, WholeBytes("namespaceBudgets[].maxBytes", minimum=0)] = Field(
         description="Bytes that namespace's copies may take on one node's path (as `du` counts them, with "
         "copies being written), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 2Ti); 0 allows none.",
     )
@@ -81,7 +81,7 @@ class NodeCachePolicySpec(CRDModel):
         "every node when empty. When several policies cover a node and path, the first by name applies.",
     )
 
-    min_free: Annotated[int | str, WholeBytes("minFree", minimum=0)] | None = Field(
+    min_free: Annotated[ByteSize, WholeBytes("minFree", minimum=0)] | None = Field(
         default=None,
         description="Bytes that must stay free on the filesystem whatever the watermarks allow (room for logs, "
         "images, scratch), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 200Gi). The tighter of the two limits applies; "
@@ -122,7 +122,7 @@ class NodeCachePolicySpec(CRDModel):
         "recently used first, except those in `pinned` (a ModelCache's own storage.nodeLocal.pinned then only "
         "keeps it from caches of its own namespace).",
     )
-    namespace_budget: Annotated[int | str, WholeBytes("namespaceBudget", minimum=0)] | None = Field(
+    namespace_budget: Annotated[ByteSize, WholeBytes("namespaceBudget", minimum=0)] | None = Field(
         default=None,
         description="Bytes each namespace's copies may take on one node's path (what `du` counts, with copies "
         "being written), in bytes: " + BYTE_SIZE_UNITS + " (e.g. 500Gi); unlimited when omitted (the watermarks "
@@ -143,12 +143,12 @@ class NodeCachePolicySpec(CRDModel):
         "counts against its namespace's budget.",
     )
 
-    def budget_of(self, namespace: str) -> int | None:
+    def budget_of(self, namespace: str) -> ByteSize | None:
         """The namespace's byte budget on one node, None when unlimited."""
         for entry in self.namespace_budgets:
             if entry.namespace == namespace:
-                return parse_bytes(entry.max_bytes, minimum=0)
-        return None if self.namespace_budget is None else parse_bytes(self.namespace_budget, minimum=0)
+                return entry.max_bytes
+        return self.namespace_budget
 
     def pins(self, namespace: str, name: str) -> bool:
         return any(p.covers(namespace, name) for p in self.pinned)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from strata_kv.config import EvictionPolicyName
+from strata_kv.config import EvictionPolicyName, ListenConfig
 from strata_operator.api.crdgen import build_crd
 from strata_operator.api.kvcachetier import CRD, EvictionPolicy, KVCacheTierSpec
 
@@ -23,7 +23,7 @@ def _rules(node: dict[str, Any]) -> list[str]:
 
 def test_empty_spec_gets_every_default() -> None:
     spec = KVCacheTierSpec.model_validate({})
-    assert spec.l1.size == "4Gi"
+    assert spec.l1.size == 4 * 2**30 and spec.l1.size.spelling == "4Gi"
     assert spec.l1.eviction_policy is EvictionPolicy.PREFIX_LIRS
     assert spec.chunk_tokens == 256
     assert spec.port == 6379 and spec.metrics_port == 9121
@@ -37,8 +37,14 @@ def test_nested_objects_default_to_empty_so_the_api_server_fills_their_fields() 
     assert spec["l1"]["properties"]["size"]["default"] == "4Gi"
 
 
-def test_eviction_policies_are_ones_the_server_knows() -> None:
-    assert {p.value for p in EvictionPolicy} <= {p.value for p in EvictionPolicyName}
+def test_fields_the_server_reads_are_declared_by_the_server_s_config() -> None:
+    """One source: the spec takes the server's own enums and bounds, so the two cannot drift."""
+    assert EvictionPolicy is EvictionPolicyName
+    threads = _schema()["properties"]["spec"]["properties"]["senderThreads"]
+    assert (threads["minimum"], threads["maximum"], threads["default"]) == (0, 64, ListenConfig().sender_threads)
+    assert str(ListenConfig.model_fields["sender_threads"].description) in threads["description"]
+    with pytest.raises(ValidationError):
+        KVCacheTierSpec(sender_threads=65)
 
 
 def test_cel_rules_guard_the_l2_choices() -> None:
@@ -105,3 +111,19 @@ def test_require_salt_needs_the_lmcache_connector() -> None:
     with pytest.raises(ValidationError, match=r"set connector\.type lmcache, or requireSalt false"):
         KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}})
     KVCacheTierSpec.model_validate({"tenancy": {"requireSalt": True}, "connector": {"type": "lmcache"}})
+
+
+def test_sizes_are_parsed_once_and_written_back_as_the_user_wrote_them() -> None:
+    written = {
+        "l1": {"size": "1500M"},
+        "memoryHeadroom": "0512Mi",
+        "l2": {"fs": {"hostPath": {"path": "/mnt/nvme/kv"}, "capacity": "2Ti"}},
+        "connector": {"cpuBytes": "8Gi"},
+        "clientShmSize": "9Gi",
+    }
+    spec = KVCacheTierSpec.model_validate(written)
+    assert (spec.l1.size, spec.memory_headroom, spec.connector.cpu_bytes) == (1_500_000_000, 512 * 2**20, 8 * 2**30)
+    again = spec.to_k8s()
+    assert again["l1"]["size"] == "1500M" and again["memoryHeadroom"] == "0512Mi"
+    assert again["l2"]["fs"]["capacity"] == "2Ti" and again["clientShmSize"] == "9Gi"
+    assert KVCacheTierSpec.model_validate(again) == spec

@@ -16,6 +16,7 @@ from strata_operator.resources.kvcachetier.validation import (
     nodes_too_small,
     validate,
 )
+from strata_testsupport.status import check_status
 
 TIER = TierRef("kv", "serving", "uid", 2)
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -135,12 +136,14 @@ def pod(name: str, node_name: str, ready: bool, ip: str | None = "10.0.0.1") -> 
 
 
 def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    check_status("KVCacheTier", status)  # every status these tests compute fits the model the CRD comes from
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
 
 def test_all_ready() -> None:
     pods = [pod("kv-b", "n2", True, "10.0.0.2"), pod("kv-a", "n1", True)]
     status = status_of(spec_of(), daemonset(2, 2), pods, config_hash="abc", now=T0)
+    check_status("KVCacheTier", status)
     assert (status["desiredInstances"], status["readyInstances"]) == (2, 2)
     assert status["configHash"] == "abc" and status["l2"] == "none"
     assert [e["node"] for e in status["endpoints"]] == ["n1", "n2"]

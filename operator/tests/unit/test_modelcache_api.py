@@ -3,12 +3,14 @@ server in the integration tests)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 from strata_loader import contract
 from strata_operator.api import modelcache
 from strata_operator.api.crdgen import build_crd
-from strata_operator.api.modelcache import ModelCacheSpec, StorageMode, VerifyMode
+from strata_operator.api.modelcache import SOURCE_URI_PATTERN, ModelCacheSpec, StorageMode, VerifyMode
 from strata_operator.api.registry import render_yaml
 
 
@@ -33,8 +35,26 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     assert spec.storage.shared_pvc is not None and spec.storage.shared_pvc.access_mode == "ReadWriteMany"
 
 
-def test_verify_modes_match_the_loader_contract() -> None:
-    assert {m.value for m in VerifyMode} == {m.value for m in contract.VerifyMode}
+def test_contract_fields_are_the_loader_contract_s_own() -> None:
+    """One source: the spec declares the preloader's fields with the loader's own types and grammar."""
+    assert VerifyMode is contract.VerifyMode
+    for grammar in contract.SOURCE_URI_GRAMMAR.values():
+        assert grammar in SOURCE_URI_PATTERN
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://bucket/prefix", "s3://b", "s3://UPPER/x", "hf://org/name", "hf://org/name/x", "hf://o\u0301rg/x",
+     "pvc://claim/path", "pvc://claim", "pvc://Claim", "pvc:///x", "s3://bucket/a\nb", "ftp://x/y"],
+)  # fmt: skip
+def test_the_api_accepts_a_source_uri_exactly_when_the_preloader_does(uri: str) -> None:
+    in_api = re.fullmatch(SOURCE_URI_PATTERN.removeprefix("^").removesuffix("$"), uri) is not None
+    try:
+        contract.FetchRequest(source=uri, dest="/d")
+        in_contract = True
+    except ValueError:
+        in_contract = False
+    assert in_api == in_contract
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/prefix", "hf://org/name", "pvc://claim/path", "oci://reg/repo:tag"])
@@ -86,3 +106,20 @@ def test_rendered_crd_has_no_yaml_anchors() -> None:
 
 def test_storage_mode_values() -> None:
     assert [m.value for m in StorageMode] == ["SharedPVC", "NodeLocal", "ImageVolume"]
+
+
+def test_int_or_string_sizes_keep_their_form_and_reach_the_preloader_as_counts() -> None:
+    spec = ModelCacheSpec.model_validate(
+        {
+            "source": {"uri": "s3://models/llama"},
+            "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "200Gi"}},
+            "preload": {"blockSize": 8388608, "memoryLimit": "2Gi", "shard": {"tensorParallelSize": 2}},
+        }
+    )
+    preload = spec.to_k8s()["preload"]
+    assert preload["blockSize"] == 8388608 and preload["memoryLimit"] == "2Gi"
+    assert preload["shard"]["maxPartBytes"] == "5Gi"  # the default, as the CRD writes it
+    request = contract.FetchRequest(source="s3://models/llama", dest="/d", block_size=spec.preload.block_size,
+                                    memory_limit=spec.preload.memory_limit)  # fmt: skip
+    assert request.memory_limit is spec.preload.memory_limit  # not parsed again
+    assert "--memory-limit" in request.to_args() and str(2 * 2**30) in request.to_args()

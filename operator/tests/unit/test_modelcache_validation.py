@@ -23,7 +23,7 @@ from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
 from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.modelcache.status import SpecError
-from strata_units import BYTE_SIZE_PATTERN
+from strata_units import BYTE_SIZE_PATTERN, parse_bytes
 
 WHOLE_BYTES: list[int | str] = [
     "16Mi",
@@ -84,7 +84,7 @@ def with_size(path: tuple[str, ...], value: int | str) -> dict[str, Any]:
 def test_whole_byte_counts_match_the_pattern_and_mean_the_same_to_kubernetes_and_the_loader(value: int | str) -> None:
     if isinstance(value, str):
         assert re.fullmatch(BYTE_SIZE_PATTERN, value) and re.search(NON_ZERO_PATTERN, value)
-        assert contract.parse_bytes(value) == parse_quantity(value)
+        assert parse_bytes(value) == parse_quantity(value)
     for path in SIZE_FIELDS:
         ModelCacheSpec.model_validate(spec_with(with_size(path, value)))
 

@@ -10,6 +10,8 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from strata_loader import contract
+
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
@@ -109,8 +111,8 @@ def input_problem(owner: CacheRef, spec: ModelCacheSpec) -> Problem | None:
             "ServiceAccountNotFound",
             f"ServiceAccount {sa!r} (source.credentials.serviceAccountName) does not exist in namespace {ns!r}",
         )
-    if spec.source.uri.startswith("pvc://"):
-        claim = spec.source.uri.removeprefix("pvc://").split("/", 1)[0]
+    if pvc := contract.pvc_source(spec.source.uri):
+        claim = pvc[0]
         if kube.read("v1", "PersistentVolumeClaim", claim, ns) is None:
             return Problem(
                 "SourceClaimNotFound",

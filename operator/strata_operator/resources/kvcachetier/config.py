@@ -30,7 +30,6 @@ from strata_operator.resources.kvcachetier.names import (
     AUTH_FILE,
     L2_FS_ROOT,
     TierRef,
-    byte_size,
 )
 from strata_operator.resources.kvcachetier.node_socket import NODE_SOCKET_MODE, NODE_SOCKET_PATH
 
@@ -53,7 +52,7 @@ def _l2_config(l2: L2Spec | None) -> L2Config:
     if l2.fs is not None:
         fs = L2FsConfig(
             root_dir=L2_FS_ROOT,
-            capacity=byte_size(l2.fs.capacity),
+            capacity=l2.fs.capacity,
             high_watermark=l2.fs.high_watermark_percent / 100,
             low_watermark=l2.fs.low_watermark_percent / 100,
         )
@@ -108,7 +107,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
     return KVServerConfig(
         listen=_listen_config(spec),
         l1=L1Config(
-            size=byte_size(spec.l1.size),
+            size=spec.l1.size,
             eviction_policy=EvictionPolicyName(spec.l1.eviction_policy.value),
         ),
         l2=_l2_config(spec.l2),

@@ -17,7 +17,7 @@ from typing import Any
 from strata_operator.api.kvcachetier import ConnectorType, EngineDevice, HashAlgorithm, KVCacheTierSpec
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.config import hash_seed
-from strata_operator.resources.kvcachetier.names import TierRef, byte_size, mebibytes
+from strata_operator.resources.kvcachetier.names import TierRef, memory_quantity
 from strata_operator.resources.kvcachetier.node_socket import NODE_SOCKET_PATH
 from strata_operator.resources.kvcachetier.service import events_url, service_host
 
@@ -61,7 +61,7 @@ def _vllm_transfer_config(spec: KVCacheTierSpec, tier: TierRef, engine: EngineDe
         spec_name = {"spec_name": CPU_ENGINE_SPEC, "spec_module_path": CPU_ENGINE_SPEC_MODULE}
     extra = {
         **spec_name,
-        "cpu_bytes_to_use": byte_size(spec.connector.cpu_bytes),
+        "cpu_bytes_to_use": int(spec.connector.cpu_bytes),
         "block_size": spec.chunk_tokens,
         "offload_prompt_only": spec.connector.offload_prompt_only,
         "secondary_tiers": [strata_tier],
@@ -97,9 +97,9 @@ def build_kv_transfer_config(
 def client_shm_size(spec: KVCacheTierSpec) -> str | None:
     """The /dev/shm size limit a serving pod needs: `clientShmSize`, else (vllm) the CPU tier plus headroom."""
     if spec.client_shm_size is not None:
-        return spec.client_shm_size
+        return str(spec.client_shm_size.spelling)
     if spec.connector.type == ConnectorType.VLLM:
-        return mebibytes(byte_size(spec.connector.cpu_bytes) + SHM_HEADROOM_BYTES)
+        return memory_quantity(spec.connector.cpu_bytes + SHM_HEADROOM_BYTES)
     return None
 
 

@@ -20,8 +20,7 @@ from strata_operator.resources.kvcachetier.names import (
     METRICS_PORT_NAME,
     RESP_PORT_NAME,
     TierRef,
-    byte_size,
-    mebibytes,
+    memory_quantity,
     quantity_bytes,
 )
 from strata_operator.resources.kvcachetier.node_socket import node_socket_mount, node_socket_volume
@@ -39,7 +38,7 @@ TERMINATION_GRACE_SECONDS = 45
 
 def derived_memory_request(spec: KVCacheTierSpec) -> int:
     """L1 plus headroom for the process and the write-behind queue, in bytes."""
-    return byte_size(spec.l1.size) + byte_size(spec.memory_headroom)
+    return spec.l1.size + spec.memory_headroom
 
 
 def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
@@ -47,17 +46,26 @@ def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:
     resources: dict[str, Any] = copy.deepcopy(spec.resources or {})
     requests = resources.setdefault("requests", {})
     limits = resources.setdefault("limits", {})
+    request = memory_request_bytes(spec)
     if "memory" not in requests:
-        requests["memory"] = limits.get("memory") or mebibytes(derived_memory_request(spec))
+        requests["memory"] = limits.get("memory") or memory_quantity(request)
     if "memory" not in limits:
-        limits["memory"] = mebibytes(int(quantity_bytes(requests["memory"]) * MEMORY_LIMIT_FACTOR))
+        limits["memory"] = memory_quantity(int(request * MEMORY_LIMIT_FACTOR))
     requests.setdefault("cpu", str(spec.sender_threads + 1) if spec.sender_threads else CPU_REQUEST)
     return resources
 
 
 def memory_request_bytes(spec: KVCacheTierSpec) -> int:
-    """What the scheduler must find free on a node for one server (used to validate against nodes)."""
-    return quantity_bytes(build_resources(spec)["requests"]["memory"])
+    """What the scheduler must find free on a node for one server: the spec's memory request, else its limit
+    (as Kubernetes defaults a request), else L1 plus headroom in whole Mi (as `memory_quantity` writes it).
+    Only a quantity the user wrote is parsed; the derived one is never formatted and read back."""
+    resources = spec.resources or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    if "memory" in requests:
+        return quantity_bytes(requests["memory"])
+    if limit := limits.get("memory"):
+        return quantity_bytes(limit)
+    return -(-derived_memory_request(spec) // 2**20) * 2**20
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:

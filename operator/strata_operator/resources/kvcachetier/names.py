@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
-from strata_units import parse_bytes
+from strata_units import format_bytes
 
 from strata_operator.resources.core import Owner
 
@@ -69,21 +69,15 @@ class TierRef(Owner):
         }
 
 
-def byte_size(value: str | int) -> int:
-    """Bytes of a size field of the spec (l1.size, memoryHeadroom, l2.fs.capacity): read by the parser the CRD's
-    pattern, the loader and the KV server share, so the server is configured with what the user wrote."""
-    return parse_bytes(value, minimum=0, strict=True)
-
-
 def quantity_bytes(value: str | int) -> int:
     """Bytes of a core/v1 memory quantity (container resources, node allocatable), which Kubernetes lets be
-    fractional or milli (`1.5Gi`, `1e9`); rounds up, as a request must not shrink. Not for Strata's own sizes."""
+    fractional or milli (`1.5Gi`, `1e9`); rounds up, as a request must not shrink. Not for Strata's own sizes:
+    the spec's sizes are `ByteSize` values already."""
     parsed = parse_quantity(value)
     whole = int(parsed)
     return whole if whole == parsed else whole + 1
 
 
-def mebibytes(n: int) -> str:
-    """A quantity rounded up to whole Mi, in Gi when exact: stable text, readable in `kubectl describe`."""
-    mib = -(-n // 1024**2)
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+def memory_quantity(count: int) -> str:
+    """A memory quantity rounded up to whole Mi (`4Gi`, `4097Mi`): stable text, readable in `kubectl describe`."""
+    return format_bytes(count, quantity=True, round_up_to=2**20)

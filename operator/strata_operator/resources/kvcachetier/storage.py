@@ -15,7 +15,7 @@ def build_pvc(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, Any] | None:
         return None
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteMany"],
-        "resources": {"requests": {"storage": fs.pvc.create.size}},
+        "resources": {"requests": {"storage": fs.pvc.create.size.spelling}},
     }
     if fs.pvc.create.storage_class_name is not None:
         claim_spec["storageClassName"] = fs.pvc.create.storage_class_name

@@ -13,7 +13,7 @@ from typing import Any
 from strata_operator.api.kvcachetier import ConnectorType, KVCacheTierSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.daemonset import derived_memory_request, memory_request_bytes
-from strata_operator.resources.kvcachetier.names import AUTH_FILE, byte_size, mebibytes, quantity_bytes
+from strata_operator.resources.kvcachetier.names import AUTH_FILE, memory_quantity, quantity_bytes
 
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 DAEMONSET_TOLERATED_PREFIX = "node.kubernetes.io/"
@@ -81,8 +81,8 @@ def check_node_memory(spec: KVCacheTierSpec, nodes: Sequence[Mapping[str, Any]])
         return None
     return Problem(
         "L1ExceedsNodeMemory",
-        f"each server requests {mebibytes(need)} of memory (l1.size {spec.l1.size} + headroom), more than "
-        f"any of the {len(nodes)} selected nodes can allocate (largest: {mebibytes(largest)}); "
+        f"each server requests {memory_quantity(need)} of memory (l1.size {spec.l1.size.spelling} + headroom), "
+        f"more than any of the {len(nodes)} selected nodes can allocate (largest: {memory_quantity(largest)}); "
         "lower l1.size or select bigger nodes",
     )
 
@@ -168,13 +168,13 @@ def check_resources(spec: KVCacheTierSpec) -> Problem | None:
     if found:
         return Problem("ResourcesInvalid", "; ".join(found))
     limit = (resources.get("limits") or {}).get("memory")
-    l1, wanted = quantity_bytes(spec.l1.size), derived_memory_request(spec)
+    l1, wanted = spec.l1.size, derived_memory_request(spec)
     if limit is not None and quantity_bytes(limit) < l1:
         return Problem(
             "MemoryLimitBelowL1",
-            f"resources.limits.memory {limit} ({quantity_bytes(limit)} bytes) is below l1.size {spec.l1.size} "
+            f"resources.limits.memory {limit} ({quantity_bytes(limit)} bytes) is below l1.size {spec.l1.size.spelling} "
             f"({l1} bytes): a full L1 would be OOM-killed; raise the limit to at least l1.size + memoryHeadroom "
-            f"({mebibytes(wanted)}) or lower l1.size",
+            f"({memory_quantity(wanted)}) or lower l1.size",
         )
     return None
 
@@ -194,12 +194,12 @@ def check_client_shm(spec: KVCacheTierSpec) -> Problem | None:
     """vLLM allocates its CPU tier (connector.cpuBytes) in /dev/shm and refuses to start when it does not fit."""
     if spec.connector.type != ConnectorType.VLLM or spec.client_shm_size is None:
         return None
-    shm, cpu = byte_size(spec.client_shm_size), byte_size(spec.connector.cpu_bytes)
-    if shm >= cpu:
+    if spec.client_shm_size >= spec.connector.cpu_bytes:
         return None
     return Problem(
         "ShmTooSmall",
-        f"spec.clientShmSize ({spec.client_shm_size}) is below spec.connector.cpuBytes ({spec.connector.cpu_bytes}): "
+        f"spec.clientShmSize ({spec.client_shm_size.spelling}) is below spec.connector.cpuBytes "
+        f"({spec.connector.cpu_bytes.spelling}): "
         "vLLM allocates its CPU tier in /dev/shm and would fail to start; raise clientShmSize (cpuBytes + 1Gi), or "
         "remove it to get that default",
     )

@@ -33,7 +33,7 @@ from strata_loader.capacity import (
     CapacityRequest,
 )
 from strata_loader.contract import FetchResult
-from strata_units import parse_bytes
+from strata_units import ByteSize
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.api.nodecachepolicy import NodeCachePolicySpec
@@ -181,7 +181,7 @@ def budget(view: CapacityView, owner: CacheRef, spec: ModelCacheSpec, node: Node
         policy=policy.name,
         high_watermark=policy.spec.high_watermark,
         low_watermark=policy.spec.low_watermark,
-        min_free_bytes=parse_bytes(policy.spec.min_free, minimum=0) if policy.spec.min_free is not None else 0,
+        min_free_bytes=policy.spec.min_free or ByteSize(0),
         candidates=_fitting([c.key for c in sorted(offered, key=lambda c: (c.last_used, c.key))]),
         protected=reasons[:MAX_PROTECTED],
         protected_more=max(0, len(reasons) - MAX_PROTECTED),

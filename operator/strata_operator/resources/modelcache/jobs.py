@@ -61,7 +61,7 @@ def _spec_field(loc: tuple[int | str, ...]) -> str:
 def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
     """The preloader's one run, as the loader's own contract model (validated on construction).
 
-    Sizes may be quantities ("16Mi"); the contract's validators parse them, hence `model_validate`. A value
+    Sizes arrive as the spec's `ByteSize` values and pass through unparsed; `model_validate` checks the rest. A value
     the CRD let through but the contract refuses is a `SpecError` naming the spec field, not a crash.
     """
     preload = spec.preload
@@ -82,7 +82,7 @@ def fetch_request(spec: ModelCacheSpec, dest: str) -> contract.FetchRequest:
                 "concurrency": preload.concurrency,
                 "block_size": preload.block_size,
                 "memory_limit": preload.memory_limit,
-                "verify": contract.VerifyMode(preload.verify.value),
+                "verify": preload.verify,
                 "shard": shard,
             }
         )
@@ -118,9 +118,8 @@ class PodMounts:
 def source_mounts(spec: ModelCacheSpec) -> PodMounts:
     """A pvc:// source is read from its claim, mounted read-only where the loader expects it."""
     mounts = PodMounts()
-    uri = spec.source.uri
-    if uri.startswith("pvc://"):
-        claim = uri.removeprefix("pvc://").split("/", 1)[0]
+    if pvc := contract.pvc_source(spec.source.uri):
+        claim = pvc[0]
         mounts.add(
             "source",
             {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}},

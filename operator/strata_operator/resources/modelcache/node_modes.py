@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata_units import format_bytes
+
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import fanout, names, storage
 from strata_operator.resources.modelcache import status as st
@@ -56,7 +58,7 @@ def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
         fields.update(
             totalBytes=done[0]["bytes"],
             totalFiles=done[0]["files"],
-            size=st.human_bytes(done[0]["bytes"]),
+            size=format_bytes(done[0]["bytes"], approximate=True),
             resolvedRevision=revisions[0] if revisions else observed.previous.get("resolvedRevision"),
             # What the spec asked when that commit was resolved: later nodes copy the same commit (fanout).
             resolvedFrom=(spec.source.revision or "") if revisions else observed.previous.get("resolvedFrom"),

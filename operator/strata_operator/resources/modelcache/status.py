@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_loader.contract import FetchResult
+from strata_units import format_bytes
 
 from strata_operator.conditions import CONDITION_TYPES, DEGRADED, READY, RECONCILING, STALLED, set_condition
 from strata_operator.resources.core import SPEC_INVALID, Problem
@@ -125,22 +126,11 @@ def pinned_revision(source: str, asked: str | None, previous: Mapping[str, Any])
     return resolved
 
 
-def human_bytes(count: int | None) -> str | None:
-    if count is None:
-        return None
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1024
-    return None  # unreachable
-
-
 def result_fields(result: FetchResult) -> dict[str, Any]:
     return {
         "totalBytes": result.bytes,
         "totalFiles": result.files,
-        "size": human_bytes(result.bytes),
+        "size": format_bytes(result.bytes, approximate=True),
         "seconds": round(result.seconds, 3),
         "resolvedRevision": result.revision,
         "manifestSha256": result.manifest_sha256,

@@ -74,7 +74,7 @@ def build_claim(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
     claim_spec: dict[str, Any] = {
         "accessModes": [storage.access_mode],
         "volumeMode": "Filesystem",
-        "resources": {"requests": {"storage": storage.size}},
+        "resources": {"requests": {"storage": storage.size.spelling}},
     }
     if storage.storage_class_name is not None:
         claim_spec["storageClassName"] = storage.storage_class_name
