@@ -15,6 +15,7 @@ from kubernetes.dynamic import DynamicClient
 from strata_operator.api import API_VERSION
 from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.webhook.admission import MUTATE_PODS_PATH, VALIDATE_DELETION_PATH
+from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
 from .test_serving_webhook import create_pod, kv_tier, pod_body, ready_shared_cache
@@ -57,6 +58,14 @@ def test_a_direct_caller_is_refused_and_learns_nothing_while_the_api_server_is_a
     labels = {MODEL_CACHE_LABEL: cache, KV_TIER_LABEL: tier}
     wired = create_pod(k8s, namespace, pod_body("consumer", labels))  # the API server, with its client certificate
     assert f"{cache}-model" in json.dumps(wired["spec"]), "the API server's call was answered and the pod wired"
+    # The counters are the server's, for every namespace: earlier tests' namespaces still being deleted send
+    # deletion reviews of their caches. Once none is left terminating, only this test's calls can move them.
+    wait_for(
+        lambda: not [n for n in resource(k8s, "v1", "Namespace").get().items if n.status.phase == "Terminating"],
+        timeout=300,
+        interval=0.5,
+        what="earlier tests' namespaces gone",
+    )
     sent = (pod_webhook.requests, pod_webhook.deletion_requests)
 
     pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "probe", "image": "busybox"}]}}
