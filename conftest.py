@@ -1,4 +1,5 @@
-"""Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, Hub, kvserver)."""
+"""Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, Hub, kvserver, OCI
+registry)."""
 
 pytest_plugins = [
     "strata_testsupport.cluster",
@@ -7,4 +8,5 @@ pytest_plugins = [
     "strata_testsupport.kvserver",
     "strata_testsupport.realnode",
     "strata_testsupport.webhook",
+    "strata_testsupport.registry",  # after webhook, whose certificates it uses
 ]

@@ -1,4 +1,4 @@
-"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench.
+"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench, pack.
 
 Failures end with one line on stderr and a non-zero exit, never a traceback: Job logs and termination messages
 are read by people and by the operator.
@@ -124,6 +124,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("paths", nargs="+")
     b.add_argument("--concurrency", type=int, default=None)
     b.set_defaults(handler=_bench)
+
+    from .pack.cli import add_pack_parser
+
+    add_pack_parser(sub)
     return p
 
 
