@@ -228,3 +228,10 @@ def test_the_cli_dry_run_prints_the_digest_and_errors_are_one_line(tmp_path, cap
     ]
     assert main(["pack", str(tmp_path / "m"), "--to", "r.local/m:v1", "--username", "u"]) == 1
     assert "--password-stdin or $STRATA_REGISTRY_PASSWORD" in capsys.readouterr().err
+
+
+def test_an_empty_prefix_puts_the_files_at_the_image_root(tmp_path):
+    write_model(tmp_path / "m")
+    image = pack(tmp_path / "m", prefix="")
+    members = untar(layer_bytes(image, 2))
+    assert sorted(members) == ["config.json", "tokenizer", "tokenizer/special_tokens.json"]
