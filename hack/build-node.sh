@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the local real node's programs into the same cache as the control plane, once: kubelet and
 # kube-proxy from the same k8s.io/kubernetes module (hack/controlplane), CoreDNS from its own module
-# (hack/coredns, only the plugins cluster DNS needs). The container runtime, runc and the CNI plugins are
-# Debian's (hack/setup-system.sh). Re-running with the binaries present does nothing.
+# (hack/coredns, only the plugins cluster DNS needs); containerd 2 (hack/build-containerd.sh) and the OCI registry
+# the tests push to (hack/build-registry.sh), each cached by its own version. runc and the CNI plugins are Debian's
+# (hack/setup-system.sh). Re-running with the binaries present does nothing.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,4 +19,6 @@ stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
 build controlplane kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$stamp"
 build coredns coredns .
+bash "$here/build-containerd.sh" >/dev/null
+bash "$here/build-registry.sh" >/dev/null
 echo "node: binaries ready in $bin_dir"

@@ -19,3 +19,31 @@ kubernetes_stamp() {  # kubernetes_stamp <version>: so `kubectl version` and ske
   echo "-X k8s.io/component-base/version.gitVersion=${version} -X k8s.io/component-base/version.gitMajor=1" \
        "-X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean"
 }
+
+# The programs the real node runs beside Kubernetes' own (containerd, the registry) are cached per version of
+# their module, not per Kubernetes version: pinned_version <module dir> <module path> prints the version go.mod
+# pins, and static_build <module dir> <output name> <package> <tags> <ldflags> builds one cgo-free binary into
+# `bin_dir` (the caller holds a lock on it; see hack/build-containerd.sh).
+pinned_version() {  # a one-line `require m v` or a line `m v` inside a require block
+  local version
+  version="$(awk -v m="$2" '($1=="require" && $2==m) {print $3} ($1==m) {print $2}' "$here/$1/go.mod")"
+  [[ -n "$version" ]] || { echo "$label: $2 is not pinned in hack/$1/go.mod" >&2; return 1; }
+  echo "$version"
+}
+
+static_build() {
+  local dir="$1" name="$2" pkg="$3" tags="$4" ldflags="$5"
+  if [[ -x "$bin_dir/$name" ]]; then return 0; fi
+  echo "$label: building $name ($pkg) into $bin_dir (first time only; several minutes)" >&2
+  local start=$SECONDS
+  (cd "$here/$dir" && CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" \
+     -o "$bin_dir/$name.partial" "$pkg")
+  mv "$bin_dir/$name.partial" "$bin_dir/$name"
+  echo "$label: built $name in $((SECONDS - start))s" >&2
+}
+
+lock_bin_dir() {  # one build at a time per cache dir (two test sessions starting at once build once)
+  mkdir -p "$bin_dir"
+  exec 9>"$bin_dir.lock"
+  flock 9
+}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and demo use, only when missing: real servers and clients, and the
-# real node's runtime (containerd, runc, CNI plugins, iptables) and image builds (docker.io, debootstrap; zstd
-# compresses the serving image's archives).
+# real node's runtime (runc, CNI plugins, iptables; containerd 2 is built by hack/build-containerd.sh) and image
+# builds (docker.io, debootstrap; zstd compresses the serving image's archives).
 set -euo pipefail
-packages=(redis-server redis-tools shellcheck containerd runc containernetworking-plugins iptables conntrack
+packages=(redis-server redis-tools shellcheck runc containernetworking-plugins iptables conntrack
           docker.io debootstrap zstd)
 missing=()
 for package in "${packages[@]}"; do

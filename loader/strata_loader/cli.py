@@ -1,4 +1,4 @@
-"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench.
+"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench, pack.
 
 Each subcommand lives with its product (`fetch/command.py`, `tensor/command.py`, `peer/command.py`) and is listed
 once in `SUBCOMMANDS` below: a new one is a function `add_<name>(subparsers)` there and one line here. A
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from .core.messages import one_line
 from .fetch import command as fetch_command
+from .pack import command as pack_command
 from .peer import command as peer_command
 from .tensor import command as tensor_command
 
@@ -25,6 +26,7 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     tensor_command.add_shard,  # pre-shard a model for tensor-parallel ranks
     peer_command.add_serve_peer,  # serve a verified copy to other nodes' fetches
     tensor_command.add_bench,  # the streamer against safetensors
+    pack_command.add_pack,  # a model directory as an OCI image, pushed to a registry
 )
 """Every subcommand, in the order `--help` lists them; each adds its parser and sets `handler`."""
 

@@ -3,7 +3,6 @@ generated and uploaded to the S3 server pods reach, ModelCaches waited on."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -17,6 +16,7 @@ from strata_operator.resources.security import container_security_context
 
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import NODE_NAME, WORK_DIR
+from strata_testsupport.models import safetensors_model
 
 API = "strata.dev/v1alpha1"
 RUNTIME_IMAGE = "ghcr.io/strata-dev/strata-runtime:0.1.0"
@@ -152,23 +152,10 @@ def static_volume(client: DynamicClient, namespace: str, claim: str, size: str =
 
 def upload_model(s3: Any, bucket: str, prefix: str, files: int = 2, tensor_bytes: int = 1 << 20) -> dict[str, str]:
     """A small generated safetensors model (several dtypes) in S3; returns each tensor's sha256."""
-    import torch
-    from safetensors.torch import save
-
+    contents, digests = safetensors_model(files, tensor_bytes)
     client = s3.client()
-    digests: dict[str, str] = {}
-    generator = torch.Generator().manual_seed(7)
-    for index in range(files):
-        tensors = {
-            f"layers.{index}.weight": torch.randn(tensor_bytes // 2, generator=generator).to(torch.bfloat16),
-            f"layers.{index}.bias": torch.randn(tensor_bytes // 4, generator=generator),
-            f"layers.{index}.scale": torch.randint(0, 255, (4096,), dtype=torch.uint8, generator=generator),
-        }
-        for name, tensor in tensors.items():
-            digests[name] = hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-        key = f"{prefix}/model-{index + 1:05d}-of-{files:05d}.safetensors"
-        client.put_object(Bucket=bucket, Key=key, Body=save(tensors))
-    client.put_object(Bucket=bucket, Key=f"{prefix}/config.json", Body=json.dumps({"model_type": "tiny"}).encode())
+    for name, data in contents.items():
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
     return digests
 
 

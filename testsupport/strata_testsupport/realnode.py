@@ -1,6 +1,6 @@
 """Session fixtures for the real-node tier: a control plane with one real node (containerd, kubelet,
 kube-proxy, CoreDNS), Strata's chart installed as a real operator pod from the image built here, an S3 server
-the pods can reach, and namespaces that enforce the `restricted` Pod Security level.
+and an OCI registry the pods can reach, and namespaces that enforce the `restricted` Pod Security level.
 
 Under CI=true a missing prerequisite fails the tier (it can run on this machine); elsewhere it skips with the
 reason and the command that fixes it.
@@ -8,6 +8,7 @@ reason and the command that fixes it.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -34,6 +35,8 @@ from strata_testsupport.localcluster.node import (
 )
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
 from strata_testsupport.pods import STATIC_CLASS, s3_secret, static_volume
+from strata_testsupport.processes import serve_for_session
+from strata_testsupport.registry import Registry, running_registry
 from strata_testsupport.s3 import S3Server, running_s3_server
 from strata_testsupport.scenarios import Site
 
@@ -74,6 +77,16 @@ def node_s3_checking_credentials(real_node: RealNode) -> Iterator[S3Server]:
     """Like node_s3, but the server checks every request's signature against its IAM users."""
     with running_s3_server(host=NODE_IP, authenticate=True) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def node_registry(real_node: RealNode) -> Iterator[Registry]:
+    """An OCI registry on the node's address, HTTPS with basic auth (pods pull with a pull secret); the node's
+    containerd trusts its CA for that address only."""
+    start = functools.partial(running_registry, host=NODE_IP, auth=True, parent=WORK_DIR)
+    for registry in serve_for_session("OCI registry on the node", start):
+        real_node.trust_registry(registry.address, registry.ca_file)
+        yield registry
 
 
 @pytest.fixture(scope="session")

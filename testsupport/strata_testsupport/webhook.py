@@ -34,8 +34,9 @@ CONFIGURATION_NAME = "strata-test-pod-wiring"
 WEBHOOK_TIMEOUT_SECONDS = 5
 
 
-def write_webhook_tls(directory: Path) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 (tls.crt, tls.key in `directory`); returns the CA's PEM."""
+def write_webhook_tls(directory: Path, address: str = "127.0.0.1") -> bytes:
+    """A CA and a serving certificate for `address` (tls.crt, tls.key in `directory`); returns the CA's PEM. The
+    test registry serves with one too (strata_testsupport.registry)."""
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
 
@@ -63,7 +64,7 @@ def write_webhook_tls(directory: Path) -> bytes:
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]), False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

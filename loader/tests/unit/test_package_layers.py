@@ -1,7 +1,8 @@
 """strata_loader's sub-packages are layered: the contract the operator imports at the bottom, a shared core above
 it, the products above that, the CLI on top. A product imports the core, not another product, except where it
-builds on one (`fetch` reads from `peer`s and pre-shards with `tensor`; `vllm` feeds vLLM from `tensor`). An
-import against the layers (also one inside a function) fails here with the module that made it."""
+builds on one (`fetch` reads from `peer`s and pre-shards with `tensor`; `vllm` feeds vLLM from `tensor`; `pack`
+needs only the core). An import against the layers (also one inside a function) fails here with the module that
+made it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ MAY_IMPORT = {
     "peer": {"contract", "core"},
     "fetch": {"contract", "core", "peer", "tensor"},
     "vllm": {"contract", "core", "tensor"},
+    "pack": {"contract", "core"},
 }
 """What each layer imports besides itself; the top (`cli`, `__init__`, `__main__`) imports any of them."""
 TOP = {"cli", "__init__", "__main__"}

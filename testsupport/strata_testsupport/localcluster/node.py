@@ -1,5 +1,6 @@
-"""A real node beside the control plane: containerd, a kubelet, kube-proxy (iptables) and CoreDNS, so the pods
-Strata renders run for real with the images built here (hack/node/build-images.sh).
+"""A real node beside the control plane: containerd 2 (strata_testsupport.localcluster.containerd), a kubelet,
+kube-proxy (iptables) and CoreDNS, so the pods Strata renders run for real with the images built here
+(hack/node/build-images.sh), and mount images from a registry on the node's address as image volumes.
 
 Networking stays on this machine. The node's address, `NODE_IP`, lives on the loopback device only: the API
 server, the kubelet, cluster DNS and the tests' servers (S3) listen there, so pods reach them through their
@@ -28,6 +29,8 @@ import yaml
 
 from strata_testsupport.localcluster.binaries import cache_dir
 from strata_testsupport.localcluster.cluster import LocalCluster, free_port, http_ok
+from strata_testsupport.localcluster.containerd import BUILD_SCRIPT as CONTAINERD_BUILD_SCRIPT
+from strata_testsupport.localcluster.containerd import ContainerdLayout, find_containerd, render_config, trust_registry
 from strata_testsupport.localcluster.processes import ManagedProcess, Started, StartupError, wait_ready
 
 NODE_NAME = "strata-node"
@@ -58,18 +61,23 @@ class NodeBinaries:
     kube_proxy: Path
     coredns: Path
     containerd: Path
+    containerd_shim: Path
     ctr: Path
 
 
 def find_node_binaries() -> NodeBinaries:
-    """The node's programs: kubelet, kube-proxy, CoreDNS from the build cache; containerd and ctr from Debian."""
+    """The node's programs: kubelet, kube-proxy, CoreDNS and containerd 2 (with its shim and ctr) from the build
+    cache; runc, iptables and the CNI plugins from Debian."""
     if os.geteuid() != 0:
         raise NodeUnavailable("the real node needs root (containers, mounts, network namespaces, iptables)")
     built = cache_dir()
     missing = [name for name in ("kubelet", "kube-proxy", "coredns") if not os.access(built / name, os.X_OK)]
     if missing:
         raise NodeUnavailable(f"{', '.join(missing)} not in {built}; build with `make setup` (hack/build-node.sh)")
-    system = {name: shutil.which(name) for name in ("containerd", "ctr", "runc", "iptables")}
+    containerd = find_containerd()
+    if containerd is None:
+        raise NodeUnavailable(f"containerd 2 is not built; build with `make setup` ({CONTAINERD_BUILD_SCRIPT.name})")
+    system = {name: shutil.which(name) for name in ("runc", "iptables")}
     absent = [name for name, path in system.items() if path is None]
     if absent or not (CNI_BIN_DIR / "bridge").exists():
         what = ", ".join(absent + ([] if (CNI_BIN_DIR / "bridge").exists() else ["CNI plugins"]))
@@ -78,8 +86,9 @@ def find_node_binaries() -> NodeBinaries:
         kubelet=built / "kubelet",
         kube_proxy=built / "kube-proxy",
         coredns=built / "coredns",
-        containerd=Path(str(system["containerd"])),
-        ctr=Path(str(system["ctr"])),
+        containerd=containerd.containerd,
+        containerd_shim=containerd.shim,
+        ctr=containerd.ctr,
     )
 
 
@@ -332,41 +341,26 @@ class RealNode(Started):
         (WORK_DIR / "cni" / "net.d" / "10-strata.conflist").write_text(json.dumps(conflist, indent=2))
 
     @property
+    def containerd(self) -> ContainerdLayout:
+        return ContainerdLayout(WORK_DIR)
+
+    @property
     def containerd_socket(self) -> Path:
-        return WORK_DIR / "run" / "containerd.sock"
+        return self.containerd.socket
+
+    def trust_registry(self, address: str, ca_file: Path | None) -> None:
+        """Let this node pull from the registry at `address` (host:port): HTTPS trusting `ca_file`, or plain HTTP
+        when there is none, for that address only."""
+        trust_registry(self.containerd, address, ca_file)
 
     def _start_containerd(self) -> None:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        config = f"""version = 2
-root = "{WORK_DIR / "containerd" / "root"}"
-state = "{WORK_DIR / "run" / "containerd"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{self.containerd_socket}.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{WORK_DIR / "containerd" / "opt"}"
-[{cri}]
-  sandbox_image = "{PAUSE_IMAGE}"
-  # Processes here lack CAP_SYS_RESOURCE: a negative oom_score_adj would make runc fail.
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-[{cri}.cni]
-  bin_dir = "{CNI_BIN_DIR}"
-  conf_dir = "{WORK_DIR / "cni" / "net.d"}"
-"""
+        config = render_config(
+            self.containerd,
+            self.binaries.containerd_shim,
+            pause_image=PAUSE_IMAGE,
+            cni_bin_dir=CNI_BIN_DIR,
+            cni_conf_dir=WORK_DIR / "cni" / "net.d",
+        )
         path = WORK_DIR / "containerd.toml"
         path.write_text(config)
         containerd = self._spawn("containerd", [str(self.binaries.containerd), "--config", str(path)])
