@@ -153,7 +153,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.bar(["s3-pull"], [rows["s3-pull"]["download_median_s"]], color="#666", label="of which the S3 download")
         ax.legend()
     for i, median in enumerate(medians):
-        ax.annotate(f"{median:.1f}s", (i, median), ha="center", va="bottom")
+        ax.annotate(f"{median:.1f}s", (i + 0.22, median), ha="left", va="bottom")
     ax.set_ylabel("kubectl apply -> first token (s), median and range")
     ax.set_title(f"vLLM (CPU) Deployment start, {result['model_bytes'] / 1e9:.2f} GB model, real node")
     fig.tight_layout()
