@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help setup venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check csi-protos bench images e2e clean
 
 help:
-	@echo "make demo    set up (first run: ~15-25 min to build the control plane) and run the demo"
+	@echo "make demo    set up (first run: ~35 min of builds, cached after) and run the demo (~10 min)"
 	@echo "make test    set up and run unit + integration tests"
 	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
 	@echo "make bench   run the benchmarks in bench/;  make e2e  kind + GPU end-to-end suite"
