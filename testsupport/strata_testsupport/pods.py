@@ -199,13 +199,25 @@ def wait_phase(client: DynamicClient, namespace: str, name: str, phases: set[str
 
 TOKEN = "a-token-of-more-than-sixteen-bytes"
 
-# Run in a client pod: the connection ConfigMap's URL, the token from the Secret, chunks written or read back.
+# Run in a client pod: the connection ConfigMap's URL, the token from the Secret, chunks written or read back. A
+# server pod is Ready before kube-proxy routes its Service to it (the EndpointSlice, then the node's rules), so the
+# client connects as engines do: refused connections are retried for a while.
 KV_CLIENT = """
-import hashlib, json, os, sys, urllib.parse
+import hashlib, json, os, sys, time, urllib.parse
 from strata_kv.client import KVClient
 url = urllib.parse.urlparse(os.environ["STRATA_KV_URL"])
 mode, count = sys.argv[1], int(sys.argv[2])
-with KVClient(url.hostname, url.port, token=os.environ["KV_TOKEN"], timeout=20) as kv:
+deadline = time.monotonic() + 60
+while True:
+    try:
+        kv = KVClient(url.hostname, url.port, token=os.environ["KV_TOKEN"], timeout=20)
+        kv.ping()
+        break
+    except ConnectionRefusedError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+with kv:
     result = {"host": url.hostname}
     for i in range(count):
         key = f"chunk-{i:04d}".encode()

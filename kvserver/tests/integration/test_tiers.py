@@ -172,12 +172,16 @@ def test_a_configured_capacity_larger_than_the_disk_still_evicts_and_recovers(kv
         assert stats["fs_evictions"] > 0  # the real free space counted: old chunks made room
         assert stats["fs_capacity_bytes"] <= 2 * 1024 * 1024  # effective capacity: the smaller of the two
         assert stats["l2_failing"] == 0
-        assert stats["fs_write_errors"] <= 2
+        write_errors = stats["fs_write_errors"]
+        assert write_errors <= 2
         hits_before = stats["hits_fs"]
         recent_l2 = keys[-16:-8]  # out of L1 by now, so they come from the disk
-        for k in recent_l2:
-            assert c.get(k) == value_for(k), k
-        assert c.stats()["hits_fs"] >= hits_before + len(recent_l2) // 2
+        answers = {k: c.get(k) for k in recent_l2}
+        assert all(v == value_for(k) for k, v in answers.items() if v is not None), "never other bytes"
+        # A write the full disk refused (ENOSPC, counted) lost that chunk: at most that many may be missing.
+        missing = [k for k, v in answers.items() if v is None]
+        assert len(missing) <= write_errors, (missing, stats)
+        assert c.stats()["hits_fs"] >= hits_before + (len(recent_l2) - len(missing)) // 2
         c.close()
         server.stop()
     finally:
