@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -36,23 +36,25 @@ from vllm.model_executor.model_loader import get_model_loader
 RESULT_MARK = "STRATA-RESULT "  # strata_testsupport.vllm.RESULT_MARK: vLLM logs to stdout too
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous_file() -> str:
+    """A fresh file for torch.distributed's FileStore rendezvous (vLLM takes `file://` init methods as they are).
+
+    Not a TCP port: a port picked free here and bound later by torch can be taken in between by any other process
+    on a busy machine (EADDRINUSE). A file in a new directory cannot."""
+    return str(Path(tempfile.mkdtemp(prefix="strata-dist-")) / "rendezvous")
 
 
-def ensure_distributed(rank: int, world: int, port: int | None) -> None:
+def ensure_distributed(rank: int, world: int, rendezvous: str | None) -> None:
     """One gloo group per process, as a CPU worker has (tensor parallel over every rank)."""
     if parallel_state.model_parallel_is_initialized():
         return
-    port = port or free_port()
+    rendezvous = rendezvous or rendezvous_file()
     # vLLM 0.32's CPU communicator names its shared-memory group from this, which its CPU worker sets first.
-    os.environ.setdefault("VLLM_DIST_IDENT", str(port))
+    os.environ.setdefault("VLLM_DIST_IDENT", Path(rendezvous).parent.name)
     parallel_state.init_distributed_environment(
         world_size=world,
         rank=rank,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        distributed_init_method=f"file://{rendezvous}",
         local_rank=rank,
         backend="gloo",
     )
@@ -75,11 +77,11 @@ def engine_config(model_dir: str, load_format: str, extra: dict[str, Any], tp_si
 
 
 def build(
-    model_dir: str, load_format: str, extra: dict[str, Any], tp_size: int, rank: int = 0, port: int | None = None
+    model_dir: str, load_format: str, extra: dict[str, Any], tp_size: int, rank: int = 0, rendezvous: str | None = None
 ) -> tuple[Any, Any, float]:
     config = engine_config(model_dir, load_format, extra, tp_size)
     with set_current_vllm_config(config):
-        ensure_distributed(rank, tp_size, port)
+        ensure_distributed(rank, tp_size, rendezvous)
         loader = get_model_loader(config.load_config)
         keep_loaded_weights(loader)
         start = time.perf_counter()
@@ -125,13 +127,13 @@ def file_differences(params: dict[str, torch.Tensor], directory: str) -> tuple[i
 
 def load_one(request: dict[str, Any], rank: int) -> dict[str, Any]:
     tp = request.get("tp_size", 1)
-    port = request.get("port")
+    rendezvous = request.get("rendezvous")
     model_dir = request["model_dirs"][rank] if "model_dirs" in request else request["model_dir"]
     if request.get("reference_first"):  # the bench alternates which loader pays first-time costs
-        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
-    strata, loader, strata_s = build(model_dir, "strata", request.get("extra", {}), tp, rank, port)
+        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, rendezvous)
+    strata, loader, strata_s = build(model_dir, "strata", request.get("extra", {}), tp, rank, rendezvous)
     if not request.get("reference_first"):
-        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, port)
+        reference, _, reference_s = build(request["reference_dir"], "safetensors", {}, tp, rank, rendezvous)
     compared, file_differ = file_differences(loader.loaded_weights, request["reference_dir"]) if tp == 1 else (0, [])
     return {
         "file_compared": compared,
@@ -150,7 +152,7 @@ def load(request: dict[str, Any]) -> dict[str, Any]:
     tp = request.get("tp_size", 1)
     if tp == 1:
         return {"ranks": [load_one(request, 0)]}
-    request = {**request, "port": free_port()}
+    request = {**request, "rendezvous": rendezvous_file()}
     out = Path(request["workdir"])
     for rank in range(tp):
         (out / f"rank{rank}.request.json").write_text(json.dumps(request))
