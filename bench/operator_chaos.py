@@ -83,7 +83,7 @@ class Operator:
 
         self.name = name
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": name}
-        from strata_testsupport.localcluster.cluster import free_port
+        from strata_testsupport.processes import free_port
 
         # A port of its own: kopf reads port 0 as "none given" (80), and two replicas may not share one.
         probe = f"--liveness=http://127.0.0.1:{free_port()}/healthz"

@@ -7,7 +7,6 @@ import base64
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import resource, service_account_may, wait_for
-from strata_testsupport.processes import stop_process
+from strata_testsupport.processes import free_port, stop_process
 from strata_testsupport.webhook import write_webhook_tls
 
 pytestmark = pytest.mark.integration
@@ -258,12 +257,6 @@ def service_account_kubeconfig(k8s: DynamicClient, control_plane: Any, release: 
         )
     )
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorProcess:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_testsupport.processes import serve_for_session, stop_process
+from strata_testsupport.processes import free_port, serve_for_session, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-olah.sh"
@@ -113,14 +113,6 @@ def olah_python() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -140,7 +132,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) 
 def running_hub_server(host: str = "127.0.0.1") -> Iterator[HubServer]:
     """Start olah over a fresh, empty mirrors folder, yield it, stop it (also usable outside pytest)."""
     python = olah_python()
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="strata-hub-") as tmp:
         root = Path(tmp)
         mirrors = root / "mirrors"

@@ -61,8 +61,9 @@ def stop_process(
     return process.wait()
 
 
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now (the kernel's pick)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now at `host` (the kernel's pick): loopback by default, or an address of the
+    loopback device such as the real node's."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_testsupport.processes import serve_for_session, stop_process
+from strata_testsupport.processes import free_port, serve_for_session, stop_process
 from strata_testsupport.webhook import write_webhook_tls
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +118,7 @@ def running_registry(
             ).stdout
             htpasswd = directory / "htpasswd"
             htpasswd.write_text(line)
-        address = f"{host}:{_free_port(host)}"
+        address = f"{host}:{free_port(host)}"
         (directory / "config.yml").write_text(yaml.safe_dump(_config(directory, address, tls, htpasswd)))
         log = directory / "registry.log"
         with open(log, "wb") as out:
@@ -135,13 +134,6 @@ def running_registry(
             )
         finally:
             stop_process(process, grace=10)
-
-
-def _free_port(host: str) -> int:
-    """A port nothing listens on at `host` (loopback, or the node's address, also on the loopback device)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ready(process: subprocess.Popen[bytes], address: str, ca_file: Path | None, log: Path) -> None:

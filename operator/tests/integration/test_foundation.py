@@ -31,7 +31,7 @@ from strata_operator.handlers.process import configure, login
 from strata_operator.resources.core import Owner, child_labels
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import get_or_none, resource, wait_for
-from strata_testsupport.localcluster.cluster import free_port
+from strata_testsupport.processes import free_port
 
 pytestmark = pytest.mark.integration
 

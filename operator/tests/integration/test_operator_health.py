@@ -15,7 +15,7 @@ from strata_operator import kube
 from strata_operator.handlers import process
 from strata_testsupport.cluster import install_crds
 from strata_testsupport.kube import resource
-from strata_testsupport.localcluster.cluster import free_port
+from strata_testsupport.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,11 @@ from strata_operator.settings import WebhookTLS
 from strata_operator.webhook import certificate_keeper
 from strata_operator.webhook.certificates import from_secret, issue, service_names
 from strata_testsupport.kube import resource
+from strata_testsupport.processes import free_port
 from strata_testsupport.webhook import RunningWebhook, webhook_configuration
 
 pytestmark = pytest.mark.integration
 ADMISSION = "admissionregistration.k8s.io/v1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _refusal(k8s: DynamicClient, namespace: str, name: str) -> str:
@@ -56,7 +50,7 @@ def test_the_operator_issues_trusts_serves_and_rotates_its_webhook_certificate(
         namespace=namespace,
         body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "webhook-tls"}, "type": "Opaque"},
     )
-    port, name = _free_port(), f"strata-kept-{namespace}"
+    port, name = free_port(), f"strata-kept-{namespace}"
     configuration = webhook_configuration(name, f"https://localhost:{port}/mutate-pods", b"")
     for hook in configuration["webhooks"]:
         del hook["clientConfig"]["caBundle"]  # as the chart renders it in this mode

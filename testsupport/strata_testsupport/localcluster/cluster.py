@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import ssl
 import tempfile
 import urllib.error
@@ -16,15 +15,10 @@ import yaml
 from strata_testsupport.localcluster.binaries import ControlPlaneBinaries, find_binaries
 from strata_testsupport.localcluster.pki import CONTROLLER_MANAGER_USER, write_pki
 from strata_testsupport.localcluster.processes import ManagedProcess, Started, wait_ready
+from strata_testsupport.processes import free_port
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.0.0.0/24"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_ok(url: str) -> bool:

@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from strata_testsupport.localcluster.binaries import cache_dir
-from strata_testsupport.localcluster.cluster import LocalCluster, free_port, http_ok
+from strata_testsupport.localcluster.cluster import LocalCluster, http_ok
 from strata_testsupport.localcluster.containerd import BUILD_SCRIPT as CONTAINERD_BUILD_SCRIPT
 from strata_testsupport.localcluster.containerd import ContainerdLayout, find_containerd, render_config, trust_registry
 from strata_testsupport.localcluster.processes import ManagedProcess, Started, StartupError, wait_ready
+from strata_testsupport.processes import free_port
 
 NODE_NAME = "strata-node"
 NODE_IP = "10.84.0.1"
