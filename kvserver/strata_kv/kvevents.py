@@ -76,6 +76,29 @@ def external_hash(block_hash: bytes, as_int: bool) -> int | bytes:
     return block_hash
 
 
+def merge_removals(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One BlockRemoved with many hashes where a run of removals allows it, as vLLM's offloading publishes an
+    eviction: a removal joins the previous event of its medium when that is a removal of the same KV group. Events
+    of other media may lie between (each medium is its own index); a store of the same medium may not, nor an
+    AllBlocksCleared. The events given are not changed."""
+    out: list[dict[str, Any]] = []
+    last_of_medium: dict[Any, dict[str, Any]] = {}
+    for event in events:
+        if event["type"] == "AllBlocksCleared":
+            last_of_medium.clear()
+            out.append(event)
+            continue
+        last = last_of_medium.get(event["medium"])
+        if event["type"] == "BlockRemoved":
+            if last is not None and last["type"] == "BlockRemoved" and last["group_idx"] == event["group_idx"]:
+                last["block_hashes"].extend(event["block_hashes"])
+                continue
+            event = {**event, "block_hashes": list(event["block_hashes"])}  # later removals extend this copy
+        out.append(event)
+        last_of_medium[event["medium"]] = event
+    return out
+
+
 class EventPublisher:
     """The bounded event queue and the thread that publishes it. Thread-safe: `stored`/`removed`/`cleared`
     may be called from the event loop and from L2 threads; none of them waits on ZMQ."""
@@ -109,7 +132,8 @@ class EventPublisher:
             self.counts["queued"] += 1
         self._wake.set()
 
-    def stored(self, key: bytes) -> None:
+    def stored(self, key: bytes, medium: str) -> None:
+        """A tier of `medium` holds the block `key` names (again); nothing for keys that name no block."""
         block = parse_block_key(key)
         if block is None:
             return
@@ -122,14 +146,15 @@ class EventPublisher:
                 "token_ids": [],
                 "block_size": self.cfg.block_size,
                 "lora_id": None,
-                "medium": self.cfg.medium,
+                "medium": medium,
                 "lora_name": None,
                 "group_idx": block.group,
                 "locality": "LOCAL",
             },
         )
 
-    def removed(self, key: bytes) -> None:
+    def removed(self, key: bytes, medium: str) -> None:
+        """No tier of `medium` holds the block `key` names any more."""
         block = parse_block_key(key)
         if block is None:
             return
@@ -138,7 +163,7 @@ class EventPublisher:
             {
                 "type": "BlockRemoved",
                 "block_hashes": [external_hash(block.block_hash, self.cfg.int_block_hashes)],
-                "medium": self.cfg.medium,
+                "medium": medium,
                 "group_idx": block.group,
                 "locality": "LOCAL",
             },
@@ -170,16 +195,17 @@ class EventPublisher:
         self._thread.start()
         log.info("KV events published on %s", self.endpoint)
 
-    def _take(self) -> tuple[bytes, list[dict[str, Any]]] | None:
-        """The next batch: up to batch_max queued events that share a topic."""
+    def _take(self) -> tuple[bytes, list[dict[str, Any]], int] | None:
+        """The next message: up to batch_max queued events that share a topic, removals merged (`merge_removals`),
+        as (topic, events, how many queued events it carries)."""
         with self._lock:
             if not self._queue:
                 return None
             topic, first = self._queue.popleft()
-            events = [first]
-            while self._queue and len(events) < self.cfg.batch_max and self._queue[0][0] == topic:
-                events.append(self._queue.popleft()[1])
-            return topic, events
+            taken = [first]
+            while self._queue and len(taken) < self.cfg.batch_max and self._queue[0][0] == topic:
+                taken.append(self._queue.popleft()[1])
+        return topic, merge_removals(taken), len(taken)
 
     def _run(self) -> None:
         import zmq
@@ -188,7 +214,7 @@ class EventPublisher:
             self._wake.wait(0.5)
             self._wake.clear()
             while (batch := self._take()) is not None:
-                topic, events = batch
+                topic, events, taken = batch
                 payload = self._packer.pack([time.time(), events, None])
                 seq = self._seq
                 self._seq += 1
@@ -198,10 +224,10 @@ class EventPublisher:
                     if not isinstance(e, zmq.Again):
                         log.warning("KV event send failed: %s", e)
                     with self._lock:
-                        self.counts["send_failed"] += len(events)
+                        self.counts["send_failed"] += taken
                     continue
                 with self._lock:
-                    self.counts["published"] += len(events)
+                    self.counts["published"] += taken
                     self.counts["batches"] += 1
             if self._stop.is_set():
                 return
@@ -215,6 +241,11 @@ class EventPublisher:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+    @property
+    def depth(self) -> int:
+        """Events queued, not yet taken by the publishing thread."""
+        return len(self._queue)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
