@@ -360,8 +360,8 @@ class EventMedia(_Model):
 
 
 class EventsConfig(_Model):
-    """KV events for what the server holds, in vLLM's own wire format, so a prefix-aware router (llm-d's
-    indexer) learns which node's tier has a block. Off unless `publish` is set.
+    """KV events for what each tier of the server holds, in vLLM's own wire format, so a prefix-aware router (llm-d's
+    indexer) learns which node's tier has a block and when a tier drops it. Off unless `publish` is set.
 
     Only vLLM-tier keys (`<model>_<digest12>_r<rank>/` + block hash + 4-byte KV group, see
     `strata_kv.vllm_tier`) produce events; LMCache keys and other RESP keys carry no vLLM block hash. No replay

@@ -1,31 +1,36 @@
 """KV events for the blocks the server holds, in vLLM 0.33's own wire format (`vllm/distributed/kv_events.py`).
 
 A prefix-aware router (llm-d's indexer) learns which GPU and CPU blocks each vLLM instance holds from that
-instance's event stream, but nothing tells it which node's storage tier holds a block (llm-d-kv-cache #520).
-The server publishes, per node, the same stream for what it holds: ZMQ PUB messages of three frames
-`(topic, 8-byte big-endian sequence number, msgpack KVEventBatch)`, where a `KVEventBatch` is the array
-`[ts, events, data_parallel_rank]` and each event a map tagged `"type"`:
+instance's event stream, but nothing tells it which node's storage tier holds a block (llm-d-kv-cache #520), nor
+that a tier dropped one. The server publishes, per node, the same stream for what each of its tiers holds: ZMQ PUB
+messages of three frames `(topic, 8-byte big-endian sequence number, msgpack KVEventBatch)`, where a
+`KVEventBatch` is the array `[ts, events, data_parallel_rank]` and each event a map tagged `"type"`.
 
-- `BlockStored` when a vLLM-tier block is SET (every SET: a subscriber that joined late learns blocks as they
-  are written again; the router's index is idempotent);
-- `BlockRemoved` when a block is gone from every tier: DEL, or an eviction from L1 or L2 that leaves no other
-  copy. A block that moves from L1 to L2 (or back) produces nothing: it is still held;
-- `AllBlocksCleared` when a server without L2 starts (everything a previous process held is gone).
+One medium per tier (`events.medium`, vLLM's vocabulary): `CPU` for the DRAM L1 and `STORAGE` for the L2 tiers by
+default, as vLLM's own offloading names its CPU tier and its `fs`/`obj` tiers; llm-d's indexer keeps an entry per
+(pod, medium). A block in L1 and L2 is held in two media, and each tier's changes are events for its medium:
+
+- `BlockStored` when L1 takes a block (a SET, a promotion from L2) or an L2 write of it finishes;
+- `BlockRemoved` when a tier lets it go (L1 eviction, L2 watermark eviction, DEL, a corrupt file) and no other tier
+  of the same medium holds it (fs and S3 share `STORAGE`; `medium: STORAGE` for every tier gives the view before
+  per-tier media, where a move between L1 and L2 is no event). The store decides; see `TieredStore._tier_dropped`;
+- `AllBlocksCleared` when the server starts (what a previous process announced is void); the store then announces
+  what its L2 index holds.
 
 Which keys are blocks: the vLLM tier's keys, `<model>_<digest12>_r<rank>/` + vLLM's offload key (the chunk's last
 block hash, 8, 16 or 32 bytes, then a 4-byte big-endian KV-group index); see `strata_kv.vllm_tier`. LMCache keys
 and other RESP keys carry no vLLM block hash and produce no events.
 
 Fields: `block_hashes` are uint64 (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the big-endian hash's
-low 64 bits) or the hash bytes; `group_idx` is the KV group; `medium` is one value for every tier (`STORAGE` by
-default: vLLM's media are GPU, CPU and STORAGE, vLLM sees the Strata tier as a STORAGE secondary tier, and DRAM
-vs. disk inside the server is not a change a router acts on); `locality` is LOCAL (the publisher's own storage).
+low 64 bits) or the hash bytes; `group_idx` is the KV group; `locality` is LOCAL (the publisher's own storage).
 Like vLLM's own events for an offloaded block whose tokens it did not see (its "placeholder" BlockStored),
 `token_ids` is empty, `parent_block_hash` null and `block_size` 0: the server stores chunks, never tokens.
 
-Never in the way: SETs only append to a bounded queue (past `queue_max` an event is dropped and counted); one
-thread encodes and sends. ZMQ itself drops messages for a subscriber past its high-water mark; the subscriber
-sees the gap in the sequence numbers. No replay socket.
+Never in the way: producers only append to a bounded queue (past `queue_max` an event is dropped and counted); one
+thread encodes and sends, up to `batch_max` queued events of a topic to a message, a run of removals of one medium
+and group merged into one BlockRemoved (`merge_removals`), so a watermark sweep or a namespace's removal is a few
+messages. ZMQ itself drops messages for a subscriber past its high-water mark; the subscriber sees the gap in the
+sequence numbers. No replay socket.
 
 pyzmq and msgpack are imported only when events are on (`strata[runtime]` carries them).
 """

@@ -186,6 +186,7 @@ class TieredStore:
                     await asyncio.sleep(0)  # let commands run between slices of a large index
                 if tier.holds(key):
                     self.events.stored(key, medium)
+                    self.counters["events_announced"] += 1
 
     def block_keys(self, tier: str) -> list[bytes]:
         """The vLLM-tier block keys `tier` holds (`l1`, `fs`): what its medium's KV events add up to."""
@@ -380,6 +381,8 @@ class TieredStore:
             out["write_behind_last_error"] = self.write_behind.last_error
         if self.events is not None:
             out.update(self.events.stats())
+            out["events_announced"] = self.counters["events_announced"]
+            out["events_announcing"] = int(self._announce_task is not None and not self._announce_task.done())
         for tier in self.l2:  # write errors come from the write-behind counters above
             out.update({f"{tier.name}_{k}": v for k, v in tier.stats().items() if k != "write_errors"})
         return out

@@ -7,6 +7,7 @@ from the subscriber, so no test depends on how fast anything runs.
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -183,6 +184,30 @@ def test_dropping_a_namespaces_blocks_publishes_their_removal_in_few_messages(
     assert index.held("CPU") == listed_blocks(sub.server, "l1") == {(other[:-1].decode(), as_uint64(block_hash(0)), 0)}
     assert index.held("STORAGE") == listed_blocks(sub.server, "fs") == index.held("CPU")
     sub.close()
+
+
+def test_a_restart_clears_what_was_announced_and_announces_what_l2_still_holds(
+    kv_server_factory: KVServerFactory,
+) -> None:
+    """What a previous process held in DRAM is gone after a restart: AllBlocksCleared, then a BlockStored (STORAGE)
+    for each block the L2 directory still holds, so a router's view starts over from what the server has. (The burst
+    goes out before any subscriber can have joined the new process, so the server's counters tell what it sent.)"""
+    server = kv_server_factory(EVENTS)
+    r = server.redis()
+    for i in range(12):
+        r.set(block_key(i), b"v" * 4096)
+    r.delete(block_key(0))
+    r.close()
+    server.restart()
+    client = server.client()
+    while (stats := client.stats())["events_announcing"] or stats["events_pending"]:
+        time.sleep(0.02)
+    client.close()
+    assert listed_blocks(server, "l1") == set()
+    held = listed_blocks(server, "fs")
+    assert held == {("Qwen_Qwen3-0.6B_0123456789ab_r0", as_uint64(block_hash(i)), 0) for i in range(1, 12)}
+    assert stats["events_announced"] == len(held)
+    assert stats["events_published"] == 1 + len(held) and stats["events_dropped"] == 0  # AllBlocksCleared first
 
 
 def test_the_listing_names_its_tiers(kv_server_factory: KVServerFactory) -> None:
