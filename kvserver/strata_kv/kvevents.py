@@ -27,10 +27,10 @@ Like vLLM's own events for an offloaded block whose tokens it did not see (its "
 `token_ids` is empty, `parent_block_hash` null and `block_size` 0: the server stores chunks, never tokens.
 
 Never in the way: producers only append to a bounded queue (past `queue_max` an event is dropped and counted); one
-thread encodes and sends, up to `batch_max` queued events of a topic to a message, a run of removals of one medium
-and group merged into one BlockRemoved (`merge_removals`), so a watermark sweep or a namespace's removal is a few
-messages. ZMQ itself drops messages for a subscriber past its high-water mark; the subscriber sees the gap in the
-sequence numbers. No replay socket.
+thread waits `LINGER_SECONDS` once woken, then encodes and sends up to `batch_max` queued events of a topic to a
+message, the removals of one medium and group in it merged into one BlockRemoved where the order allows
+(`merge_removals`), so a watermark sweep or a namespace's removal is a few messages. ZMQ itself drops messages for
+a subscriber past its high-water mark; the subscriber sees the gap in the sequence numbers. No replay socket.
 
 pyzmq and msgpack are imported only when events are on (`strata[runtime]` carries them).
 """
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 BLOCK_HASH_SIZES = (8, 16, 32)
 """vLLM's block hash sizes (xxhash 64/128 bits, sha256)."""
 GROUP_BYTES = 4
+LINGER_SECONDS = 0.002
+"""How long the publishing thread waits, once woken, for more events to share the message: a burst of events
+(an L2 watermark sweep, a namespace's removal, a pipeline of SETs) goes out in a few messages rather than one per
+event, at 2 ms of added latency (vLLM publishes once per scheduler step, tens of milliseconds)."""
 
 
 @dataclass(frozen=True)
@@ -82,25 +86,31 @@ def external_hash(block_hash: bytes, as_int: bool) -> int | bytes:
 
 
 def merge_removals(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One BlockRemoved with many hashes where a run of removals allows it, as vLLM's offloading publishes an
-    eviction: a removal joins the previous event of its medium when that is a removal of the same KV group. Events
-    of other media may lie between (each medium is its own index); a store of the same medium may not, nor an
-    AllBlocksCleared. The events given are not changed."""
+    """One BlockRemoved with many hashes where the order allows it, as vLLM's offloading publishes an eviction: a
+    removal joins the earlier removal of its medium and KV group unless a store of one of its blocks (same medium and
+    group) came in between; then it starts a new one. Moving a removal ahead of other events changes no block's
+    final state: the blocks it names are stored in that medium nowhere between. AllBlocksCleared ends every run.
+    The events given are not changed."""
     out: list[dict[str, Any]] = []
-    last_of_medium: dict[Any, dict[str, Any]] = {}
+    runs: dict[tuple[Any, Any], tuple[dict[str, Any], set[Any]]] = {}  # (medium, group) -> (removal, stored since)
     for event in events:
         if event["type"] == "AllBlocksCleared":
-            last_of_medium.clear()
+            runs.clear()
             out.append(event)
             continue
-        last = last_of_medium.get(event["medium"])
-        if event["type"] == "BlockRemoved":
-            if last is not None and last["type"] == "BlockRemoved" and last["group_idx"] == event["group_idx"]:
-                last["block_hashes"].extend(event["block_hashes"])
-                continue
-            event = {**event, "block_hashes": list(event["block_hashes"])}  # later removals extend this copy
-        out.append(event)
-        last_of_medium[event["medium"]] = event
+        slot = (event["medium"], event["group_idx"])
+        run = runs.get(slot)
+        if event["type"] == "BlockStored":
+            if run is not None:
+                run[1].update(event["block_hashes"])
+            out.append(event)
+            continue
+        if run is not None and run[1].isdisjoint(event["block_hashes"]):
+            run[0]["block_hashes"].extend(event["block_hashes"])
+            continue
+        removal = {**event, "block_hashes": list(event["block_hashes"])}  # later removals extend this copy
+        runs[slot] = (removal, set())
+        out.append(removal)
     return out
 
 
@@ -216,7 +226,8 @@ class EventPublisher:
         import zmq
 
         while True:
-            self._wake.wait(0.5)
+            if self._wake.wait(0.5) and not self._stop.is_set():
+                time.sleep(LINGER_SECONDS)  # let a burst (a sweep, a namespace's removal) gather into few messages
             self._wake.clear()
             while (batch := self._take()) is not None:
                 topic, events, taken = batch

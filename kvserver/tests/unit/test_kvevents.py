@@ -94,21 +94,24 @@ def stored(h: int, medium: str = "CPU", group: int = 0) -> dict[str, Any]:
     return {"type": "BlockStored", "block_hashes": [h], "medium": medium, "group_idx": group}
 
 
-def test_a_run_of_removals_becomes_one_event_per_medium_and_group() -> None:
-    """DEL of many blocks held in L1 and L2 alternates CPU and STORAGE removals: one event for each medium. A store
-    of the same medium, another group or an AllBlocksCleared ends a run (merging across them would reorder what a
-    subscriber applies); the queued events themselves are not changed."""
+def test_removals_become_one_event_per_medium_and_group_where_the_order_allows() -> None:
+    """DEL of many blocks held in L1 and L2 alternates CPU and STORAGE removals, a watermark sweep in one thread
+    interleaves with other threads' writes: one BlockRemoved per medium and group. A removal never moves ahead of a
+    store of the same block in its medium (the subscriber would keep a block the server dropped), nor of an
+    AllBlocksCleared; the queued events themselves are not changed."""
     events = [removed(1), removed(1, "STORAGE"), removed(2), removed(2, "STORAGE"), removed(3, group=1)]
-    events += [stored(4), removed(5), removed(6, "STORAGE"), {"type": "AllBlocksCleared"}, removed(7), removed(8)]
+    events += [stored(4), removed(5), stored(6, "STORAGE"), removed(6, "STORAGE"), removed(7, "STORAGE")]
+    events += [{"type": "AllBlocksCleared"}, removed(8), removed(9)]
     merged = merge_removals(events)
-    assert [(e["type"], e.get("medium"), e.get("block_hashes")) for e in merged] == [
-        ("BlockRemoved", "CPU", [1, 2]),
-        ("BlockRemoved", "STORAGE", [1, 2, 6]),
-        ("BlockRemoved", "CPU", [3]),
-        ("BlockStored", "CPU", [4]),
-        ("BlockRemoved", "CPU", [5]),
-        ("AllBlocksCleared", None, None),
-        ("BlockRemoved", "CPU", [7, 8]),
+    assert [(e["type"], e.get("medium"), e.get("group_idx"), e.get("block_hashes")) for e in merged] == [
+        ("BlockRemoved", "CPU", 0, [1, 2, 5]),
+        ("BlockRemoved", "STORAGE", 0, [1, 2]),
+        ("BlockRemoved", "CPU", 1, [3]),
+        ("BlockStored", "CPU", 0, [4]),
+        ("BlockStored", "STORAGE", 0, [6]),
+        ("BlockRemoved", "STORAGE", 0, [6, 7]),
+        ("AllBlocksCleared", None, None, None),
+        ("BlockRemoved", "CPU", 0, [8, 9]),
     ]
     assert [e["block_hashes"] for e in events[:2]] == [[1], [1]]
 
