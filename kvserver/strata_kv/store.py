@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import Counter, deque
@@ -141,7 +142,8 @@ class TieredStore:
             if self._l2_changes_scheduled or not self._l2_changes or self._loop is None:
                 return
             self._l2_changes_scheduled = True
-        self._loop.call_soon_threadsafe(self._publish_l2_changes)
+        with contextlib.suppress(RuntimeError):  # the loop has closed (a write still running at shutdown)
+            self._loop.call_soon_threadsafe(self._publish_l2_changes)
 
     def _l2_batched(self, call: Callable[..., _T]) -> Callable[..., _T]:
         """`call` (run in a worker thread) with the reports of its tier published when it returns, together: a
