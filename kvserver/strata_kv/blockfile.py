@@ -87,6 +87,24 @@ def split_vllm_tier_key(key: bytes) -> tuple[str, int, bytes] | None:
     return m.group("dir").decode(), int(m.group("rank")), m.group("rest")
 
 
+_VLLM_BLOCK_FILE = re.compile(
+    r"^(?P<top>[^/]+)/(?P<h3>[0-9a-f]{3})/(?P<h5>[0-9a-f]{2})_g(?P<group>0|[1-9][0-9]{0,4})/"
+    r"(?P<hash>(?:[0-9a-f]{16}){1,2}|[0-9a-f]{64})\.bin$"
+)
+
+
+def vllm_tier_key_of(relpath: str) -> bytes | None:
+    """The vLLM-tier key whose block file is at `relpath` (the inverse of `locate` for vLLM's layout), or None for a
+    file of any other key (LMCache's, raw). Without I/O: KV events name what an eviction removed by its path."""
+    m = _VLLM_BLOCK_FILE.match(relpath)
+    if m is None or VLLM_RANK_DIR.match(m.group("top")) is None:
+        return None
+    h = m.group("hash")
+    if m.group("h3") != h[:3] or m.group("h5") != h[3:5]:
+        return None
+    return f"{m.group('top')}/".encode() + bytes.fromhex(h) + int(m.group("group")).to_bytes(4, "big")
+
+
 def _offload_key(rest: bytes, max_kv_groups: int) -> tuple[str, int] | None:
     """(hash hex, group) of a vLLM offload key: 8/16/32 hash bytes + 4-byte big-endian group < max_kv_groups."""
     if len(rest) - 4 not in _VLLM_HASH_SIZES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
 import time
@@ -136,10 +137,7 @@ async def cmd_exists(state: ServerState, s: Session, args: list[bytes]) -> Parts
 
 
 async def cmd_del(state: ServerState, s: Session, args: list[bytes]) -> Parts:
-    n = 0
-    for key in args[1:]:
-        n += await state.store.delete(key)
-    return resp.integer(n)
+    return resp.integer(sum(await state.store.delete_many(args[1:])))
 
 
 async def cmd_mget(state: ServerState, s: Session, args: list[bytes]) -> Parts:
@@ -254,6 +252,17 @@ async def cmd_strata_stats(state: ServerState, s: Session, args: list[bytes]) ->
     return resp.bulk(json.dumps(stats, sort_keys=True).encode())
 
 
+async def cmd_strata_blocks(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    """STRATA.BLOCKS <tier>: the vLLM-tier block keys `l1` or `fs` holds now, what that tier's KV events add up to
+    (to check a router's view against the server's). Lists the whole tier: a diagnostic, not for the data path."""
+    tier = args[1].decode(errors="replace").lower()
+    try:
+        keys = state.store.block_keys(tier) if tier == "l1" else await asyncio.to_thread(state.store.block_keys, tier)
+    except ValueError as e:
+        return resp.error(str(e))
+    return resp.encode(list(keys), s.proto)
+
+
 async def cmd_command(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     if len(args) >= 2 and args[1].upper() == b"COUNT":
         return resp.integer(len(COMMANDS))
@@ -314,6 +323,7 @@ COMMANDS: dict[bytes, Command] = {
     b"STRATA.MSETCHAIN": Command(cmd_strata_msetchain, -3, first_key=1, last_key=-2, key_step=2, pairs=True),
     b"STRATA.LINK": Command(cmd_strata_link, 3),
     b"STRATA.STATS": Command(cmd_strata_stats, 1),
+    b"STRATA.BLOCKS": Command(cmd_strata_blocks, 2),
     b"STRATA.GETFD": Command(cmd_strata_getfd, 2, first_key=1, last_key=1),
 }
 

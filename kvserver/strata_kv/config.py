@@ -334,9 +334,34 @@ class WriteBehindConfig(_Model):
     drain_timeout_seconds: float = Field(default=30.0, ge=0)
 
 
+Medium = Literal["CPU", "STORAGE"]
+"""vLLM's media for blocks outside the GPU (`vllm.distributed.kv_events.MEDIUM_CPU`, `MEDIUM_STORAGE`)."""
+
+
+class EventMedia(_Model):
+    """Which vLLM medium each server tier's KV events name. vLLM's own offloading publishes its DRAM tier as `CPU`
+    and its disk and object tiers (`fs`, `obj`) as `STORAGE`; llm-d's indexer keeps one entry per (pod, medium)
+    and weighs each medium on its own. Both L2 tiers (fs, S3) share the `l2` medium."""
+
+    l1: Medium = Field(default="CPU", description="Medium of the DRAM L1")
+    l2: Medium = Field(default="STORAGE", description="Medium of the L2 tiers (filesystem, S3)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_for_all(cls, data: Any) -> Any:
+        """`medium: STORAGE` (the only form before per-tier media): one medium for every tier."""
+        if isinstance(data, str):
+            return {"l1": data, "l2": data}
+        return data
+
+    def of(self, tier: str) -> str:
+        """The medium of a tier by its name in stats and STRATA.LOCATE (`l1`, `fs`, `s3`)."""
+        return self.l1 if tier == "l1" else self.l2
+
+
 class EventsConfig(_Model):
-    """KV events for what the server holds, in vLLM's own wire format, so a prefix-aware router (llm-d's
-    indexer) learns which node's tier has a block. Off unless `publish` is set.
+    """KV events for what each tier of the server holds, in vLLM's own wire format, so a prefix-aware router (llm-d's
+    indexer) learns which node's tier has a block and when a tier drops it. Off unless `publish` is set.
 
     Only vLLM-tier keys (`<model>_<digest12>_r<rank>/` + block hash + 4-byte KV group, see
     `strata_kv.vllm_tier`) produce events; LMCache keys and other RESP keys carry no vLLM block hash. No replay
@@ -354,10 +379,11 @@ class EventsConfig(_Model):
         description="Topic frame of every message (vLLM's `topic`, default empty); `{namespace}` is replaced by "
         "the block's namespace directory (`<model>_<digest12>_r<rank>`), so one subscriber can filter one model",
     )
-    medium: Literal["STORAGE", "CPU"] = Field(
-        default="STORAGE",
-        description="Medium reported for every block held, L1 (DRAM) or L2 alike: vLLM sees the Strata tier as a "
-        "secondary tier of medium STORAGE, and a block moving between L1 and L2 is not a change a router needs",
+    medium: EventMedia = Field(
+        default_factory=lambda: EventMedia(),
+        description="vLLM medium named by each tier's events: `{l1: CPU, l2: STORAGE}` (default: the DRAM L1 is "
+        "vLLM's CPU medium, the L2 tiers its STORAGE medium, so a router's per-medium index follows each tier); one "
+        "value (`STORAGE` or `CPU`) names every tier with it, a block then stays held until no tier has it",
     )
     int_block_hashes: bool = Field(
         default=True,

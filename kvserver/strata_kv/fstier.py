@@ -48,6 +48,7 @@ from .blockfile import (
     decode_trailer,
     encode_trailer,
     locate,
+    vllm_tier_key_of,
 )
 from .config import L2FsConfig, NamespaceConfig
 
@@ -86,7 +87,7 @@ class FsTier:
         self._last_scan = float("-inf")
         self.evictions = 0
         self.write_errors = 0
-        self.on_evict: Callable[[bytes], None] | None = None
+        self.on_change: Callable[[bytes, bool], None] | None = None
 
     # -- paths ------------------------------------------------------------------------------------
     def location(self, key: bytes) -> BlockLocation:
@@ -252,7 +253,7 @@ class FsTier:
             except (FileNotFoundError, NotADirectoryError):
                 pass
             else:
-                self._touch(rel, size)
+                self._touch(rel, size, stored=True)  # what vLLM's tier or an earlier SET wrote: held, announce it
                 return
         trailer = encode_trailer(key, value)
         self.make_room(len(value) + len(trailer))
@@ -276,6 +277,7 @@ class FsTier:
             old = self._index.pop(rel, 0)
             self._index[rel] = len(value) + len(trailer)
             self.used += len(value) + len(trailer) - old
+            self._tell(rel, True)
 
     def _namespace_allowed(self, top: str) -> bool:
         """A vLLM namespace's rank directory may be used: known, already on disk, or still within the limit."""
@@ -335,18 +337,6 @@ class FsTier:
         with self._lock:
             return rel in self._index
 
-    def _stored_key(self, rel: str) -> bytes | None:
-        """The key a block file of ours records in its trailer (None for vLLM's own files or a damaged one):
-        eviction works on paths, and a vLLM-tier key's path is a hash of the key."""
-        try:
-            with open(self.root / rel, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                tail = os.pread(f.fileno(), TRAILER_SIZE, max(0, size - TRAILER_SIZE))
-                trailer = decode_trailer(tail, size)
-                return os.pread(f.fileno(), trailer.key_len, trailer.value_len)
-        except (OSError, ValueError):
-            return None
-
     @property
     def rescan_interval(self) -> float:
         return self.cfg.rescan_interval_seconds
@@ -402,12 +392,10 @@ class FsTier:
                     continue
                 self._pins.pop(rel, None)
                 self.used -= size
-            key = self._stored_key(rel) if self.on_evict is not None else None
+                self._tell(rel, False)
             self._unlink_block(rel)
             removed += 1
             self.evictions += 1
-            if key is not None and self.on_evict is not None:
-                self.on_evict(key)
         return removed
 
     def stats(self) -> dict[str, int]:
@@ -425,19 +413,35 @@ class FsTier:
         }
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _touch(self, rel: str, size: int) -> None:
+    def _touch(self, rel: str, size: int, stored: bool = False) -> None:
+        """A use of `rel`; `stored`: a SET found it already written (told to `on_change` like a write)."""
         with self._lock:
             if rel in self._index:
                 self._index.move_to_end(rel)
             else:  # written by another server: account for it from now on
                 self._index[rel] = size
                 self.used += size
+            if stored:
+                self._tell(rel, True)
+
+    def _tell(self, rel: str, held: bool) -> None:
+        """Tell `on_change` that the index gained (a write) or lost (eviction, DEL, a corrupt file) a vLLM-layout
+        block. Called under `_lock`, so the listener sees the changes of one file in the index's order."""
+        if self.on_change is not None and (key := vllm_tier_key_of(rel)) is not None:
+            self.on_change(key, held)
+
+    def block_keys(self) -> list[bytes]:
+        """The vLLM-tier keys of the block files in the index (what KV events report this tier holds)."""
+        with self._lock:
+            rels = list(self._index)
+        return [key for rel in rels if (key := vllm_tier_key_of(rel)) is not None]
 
     def _remove(self, rel: str) -> bool:
         with self._lock:
             size = self._index.pop(rel, None)
             if size is not None:
                 self.used -= size
+                self._tell(rel, False)
         return self._unlink_block(rel)
 
     def _unlink_block(self, rel: str) -> bool:

@@ -13,8 +13,10 @@ class L2Tier(Protocol):
     """Label in metrics, stats and `STRATA.LOCATE` replies (`fs`, `s3`)."""
     read_failure: type[Exception]
     """What a failing read raises (counted as an error and served as a miss)."""
-    on_evict: Callable[[bytes], None] | None
-    """Told (from the tier's thread) of each key its capacity eviction removed, for KV events; None: not asked."""
+    on_change: Callable[[bytes, bool], None] | None
+    """For KV events: told (from the tier's thread, in the order of the tier's own bookkeeping) of each block key the
+    tier now holds (True: a write) or no longer holds (False: capacity eviction, delete, a corrupt file); None: not
+    asked."""
 
     @property
     def rescan_interval(self) -> float:
@@ -42,5 +44,9 @@ class L2Tier(Protocol):
 
     def rescan(self) -> None:
         """Recount what others wrote into a shared tier and enforce capacity."""
+
+    def block_keys(self) -> list[bytes] | None:
+        """The vLLM-tier keys the tier's index holds (`STRATA.BLOCKS`); None: the tier keeps no index."""
+        ...
 
     def stats(self) -> dict[str, int]: ...

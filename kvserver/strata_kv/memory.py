@@ -60,6 +60,10 @@ class MemoryTier:
     def __len__(self) -> int:
         return len(self._values)
 
+    def held_keys(self) -> list[bytes]:
+        """The keys held now (a copy: for listings, not for the hot path)."""
+        return list(self._values)
+
     def get(self, key: bytes) -> bytes | None:
         value = self._values.get(key)
         self.policy.observe(key)

@@ -40,7 +40,7 @@ class S3Tier:
         )
         self.corrupt_removed = 0
         self.write_errors = 0
-        self.on_evict: Callable[[bytes], None] | None = None  # never called: Strata does not evict the bucket
+        self.on_change: Callable[[bytes, bool], None] | None = None
 
     def holds(self, key: bytes) -> bool:
         """True without asking the bucket: Strata never evicts it, so a key L1 lets go (after write-behind) is
@@ -63,6 +63,8 @@ class S3Tier:
         except Exception:
             self.write_errors += 1
             raise
+        if self.on_change is not None:
+            self.on_change(key, True)
 
     def get(self, key: bytes) -> bytes | None:
         from botocore.exceptions import ClientError
@@ -101,10 +103,16 @@ class S3Tier:
         if not self.contains(key):
             return False
         self._client.delete_object(Bucket=self.cfg.bucket, Key=self.object_key(key))
+        if self.on_change is not None:
+            self.on_change(key, False)
         return True
 
     def rescan(self) -> None:
         pass
+
+    def block_keys(self) -> None:
+        """The bucket keeps no index of ours to list."""
+        return None
 
     def stats(self) -> dict[str, int]:
         return {"corrupt_removed": self.corrupt_removed, "write_errors": self.write_errors}

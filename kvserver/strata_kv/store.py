@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections import Counter
-from typing import Any
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .config import KVServerConfig
 from .fstier import FsTier
-from .kvevents import EventPublisher
+from .kvevents import EventPublisher, parse_block_key
 from .l2 import L2Tier
 from .memory import MemoryTier
 from .policy import make_policy
@@ -17,6 +20,8 @@ from .s3tier import S3Tier
 from .writebehind import Sink, WriteBehind
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class StoreFull(Exception):
@@ -37,12 +42,19 @@ class TieredStore:
             self.l2.append(FsTier(cfg.l2.fs, cfg.namespace, int(cfg.limits.max_value_size)))
         if cfg.l2.s3:
             self.l2.append(S3Tier(cfg.l2.s3, cfg.namespace, cfg.l2.fs.rank if cfg.l2.fs else 0))
-        sinks: list[tuple[str, Sink]] = [(tier.name, tier.put) for tier in self.l2]
+        sinks: list[tuple[str, Sink]] = [(tier.name, self._l2_batched(tier.put)) for tier in self.l2]
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
         self.events: EventPublisher | None = EventPublisher(cfg.events) if cfg.events.publish else None
-        """KV events for vLLM-tier blocks (stored, gone from every tier); None unless `events.publish`."""
+        """KV events for vLLM-tier blocks, per medium (`events.medium`); None unless `events.publish`."""
+        self._l2_changes: deque[tuple[L2Tier, bytes, bool]] = deque()
+        """What L2 tiers reported from their threads, in their order, for the event loop to publish."""
+        self._l2_changes_lock = threading.Lock()
+        self._l2_changes_scheduled = False
+        self._l2_batch = threading.local()
+        """`active` in a worker thread running one L2 call whose reports go out together when it ends."""
+        self._announce_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = False
         self._rescan_tasks: list[asyncio.Task[None]] = []
@@ -56,11 +68,12 @@ class TieredStore:
         if self.events is not None:
             self.events.start()
             for tier in self.l2:
-                tier.on_evict = self._l2_evicted_threadsafe
-            if not self.l2:
-                self.events.cleared()  # a restarted server without L2 holds nothing a router may remember
+                tier.on_change = self._l2_reporter(tier)
+            self.events.cleared()  # what a previous process announced is void; L2 blocks are announced again below
         for tier in self.l2:
             await asyncio.to_thread(tier.prepare)
+        if self.events is not None and self.l2:
+            self._announce_task = asyncio.create_task(self._announce_l2())
         if self.write_behind:
             self.write_behind.start()
         for tier in self.l2:
@@ -73,14 +86,14 @@ class TieredStore:
         while True:
             await asyncio.sleep(tier.rescan_interval)
             try:
-                await asyncio.to_thread(tier.rescan)
+                await asyncio.to_thread(self._l2_batched(tier.rescan))
             except tier.read_failure as e:
                 log.warning("L2 %s rescan failed: %s", tier.name, e)
 
     async def close(self) -> bool:
         """Drain the write-behind queue (bounded by the configured timeout); True if fully drained."""
         self.ready = False
-        for task in self._rescan_tasks:
+        for task in [*self._rescan_tasks, *([self._announce_task] if self._announce_task else [])]:
             task.cancel()
         drained = True
         if self.write_behind:
@@ -92,23 +105,103 @@ class TieredStore:
         return drained
 
     # -- KV events --------------------------------------------------------------------------------
-    def held(self, key: bytes) -> bool:
-        """Does any tier still hold `key` (L1, the write-behind queue, an L2 index)? No I/O."""
-        if key in self.l1 or (self.write_behind is not None and key in self.write_behind.pending):
+    # Per medium: a tier's write is a BlockStored for its medium (`events.medium.of(tier)`); a block a tier let go
+    # (eviction, DEL, a corrupt file) is a BlockRemoved for that medium unless another tier of the same medium still
+    # holds it. L1 events are decided on the event loop as L1 changes; L2 tiers report from their threads, in their
+    # index's order, and the loop publishes those reports in that order (where L1 state is read consistently).
+    def _holds_elsewhere(self, source: str, key: bytes, medium: str) -> bool:
+        """Does a tier other than `source` whose events name `medium` hold `key`? No I/O."""
+        media = self.cfg.events.medium
+        if source != "l1" and media.l1 == medium and key in self.l1:
             return True
-        return any(tier.holds(key) for tier in self.l2)
+        return any(t.name != source and media.l2 == medium and t.holds(key) for t in self.l2)
 
-    def _dropped_from_l1(self, keys: list[bytes]) -> None:
-        """L1 evicted `keys`: a key no other tier holds is gone (one in L2 merely moved)."""
-        if self.events is not None:
-            for key in keys:
-                if not self.held(key):
-                    self.events.removed(key)
+    def _tier_dropped(self, tier: str, keys: list[bytes]) -> None:
+        """`tier` no longer holds `keys`: removed from its medium where no other tier of that medium has them."""
+        if self.events is None:
+            return
+        medium = self.cfg.events.medium.of(tier)
+        for key in keys:
+            if not self._holds_elsewhere(tier, key, medium):
+                self.events.removed(key, medium)
 
-    def _l2_evicted_threadsafe(self, key: bytes) -> None:
-        """An L2 tier evicted `key` (called from its thread): decide on the loop, where L1 lives."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._dropped_from_l1, [key])
+    def _l2_reporter(self, tier: L2Tier) -> Callable[[bytes, bool], None]:
+        """The `on_change` of an L2 tier (called from its threads, under its lock): queue the report, and wake the
+        loop once for all reports queued meanwhile (a watermark sweep is one wake-up, not one per file)."""
+
+        def report(key: bytes, held: bool) -> None:
+            with self._l2_changes_lock:
+                self._l2_changes.append((tier, key, held))
+            if not getattr(self._l2_batch, "active", False):
+                self._schedule_l2_publish()
+
+        return report
+
+    def _schedule_l2_publish(self) -> None:
+        with self._l2_changes_lock:
+            if self._l2_changes_scheduled or not self._l2_changes or self._loop is None:
+                return
+            self._l2_changes_scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed (a write still running at shutdown)
+            self._loop.call_soon_threadsafe(self._publish_l2_changes)
+
+    def _l2_batched(self, call: Callable[..., _T]) -> Callable[..., _T]:
+        """`call` (run in a worker thread) with the reports of its tier published when it returns, together: a
+        watermark sweep inside a write, or a DEL of many keys, goes out as a few messages, not one per block."""
+
+        def batched(*args: Any) -> _T:
+            self._l2_batch.active = True
+            try:
+                return call(*args)
+            finally:
+                self._l2_batch.active = False
+                self._schedule_l2_publish()
+
+        return batched
+
+    def _publish_l2_changes(self) -> None:
+        with self._l2_changes_lock:
+            changes = list(self._l2_changes)
+            self._l2_changes.clear()
+            self._l2_changes_scheduled = False
+        if self.events is None:
+            return
+        for tier, key, held in changes:
+            if held:
+                self.events.stored(key, self.cfg.events.medium.of(tier.name))
+            else:
+                self._tier_dropped(tier.name, [key])
+
+    async def _announce_l2(self) -> None:
+        """At start, a BlockStored for each block the L2 indexes found on disk (after the AllBlocksCleared), paced
+        to the event queue's room so that a large disk drops nothing. A block is announced only if its tier still
+        holds it when its turn comes: its eviction since then was (or will be) published after this."""
+        assert self.events is not None
+        room = max(1, self.cfg.events.queue_max // 2)
+        for tier in self.l2:
+            medium = self.cfg.events.medium.of(tier.name)
+            keys = await asyncio.to_thread(tier.block_keys)
+            for i, key in enumerate(keys or ()):
+                while self.events.depth >= room:
+                    await asyncio.sleep(0.05)
+                if i % 1024 == 1023:
+                    await asyncio.sleep(0)  # let commands run between slices of a large index
+                if tier.holds(key):
+                    self.events.stored(key, medium)
+                    self.counters["events_announced"] += 1
+
+    def block_keys(self, tier: str) -> list[bytes]:
+        """The vLLM-tier block keys `tier` holds (`l1`, `fs`): what its medium's KV events add up to."""
+        if tier == "l1":
+            return [key for key in self.l1.held_keys() if parse_block_key(key) is not None]
+        for l2 in self.l2:
+            if l2.name == tier:
+                keys = l2.block_keys()
+                if keys is None:
+                    raise ValueError(f"the {tier} tier keeps no index to list")
+                return keys
+        names = ", ".join(["l1", *(t.name for t in self.l2)])
+        raise ValueError(f"no tier {tier!r} on this server (it has {names})")
 
     # -- reads ------------------------------------------------------------------------------------
     async def get(self, key: bytes) -> bytes | None:
@@ -142,10 +235,13 @@ class TieredStore:
 
     def _promote(self, key: bytes, value: bytes) -> None:
         try:
-            self._dropped_from_l1(self.l1.put(key, value))
-            self.counters["promotions"] += 1
+            evicted = self.l1.put(key, value)
         except MemoryError:
-            pass  # too large or L1 pinned full: serve it without caching
+            return  # too large or L1 pinned full: serve it without caching
+        self.counters["promotions"] += 1
+        if self.events is not None:
+            self.events.stored(key, self.cfg.events.medium.l1)
+            self._tier_dropped("l1", evicted)
 
     async def exists(self, key: bytes) -> bool:
         """Present in any tier. An L1 hit is pinned for the grace period (LMCache GETs right after)."""
@@ -202,16 +298,20 @@ class TieredStore:
     def _set_l1(self, key: bytes, value: bytes, parent: bytes | None) -> None:
         self.counters["sets"] += 1
         self.counters["bytes_in"] += len(value)
+        had = key in self.l1
         try:
             evicted = self.l1.put(key, value, parent, force=not self.has_l2)  # no L2: nowhere else to keep it
         except MemoryError as e:
+            if self.write_behind:
+                self.l1.delete(key)  # an older value must not shadow the new one
+            if had and key not in self.l1:  # put drops the older value before it may refuse the new one
+                self._tier_dropped("l1", [key])
             if not self.write_behind:
                 raise StoreFull(str(e)) from e
-            self.l1.delete(key)  # an older value must not shadow the new one
-            evicted = []
+            return  # L2 alone will hold it: its medium's BlockStored comes with the write
         if self.events is not None:
-            self.events.stored(key)  # in L1, or about to be queued for L2
-            self._dropped_from_l1(evicted)
+            self.events.stored(key, self.cfg.events.medium.l1)
+            self._tier_dropped("l1", evicted)
 
     def set_nowait(self, key: bytes, value: bytes, parent: bytes | None = None) -> bool:
         """SET without waiting; False (nothing done) when the write-behind queue is full."""
@@ -229,19 +329,25 @@ class TieredStore:
             await self.write_behind.submit(key, value)
 
     async def delete(self, key: bytes) -> bool:
-        found = self.l1.delete(key)
+        return (await self.delete_many([key]))[0]
+
+    async def delete_many(self, keys: list[bytes]) -> list[bool]:
+        """DEL, and every other removal of keys (e.g. a namespace's blocks): which keys some tier held (a key given
+        twice counts once, as Redis' DEL). One pass per tier, each L2 tier in one worker thread, so every tier
+        reports its removals together: KV events publish a BlockRemoved for each medium that held each block, in
+        few messages."""
+        found = [self.l1.delete(key) for key in keys]
+        self._tier_dropped("l1", [key for key, held in zip(keys, found, strict=True) if held])
         if self.write_behind:
-            if key in self.write_behind.pending:
-                self.write_behind.discard(key)
-                found = True
-            await self.write_behind.wait_written(key)
+            for i, key in enumerate(keys):
+                if key in self.write_behind.pending:
+                    self.write_behind.discard(key)
+                    found[i] = True
+            for key in keys:
+                await self.write_behind.wait_written(key)  # a late write must not undo the DEL
         for tier in self.l2:
-            try:
-                found = await asyncio.to_thread(tier.delete, key) or found
-            except tier.read_failure as e:
-                log.warning("L2 %s delete failed: %s", tier.name, e)
-        if found and self.events is not None:
-            self.events.removed(key)
+            deleted = await asyncio.to_thread(self._l2_batched(_delete_from), tier, keys)
+            found = [a or b for a, b in zip(found, deleted, strict=True)]
         return found
 
     def link(self, parent: bytes, child: bytes) -> None:
@@ -277,6 +383,20 @@ class TieredStore:
             out["write_behind_last_error"] = self.write_behind.last_error
         if self.events is not None:
             out.update(self.events.stats())
+            out["events_announced"] = self.counters["events_announced"]
+            out["events_announcing"] = int(self._announce_task is not None and not self._announce_task.done())
         for tier in self.l2:  # write errors come from the write-behind counters above
             out.update({f"{tier.name}_{k}": v for k, v in tier.stats().items() if k != "write_errors"})
         return out
+
+
+def _delete_from(tier: L2Tier, keys: list[bytes]) -> list[bool]:
+    """Delete `keys` from one L2 tier (in a worker thread); a failing delete is logged and counts as not found."""
+    out = []
+    for key in keys:
+        try:
+            out.append(tier.delete(key))
+        except tier.read_failure as e:
+            log.warning("L2 %s delete failed: %s", tier.name, e)
+            out.append(False)
+    return out

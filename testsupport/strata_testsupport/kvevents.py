@@ -1,8 +1,8 @@
 """A real ZMQ SUB subscriber (pyzmq) on a `strata-kv` server's KV event endpoint, as a router's indexer would be.
 
 Used by the kvserver event tests and the vLLM decoder test. It never guesses at timing: `join` SETs a probe block
-until its event arrives (ZMQ's slow joiner), and `drain` ends at a marker block's removal, which the server
-publishes after everything before it.
+until its event arrives (ZMQ's slow joiner), and `drain` waits until the server has written every queued chunk to
+L2 and sent every event, then reads up to a marker block's removal from each medium that stored it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,57 @@ def as_uint64(h: bytes) -> int:
     return int.from_bytes(h, "big") & (2**64 - 1)
 
 
+MARKER_HASH = b"\xee" * 32
+"""The block `Subscriber.drain` ends at (its events are left out of what it returns)."""
+
+
+Block = tuple[str, int, int]
+"""(namespace, published hash, KV group): one block in a medium, as a router's index keys it."""
+
+
+class MediumIndex:
+    """A router's view of one publisher, per medium: BlockStored adds, BlockRemoved removes, AllBlocksCleared
+    clears every medium (as llm-d's indexer does). The namespace comes from the topic `kv@node-a@{namespace}`."""
+
+    def __init__(self) -> None:
+        self.media: dict[str, set[Block]] = {}
+
+    def apply(self, frames: list[list[bytes]]) -> MediumIndex:
+        for topic, _seq, payload in frames:
+            namespace = topic.decode().rsplit("@", 1)[-1]
+            for event in msgpack.unpackb(payload)[1]:
+                if event["type"] == "AllBlocksCleared":
+                    self.media.clear()
+                    continue
+                blocks = {(namespace, h, event["group_idx"]) for h in event["block_hashes"]}
+                held = self.media.setdefault(event["medium"], set())
+                if event["type"] == "BlockStored":
+                    held |= blocks
+                else:
+                    held -= blocks
+        return self
+
+    def held(self, medium: str) -> set[Block]:
+        return set(self.media.get(medium, ()))
+
+
+def listed_blocks(server: KVServerProcess, tier: str) -> set[Block]:
+    """What the server says `tier` holds (`STRATA.BLOCKS`), keyed as `MediumIndex` keys a block."""
+    from strata_kv.kvevents import parse_block_key
+
+    r = server.redis()
+    try:
+        keys = r.execute_command("STRATA.BLOCKS", tier)
+    finally:
+        r.close()
+    blocks = set()
+    for key in keys:
+        block = parse_block_key(key)
+        assert block is not None, f"STRATA.BLOCKS {tier} listed {key!r}, which names no block"
+        blocks.add((block.namespace, as_uint64(block.block_hash), block.group))
+    return blocks
+
+
 class Subscriber:
     """A ZMQ SUB socket on the server's event endpoint, decoding the three frames vLLM's publisher sends."""
 
@@ -45,6 +96,9 @@ class Subscriber:
         self.socket.setsockopt(zmq.SUBSCRIBE, topic)
         self.socket.connect(self.endpoint)
         self.raw: list[list[bytes]] = []
+        self.next_seq: int | None = None
+        self.gaps: list[tuple[int, int]] = []
+        """(expected, received) sequence numbers where messages were lost (ZMQ's high-water mark)."""
 
     def join(self) -> None:
         """Wait out ZMQ's slow joiner: SET a probe block until its event arrives, then read everything queued."""
@@ -70,21 +124,38 @@ class Subscriber:
             client.close()
 
     def drain(self, marker_namespace: bytes = NAMESPACE) -> list[dict[str, Any]]:
-        """Every event published so far (frames kept in `raw`): reads until a marker block's removal arrives."""
-        marker = marker_namespace + b"\xee" * 32 + b"\0\0\0\0"
-        self.redis.delete(marker)  # not held: no event; SET then DEL gives a Stored and a Removed at the end
+        """Every event published so far (frames kept in `raw`), the marker's own left out.
+
+        Settles first (L2 writes publish their medium's BlockStored when they finish), then SETs a marker block,
+        settles again, DELs it and reads until each medium that announced the marker has removed it: the server
+        publishes that after everything before it."""
+        marker = marker_namespace + MARKER_HASH + b"\0\0\0\0"
+        self.settled_stats()
         self.redis.set(marker, b"m")
+        self.settled_stats()
         self.redis.delete(marker)
         events: list[dict[str, Any]] = []
+        marker_media: set[str] = set()
         while True:
             frames = self.socket.recv_multipart()
             self.raw.append(frames)
+            seq = int.from_bytes(frames[1], "big")
+            if self.next_seq is not None and seq != self.next_seq:
+                self.gaps.append((self.next_seq, seq))
+            self.next_seq = seq + 1
             batch = msgpack.unpackb(frames[2])
             for event in batch[1]:
-                if event.get("block_hashes") == [as_uint64(b"\xee" * 32)]:
-                    if event["type"] == "BlockRemoved":
-                        return events
-                    continue
+                hashes = event.get("block_hashes", [])
+                if as_uint64(MARKER_HASH) in hashes:
+                    if event["type"] == "BlockStored":
+                        marker_media.add(event["medium"])
+                    else:
+                        marker_media.discard(event["medium"])
+                        if not marker_media:
+                            return events
+                    event = {**event, "block_hashes": [h for h in hashes if h != as_uint64(MARKER_HASH)]}
+                    if not event["block_hashes"]:
+                        continue
                 events.append(event)
 
     def close(self) -> None:

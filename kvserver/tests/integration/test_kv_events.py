@@ -7,12 +7,22 @@ from the subscriber, so no test depends on how fast anything runs.
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
 import msgpack
 import pytest
-from strata_testsupport.kvevents import NAMESPACE, Subscriber, as_uint64, block_hash, block_key
+import redis
+from strata_testsupport.kvevents import (
+    NAMESPACE,
+    MediumIndex,
+    Subscriber,
+    as_uint64,
+    block_hash,
+    block_key,
+    listed_blocks,
+)
 from strata_testsupport.kvserver import KVServerFactory
 
 pytestmark = pytest.mark.integration
@@ -28,15 +38,17 @@ def subscriber(kv_server_factory: KVServerFactory) -> Iterator[Subscriber]:
     sub.close()
 
 
-def test_set_publishes_block_stored_with_the_hash_and_group(subscriber: Subscriber) -> None:
+def test_set_publishes_block_stored_for_l1_then_for_l2_once_written(subscriber: Subscriber) -> None:
+    """A SET lands in L1 (medium CPU) at once and in L2 (medium STORAGE) when write-behind has written it."""
     subscriber.redis.set(block_key(1, group=0), b"a" * 1000)
     subscriber.redis.set(block_key(2, group=3), b"b" * 1000)
     events = subscriber.drain()
-    assert [(e["type"], e["block_hashes"], e["group_idx"]) for e in events] == [
-        ("BlockStored", [as_uint64(block_hash(1))], 0),
-        ("BlockStored", [as_uint64(block_hash(2))], 3),
-    ]
-    assert all(e["medium"] == "STORAGE" and e["block_size"] == 0 and e["token_ids"] == [] for e in events)
+    expected = [([as_uint64(block_hash(1))], 0), ([as_uint64(block_hash(2))], 3)]
+    assert [(e["block_hashes"], e["group_idx"]) for e in events if e["medium"] == "CPU"] == expected
+    storage = sorted((e["block_hashes"], e["group_idx"]) for e in events if e["medium"] == "STORAGE")
+    assert storage == sorted(expected)  # write-behind workers write in parallel
+    assert len(events) == 4 and all(e["type"] == "BlockStored" for e in events)
+    assert all(e["block_size"] == 0 and e["token_ids"] == [] and e["locality"] == "LOCAL" for e in events)
     topic, seq, payload = subscriber.raw[0]
     assert topic == b"kv@node-a@Qwen_Qwen3-0.6B_0123456789ab_r0"
     assert len(seq) == 8
@@ -49,19 +61,23 @@ def test_set_publishes_block_stored_with_the_hash_and_group(subscriber: Subscrib
     assert "strata_kv_events_dropped_total 0.0" in metrics
 
 
-def test_del_publishes_block_removed_and_other_keys_publish_nothing(subscriber: Subscriber) -> None:
+def test_del_publishes_block_removed_for_each_medium_and_other_keys_publish_nothing(subscriber: Subscriber) -> None:
     r = subscriber.redis
     r.set(block_key(5), b"x" * 100)
     r.set(b"plain-redis-key", b"x")
     r.set(b"model@1@0@abc123@bfloat16kv_bytes", b"x")  # LMCache's key format
     r.set(NAMESPACE + b"short-tail", b"x")  # in a namespace but no 8/16/32-byte hash + group
+    subscriber.settled_stats()  # written to L2 before the DEL
     r.delete(b"plain-redis-key", b"model@1@0@abc123@bfloat16kv_bytes", NAMESPACE + b"short-tail")
     r.delete(block_key(5))
     r.delete(block_key(6))  # never stored: nothing was removed
     events = subscriber.drain()
-    assert [(e["type"], e["block_hashes"]) for e in events] == [
-        ("BlockStored", [as_uint64(block_hash(5))]),
-        ("BlockRemoved", [as_uint64(block_hash(5))]),
+    h = [as_uint64(block_hash(5))]
+    assert [(e["type"], e["medium"], e["block_hashes"]) for e in events] == [
+        ("BlockStored", "CPU", h),
+        ("BlockStored", "STORAGE", h),
+        ("BlockRemoved", "CPU", h),
+        ("BlockRemoved", "STORAGE", h),
     ]
 
 
@@ -71,20 +87,22 @@ def test_l1_eviction_without_l2_is_a_removal(kv_server_factory: KVServerFactory)
     keys = [block_key(i) for i in range(20)]  # 20 x 64 KiB through a 256 KiB L1
     for key in keys:
         sub.redis.set(key, b"v" * 64 * 1024)
-    sub.settled_stats()
     events = sub.drain()
+    assert {e["medium"] for e in events} == {"CPU"}
     stored = [e["block_hashes"][0] for e in events if e["type"] == "BlockStored"]
-    removed = {e["block_hashes"][0] for e in events if e["type"] == "BlockRemoved"}
+    removed = [h for e in events if e["type"] == "BlockRemoved" for h in e["block_hashes"]]
     assert stored == [as_uint64(block_hash(i)) for i in range(20)]
     held = {as_uint64(block_hash(i)) for i, key in enumerate(keys) if sub.redis.exists(key)}
     assert removed and held
-    assert removed == set(stored) - held  # exactly what is gone, nothing still held
+    assert sorted(removed) == sorted(set(stored) - held)  # exactly what is gone, once each, nothing still held
     sub.close()
 
 
-def test_moving_to_l2_is_not_a_removal_and_l2_eviction_of_the_last_copy_is(kv_server_factory: KVServerFactory) -> None:
+def test_one_medium_for_every_tier_keeps_a_block_until_no_tier_has_it(kv_server_factory: KVServerFactory) -> None:
+    """`medium: STORAGE` (the view before per-tier media): moving from L1 to L2 is no removal; the L2 eviction of
+    the last copy is."""
     config = {
-        **EVENTS,
+        "events": {**EVENTS["events"], "medium": "STORAGE"},
         "l1": {"size": "256KiB"},
         "l2": {"fs": {"capacity": "1MiB", "high_watermark": 0.9, "low_watermark": 0.5}},
     }
@@ -96,13 +114,108 @@ def test_moving_to_l2_is_not_a_removal_and_l2_eviction_of_the_last_copy_is(kv_se
     stats = sub.settled_stats()
     assert stats["l1_evictions"] > 0 and stats["fs_evictions"] > 0
     events = sub.drain()
-    removed = [e["block_hashes"][0] for e in events if e["type"] == "BlockRemoved"]
-    assert all(e["group_idx"] == 1 for e in events)
+    assert {e["medium"] for e in events} == {"STORAGE"} and all(e["group_idx"] == 1 for e in events)
+    index = MediumIndex().apply(sub.raw)
     still_held = {as_uint64(block_hash(i)) for i, key in enumerate(keys) if sub.redis.exists(key)}
-    gone = {as_uint64(block_hash(i)) for i in range(40)} - still_held
-    assert gone and still_held
-    assert sorted(removed) == sorted(gone)  # once each, and never for a block that only moved
+    assert still_held and len(still_held) < 40
+    assert {h for _ns, h, _g in index.held("STORAGE")} == still_held
     sub.close()
+
+
+def test_a_routers_per_medium_index_matches_what_each_tier_holds(kv_server_factory: KVServerFactory) -> None:
+    """A subscriber's index, built from the stream alone, equals the server's own listing of L1 (CPU) and of the
+    L2 directory (STORAGE) after a run that evicts from L1, evicts from L2 at its watermark, promotes L2 hits back
+    into L1, overwrites and DELs (some blocks in both tiers, some in L2 only)."""
+    config = {
+        **EVENTS,
+        "l1": {"size": "384KiB", "eviction_policy": "lru"},
+        "l2": {"fs": {"capacity": "2MiB", "high_watermark": 0.9, "low_watermark": 0.6, "rescan_interval_seconds": 0}},
+    }
+    sub = Subscriber(kv_server_factory(config))
+    sub.join()
+    r = sub.redis
+    value = b"v" * 48 * 1024
+    for i in range(80):  # 80 x 48 KiB: through an L1 of ~7 blocks and an L2 of ~38
+        r.set(block_key(i, group=i % 2), value)
+        if i % 10 == 9:
+            sub.settled_stats()  # let write-behind keep up, so L2 sweeps happen between SETs too
+    sub.settled_stats()
+    for i in range(60, 70):  # L2 hits: promoted back into L1, evicting other L1 blocks
+        assert r.get(block_key(i, group=i % 2)) == value
+    r.delete(*[block_key(i, group=i % 2) for i in (61, 75, 79, 3)])  # L1 and L2, L2 only, L1 and L2, gone
+    for i in (62, 77):
+        r.set(block_key(i, group=i % 2), b"w" * 48 * 1024)  # overwrite
+    stats = sub.settled_stats()
+    assert stats["l1_evictions"] > 0 and stats["fs_evictions"] > 0 and stats["promotions"] >= 10
+    sub.drain()
+    assert not sub.gaps, f"messages lost (expected seq, got seq): {sub.gaps}; the index cannot be compared"
+    assert sub.settled_stats()["events_dropped"] == 0
+    index = MediumIndex().apply(sub.raw)
+    l1, fs = listed_blocks(sub.server, "l1"), listed_blocks(sub.server, "fs")
+    assert l1 and fs and l1 & fs and fs - l1  # both tiers hold blocks, some in both, some in L2 only
+    assert index.held("CPU") == l1
+    assert index.held("STORAGE") == fs
+    assert set(index.media) <= {"CPU", "STORAGE"}
+    sub.close()
+
+
+def test_dropping_a_namespaces_blocks_publishes_their_removal_in_few_messages(
+    kv_server_factory: KVServerFactory,
+) -> None:
+    """Many blocks of one namespace removed through the store's removal path (DEL, which namespace cleanup uses):
+    a BlockRemoved for each medium that held each block, many hashes to an event; another namespace is untouched."""
+    sub = Subscriber(kv_server_factory(EVENTS))
+    sub.join()
+    other = b"meta-llama_Llama-3.1-8B_fedcba987654_r0/"
+    pipe = sub.redis.pipeline(transaction=False)
+    for i in range(300):
+        pipe.set(block_key(i), b"x" * 512)
+    pipe.set(other + block_hash(0) + b"\0\0\0\0", b"y")
+    assert all(pipe.execute())
+    sub.drain()
+    assert sub.redis.delete(*[block_key(i) for i in range(300)]) == 300
+    events = sub.drain()
+    assert {(e["type"], e["medium"]) for e in events} == {("BlockRemoved", "CPU"), ("BlockRemoved", "STORAGE")}
+    for medium in ("CPU", "STORAGE"):
+        hashes = [h for e in events if e["medium"] == medium for h in e["block_hashes"]]
+        assert sorted(hashes) == sorted(as_uint64(block_hash(i)) for i in range(300))
+    assert len(events) < 600  # runs of removals merged (how many depends on how far the publisher thread lags)
+    index = MediumIndex().apply(sub.raw)
+    assert index.held("CPU") == listed_blocks(sub.server, "l1") == {(other[:-1].decode(), as_uint64(block_hash(0)), 0)}
+    assert index.held("STORAGE") == listed_blocks(sub.server, "fs") == index.held("CPU")
+    sub.close()
+
+
+def test_a_restart_clears_what_was_announced_and_announces_what_l2_still_holds(
+    kv_server_factory: KVServerFactory,
+) -> None:
+    """What a previous process held in DRAM is gone after a restart: AllBlocksCleared, then a BlockStored (STORAGE)
+    for each block the L2 directory still holds, so a router's view starts over from what the server has. (The burst
+    goes out before any subscriber can have joined the new process, so the server's counters tell what it sent.)"""
+    server = kv_server_factory(EVENTS)
+    r = server.redis()
+    for i in range(12):
+        r.set(block_key(i), b"v" * 4096)
+    r.delete(block_key(0))
+    r.close()
+    server.restart()
+    client = server.client()
+    while (stats := client.stats())["events_announcing"] or stats["events_pending"]:
+        time.sleep(0.02)
+    client.close()
+    assert listed_blocks(server, "l1") == set()
+    held = listed_blocks(server, "fs")
+    assert held == {("Qwen_Qwen3-0.6B_0123456789ab_r0", as_uint64(block_hash(i)), 0) for i in range(1, 12)}
+    assert stats["events_announced"] == len(held)
+    assert stats["events_published"] == 1 + len(held) and stats["events_dropped"] == 0  # AllBlocksCleared first
+
+
+def test_the_listing_names_its_tiers(kv_server_factory: KVServerFactory) -> None:
+    r = kv_server_factory(l2_fs=False).redis()
+    assert r.execute_command("STRATA.BLOCKS", "l1") == []
+    with pytest.raises(redis.ResponseError, match=r"no tier 'fs' on this server \(it has l1\)"):
+        r.execute_command("STRATA.BLOCKS", "fs")
+    r.close()
 
 
 def test_a_stalled_subscriber_neither_blocks_sets_nor_starves_a_live_one(kv_server_factory: KVServerFactory) -> None:

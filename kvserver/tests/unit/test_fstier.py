@@ -461,3 +461,29 @@ def test_over_the_high_watermark_with_nothing_indexed_the_tier_rescans(tmp_path:
         assert (st.f_blocks - st.f_bavail) / st.f_blocks <= 0.9
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_each_change_of_the_index_is_told_with_the_key_its_path_names(tmp_path: Path) -> None:
+    """What KV events are built from: a write, a write that finds the block there, an eviction (the key from vLLM's
+    path, the file unread), a delete and a corrupt file removed, each told once, in order; other keys are not told."""
+    t = make(tmp_path, capacity=100_000, high_watermark=0.9, low_watermark=0.5)
+    told: list[tuple[bytes, bool]] = []
+    t.on_change = lambda key, held: told.append((key, held))
+    ns = b"meta-llama_Llama-3.1-8B_0123456789ab_r0/"
+    keys = [ns + hashlib.sha256(bytes([i])).digest() + (i % 2).to_bytes(4, "big") for i in range(12)]
+    t.put(b"llama@1@0@deadbeef01@bfloat16kv_bytes", b"x" * 100)  # LMCache: no block hash, never told
+    for key in keys[:8]:
+        t.put(key, b"v" * 10_000)
+    assert told == [(k, True) for k in keys[:8]]
+    t.put(keys[7], b"v" * 10_000)  # already written: held again
+    assert told[8:] == [(keys[7], True)]
+    told.clear()
+    t.put(keys[8], b"v" * 10_000)  # over the high watermark: the oldest go first
+    evicted = [k for k, held in told if not held]
+    assert evicted == keys[: len(evicted)] and evicted and told[-1] == (keys[8], True)
+    assert sorted(t.block_keys()) == sorted(keys[len(evicted) : 9])
+    told.clear()
+    assert t.delete(keys[8]) and not t.delete(keys[8])
+    t.path(keys[7]).write_bytes(t.path(keys[7]).read_bytes()[:-1] + b"!")  # damaged trailer
+    assert t.get(keys[7]) is None
+    assert told == [(keys[8], False), (keys[7], False)]

@@ -555,9 +555,10 @@ def metrics(request: dict[str, Any]) -> dict[str, Any]:
 
 def decode_events(request: dict[str, Any]) -> dict[str, Any]:
     """Decode published messages with vLLM's own `KVEventBatch` decoder, as vLLM's subscribers do, and say which
-    hash vLLM itself publishes for each offload key (`maybe_convert_block_hash` of the key's block hash)."""
+    hash vLLM itself publishes for each offload key (`maybe_convert_block_hash` of the key's block hash) and which
+    media vLLM names."""
     import msgspec
-    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, KVEventBatch
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
     decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
@@ -575,7 +576,7 @@ def decode_events(request: dict[str, Any]) -> dict[str, Any]:
             }
         )
     expected = [maybe_convert_block_hash(bytes.fromhex(k)[:-4]) for k in request.get("offload_keys", [])]
-    return {"batches": batches, "vllm_hashes": expected}
+    return {"batches": batches, "vllm_hashes": expected, "media": [MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE]}
 
 
 def main() -> None:

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map
 from strata_operator.resources.kvcachetier.names import TierRef
-from strata_testsupport.kvevents import Subscriber, as_uint64
+from strata_testsupport.kvevents import Subscriber, as_uint64, block_key, listed_blocks
 from strata_testsupport.kvserver import KVServerFactory, KVServerProcess
 from strata_testsupport.vllm import VLLM_VERSIONS, VllmScript
 
@@ -228,9 +229,7 @@ def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
 ) -> None:
     """What vLLM's tier stores into a server with events on comes out as events vLLM's own decoder parses
     (KVEventBatch via msgspec, in `engine.py`), with the hashes vLLM itself would publish for those blocks."""
-    server = kv_server_factory(
-        {"events": {"publish": "tcp://127.0.0.1:*", "topic": "kv@node-a@{namespace}"}}, l2_fs=False
-    )
+    server = kv_server_factory({"events": {"publish": "tcp://127.0.0.1:*", "topic": "kv@node-a@{namespace}"}})
     connection = rendered_connection(SMALL_TIER)
     transfer = pointed_at(connection, server)
     sub = Subscriber(server)
@@ -240,7 +239,8 @@ def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
     assert stored["stats"]["chunks_stored"] == 6
     namespace = stored["namespace"].encode()
     keys = [bytes.fromhex(k) for k in stored["keys"]]
-    sub.redis.delete(namespace + keys[0])  # the first block is gone again
+    sub.settled_stats()  # in L1 and written to L2
+    sub.redis.delete(namespace + keys[0])  # the first block is gone again, from both
     sub.drain(marker_namespace=namespace)
 
     decoded = vllm_engine.call(
@@ -258,10 +258,60 @@ def test_the_servers_kv_events_decode_with_vllms_own_kv_event_batch(
     events = [e for b in batches for e in b["events"] if e["block_hashes"] != [marker]]
     stored_events = [e for e in events if e["type"] == "BlockStored"]
     removed_events = [e for e in events if e["type"] == "BlockRemoved"]
-    assert [e["block_hashes"] for e in stored_events] == [[h] for h in decoded["vllm_hashes"]]
-    assert [e["block_hashes"] for e in removed_events] == [[decoded["vllm_hashes"][0]]]
-    assert {e["medium"] for e in events} == {"STORAGE"}  # StrataTier.medium: what the tier itself reports
+    cpu, storage = decoded["media"][1:]  # vLLM's MEDIUM_CPU (the server's DRAM), MEDIUM_STORAGE (its L2)
+    assert [e["block_hashes"] for e in stored_events if e["medium"] == cpu] == [[h] for h in decoded["vllm_hashes"]]
+    assert sorted(e["block_hashes"] for e in stored_events if e["medium"] == storage) == sorted(
+        [h] for h in decoded["vllm_hashes"]
+    )
+    assert [(e["medium"], e["block_hashes"]) for e in removed_events] == [
+        (cpu, [decoded["vllm_hashes"][0]]),
+        (storage, [decoded["vllm_hashes"][0]]),
+    ]
     assert all(e["group_idx"] == 0 and e["locality"] == "LOCAL" and e["token_ids"] == [] for e in stored_events)
+
+
+def test_evictions_and_a_namespace_drop_decode_with_vllms_own_types(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """A stream with L1 evictions (CPU), L2 watermark evictions (STORAGE) and a DEL of many blocks (removals merged
+    into BlockRemoved events of many hashes) decodes with vLLM's KVEventBatch, and the per-medium index built from
+    vLLM's decoded events is what the server lists for each tier."""
+    config = {
+        "events": {"publish": "tcp://127.0.0.1:*", "topic": "kv@node-a@{namespace}"},
+        "l1": {"size": "256KiB", "eviction_policy": "lru"},
+        "l2": {"fs": {"capacity": "1MiB", "high_watermark": 0.9, "low_watermark": 0.5, "rescan_interval_seconds": 0}},
+    }
+    sub = Subscriber(kv_server_factory(config))
+    sub.join()
+    for i in range(40):  # 40 x 48 KiB through an L1 of ~5 and an L2 of ~18
+        sub.redis.set(block_key(i, group=i % 3), b"v" * 48 * 1024)
+    sub.settled_stats()
+    sub.redis.delete(*[block_key(i, group=i % 3) for i in range(30, 40)])
+    stats = sub.settled_stats()
+    assert stats["l1_evictions"] > 0 and stats["fs_evictions"] > 0
+    sub.drain()
+    assert not sub.gaps, f"messages lost (expected seq, got seq): {sub.gaps}"
+
+    decoded = vllm_engine.call(
+        {"mode": "decode_events", "workdir": str(tmp_path), "frames": [[f.hex() for f in fr] for fr in sub.raw]}
+    )
+    raw_events = [e for fr in sub.raw for e in msgpack.unpackb(fr[2])[1]]
+    vllm_events = [e for b in decoded["batches"] for e in b["events"]]
+    assert [(e["type"], e["block_hashes"], e["medium"]) for e in vllm_events] == [
+        (e["type"], e["block_hashes"], e["medium"]) for e in raw_events
+    ]
+    assert {e["medium"] for e in vllm_events} == set(decoded["media"][1:])
+    index: dict[str, set[tuple[int, int]]] = {}
+    for e in vllm_events:
+        blocks = {(h, e["group_idx"]) for h in e["block_hashes"]}
+        held = index.setdefault(e["medium"], set())
+        if e["type"] == "BlockStored":
+            held |= blocks
+        else:
+            held -= blocks
+    for medium, tier in zip(decoded["media"][1:], ("l1", "fs"), strict=True):
+        assert index[medium] == {(h, g) for _ns, h, g in listed_blocks(sub.server, tier)}, medium
+    sub.close()
 
 
 # -- one directory shared with vLLM's own `fs` tier ---------------------------------------------------------------

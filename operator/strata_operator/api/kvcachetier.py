@@ -8,7 +8,7 @@ operator's own checks that need the cluster (node memory, Secrets, PVC access mo
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 from strata_kv.config import EvictionPolicyName, ListenConfig, S3AddressingStyle, SenderThreads
@@ -274,13 +274,19 @@ class EventsSpec(CRDModel):
 
     enabled: bool = Field(
         default=False,
-        description="Publish BlockStored / BlockRemoved (medium STORAGE) for what each server holds. Off by default.",
+        description="Publish BlockStored / BlockRemoved for what each server holds, per tier: medium CPU for its "
+        "DRAM (L1), STORAGE for its L2, so a router's per-medium index follows each tier. Off by default.",
     )
     port: int = Field(
         default=5557,
         ge=1,
         le=65535,
         description="ZMQ PUB port of each server, in the pod and on the node-local Service (vLLM's default 5557).",
+    )
+    single_medium: Literal["CPU", "STORAGE"] | None = Field(
+        default=None,
+        description="Name every tier with this one medium instead (the view before per-tier media: a block moving "
+        "between DRAM and L2 is no event, and is removed once no tier holds it).",
     )
 
 

@@ -385,7 +385,11 @@ def test_kv_events_render_the_publisher_its_ports_and_the_endpoint() -> None:
     children = build_children(spec, TIER, RUNTIME)
     config = KVServerConfig.from_yaml(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME])
     assert config.events.publish == "tcp://*:6000"
-    assert config.events.medium == "STORAGE" and config.events.topic == ""
+    assert (config.events.medium.l1, config.events.medium.l2, config.events.topic) == ("CPU", "STORAGE", "")
+    one = KVServerConfig.from_yaml(
+        build_config_map(spec_of(events={"enabled": True, "singleMedium": "STORAGE"}), TIER)["data"][CONFIG_FILE_NAME]
+    )
+    assert (one.events.medium.l1, one.events.medium.l2) == ("STORAGE", "STORAGE")
     (container,) = children.daemonset["spec"]["template"]["spec"]["containers"]
     assert {"name": "kv-events", "containerPort": 6000, "protocol": "TCP"} in container["ports"]
     assert {"name": "kv-events", "port": 6000, "targetPort": "kv-events", "protocol": "TCP"} in children.service[

@@ -8,6 +8,7 @@ from typing import Any
 from strata_kv.config import (
     CONFIG_FILE_NAME,
     AuthConfig,
+    EventMedia,
     EventsConfig,
     EvictionPolicyName,
     KVServerConfig,
@@ -85,7 +86,10 @@ def _events_config(spec: KVCacheTierSpec) -> EventsConfig:
     and the address in status.endpoints[].events). The config file cannot name the pod IP the way `--bind` does."""
     if not spec.events.enabled:
         return EventsConfig()
-    return EventsConfig(publish=f"tcp://*:{spec.events.port}")
+    medium = spec.events.single_medium
+    return EventsConfig(
+        publish=f"tcp://*:{spec.events.port}", medium=EventMedia(l1=medium, l2=medium) if medium else EventMedia()
+    )
 
 
 def _listen_config(spec: KVCacheTierSpec) -> ListenConfig:
