@@ -10,8 +10,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "strata_loader"
-CONTRACT = {"contract", "capacity", "paths"}
-"""The operator imports these (the Job contract, the node budget, the relative-path rule the contract applies)."""
+CONTRACT = {"contract", "capacity", "paths", "registry"}
+"""The operator imports these (the Job contract, the node budget, the relative-path rule the contract applies, the
+registry client it resolves image tags with)."""
 MAY_IMPORT = {
     "contract": set(),
     "core": {"contract"},

@@ -218,6 +218,13 @@ class NodeLocalStorage(CRDModel):
     )
 
 
+class ConfigMapKeyRef(CRDModel):
+    """One key of a ConfigMap in the resource's namespace (public data such as a CA bundle)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the ConfigMap.")
+    key: str = Field(default="ca.crt", min_length=1, max_length=253, description="The key (default ca.crt).")
+
+
 class ImageVolumeStorage(CRDModel):
     """The model packaged as an OCI image (the oci:// source), mounted as an image volume."""
 
@@ -231,6 +238,18 @@ class ImageVolumeStorage(CRDModel):
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list, description="core/v1 Tolerations for the pre-pull Jobs on tainted (GPU) nodes."
+    )
+    pull_secret_ref: SecretRef | None = Field(
+        default=None,
+        description="A Secret of type kubernetes.io/dockerconfigjson with the registry's credentials: the operator "
+        "reads it to resolve the tag, and gives it as imagePullSecrets to the pre-pull Jobs and (through the "
+        "webhook and status.volume) to serving pods. Anonymous when omitted.",
+    )
+    ca_config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None,
+        description="A ConfigMap key holding the PEM CA bundle the operator trusts for the registry (default key "
+        "ca.crt); the system's trust when omitted. Verification is never turned off. Nodes trust the registry "
+        "through their container runtime's own configuration.",
     )
 
 
@@ -436,6 +455,27 @@ class FanOutStatus(CRDModel):
     message: str | None = Field(default=None, description="What the fan-out is doing, for people.")
 
 
+class ImageStatus(CRDModel):
+    """ImageVolume: what the oci:// reference was resolved to. Nodes pull `reference` (a digest), so a tag that
+    moves later cannot change what they serve; the annotation strata.dev/resolve-image asks for a new resolution."""
+
+    reference: str | None = Field(default=None, description="registry/repository@sha256:...: what nodes pull.")
+    digest: str | None = Field(default=None, description="The digest the tag named (the index's, if any).")
+    resolved_from: str | None = Field(default=None, description="The reference that was resolved (the tag).")
+    resolved_at: str | None = Field(default=None, description="When it was resolved.")
+    resolve_request: str | None = Field(
+        default=None, description="The value of the annotation strata.dev/resolve-image this resolution answered."
+    )
+    platform: str | None = Field(default=None, description="The platform whose manifest sizeBytes counts.")
+    platform_digest: str | None = Field(default=None, description="That platform's manifest digest.")
+    size_bytes: int | None = Field(default=None, description="Bytes of that manifest's layers: what a node pulls.")
+    layers: int | None = Field(default=None, description="Layers in that manifest.")
+    failures: int | None = Field(default=None, description="Failed resolutions in a row (reset by a success).")
+    next_attempt: str | None = Field(default=None, description="When a failed resolution is tried again.")
+    reason: str | None = Field(default=None, description="Why the last resolution failed, as a condition reason.")
+    message: str | None = Field(default=None, description="Why the last resolution failed, from the registry.")
+
+
 class ModelCacheStatus(CRDModel):
     """What the operator observed: the copy's progress and where serving pods find the model."""
 
@@ -477,8 +517,10 @@ class ModelCacheStatus(CRDModel):
     )
     volume: dict[str, Any] | None = Field(
         default=None,
-        description="What a serving pod pastes in: volume, volumeMount and, for NodeLocal, nodeAffinity.",
+        description="What a serving pod pastes in: volume, volumeMount and, for NodeLocal, nodeSelector; for "
+        "ImageVolume the volume names the digest and imagePullSecrets the pull Secret.",
     )
+    image: ImageStatus | None = Field(default=None, description="ImageVolume: the resolved image.")
     consumers: int | None = Field(
         default=None,
         description="Running or pending pods labelled strata.dev/model-cache with this cache's name: what "

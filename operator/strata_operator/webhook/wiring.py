@@ -91,11 +91,19 @@ def cache_failure(cache: Mapping[str, Any]) -> str | None:
 
 def model_volume_snippet(cache: Mapping[str, Any]) -> dict[str, Any]:
     """The cache's `status.volume` (the consumption contract) or, before the operator wrote it, the same built
-    from the spec."""
+    from the spec. An ImageVolume has none until its tag is resolved to a digest: a pod wired to the tag could
+    mount another image than the rest, so it is refused until then (a Deployment's ReplicaSet retries)."""
     snippet = (cache.get("status") or {}).get("volume")
     if snippet:
         return copy.deepcopy(dict(snippet))
     meta = cache["metadata"]
+    if _mode(cache) == StorageMode.IMAGE_VOLUME:
+        image = (cache.get("status") or {}).get("image") or {}
+        why = f": {image['message']}" if image.get("message") else ""
+        raise WiringConflict(
+            f"ModelCache {meta['name']} has not resolved its image to a digest yet{why}; "
+            "create the pod once status.volume is set (kubectl wait --for=condition=Ready)"
+        )
     try:
         spec = ModelCacheSpec.model_validate(cache.get("spec") or {})
     except ValidationError as error:
@@ -162,6 +170,8 @@ def _wire_model(
         field = f"spec.containers[{container.get('name')}]"
         _add_mount(container, mount, field, whose)
         _add_named(container, "env", {"name": MODEL_DIR_ENV, "value": mount["mountPath"]}, f"{field}.env", whose)
+    for secret in snippet.get("imagePullSecrets") or []:  # ImageVolume: the registry's pull Secret
+        _add_named(spec, "imagePullSecrets", dict(secret), "spec.imagePullSecrets", whose)
     if _mode(cache) == StorageMode.NODE_LOCAL:
         meta = cache["metadata"]
         _require_node_label(spec, node_label_key(meta["namespace"], name), NODE_LABEL_READY)
@@ -304,7 +314,7 @@ def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str,
     """One `add` per top-level spec field (and per container) that changed: `add` on an existing member replaces
     it, so the patch is exact whether or not the field was there."""
     ops: list[dict[str, Any]] = []
-    for key in ("volumes", "affinity", "schedulingGates", "securityContext"):
+    for key in ("volumes", "affinity", "schedulingGates", "securityContext", "imagePullSecrets"):
         if _changed(before, after, key):
             ops.append({"op": "add", "path": f"/spec/{key}", "value": after[key]})
     old_containers = before.get("containers") or []

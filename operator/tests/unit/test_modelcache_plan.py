@@ -257,29 +257,6 @@ def test_jobs_of_nodes_no_longer_selected_are_deleted() -> None:
     assert deleted(result) == [name]
 
 
-# -- ImageVolume --------------------------------------------------------------------------------------------
-def test_an_image_volume_is_ready_at_once_and_runs_nothing() -> None:
-    spec = ModelCacheSpec.model_validate(
-        {"source": {"uri": "oci://registry.local/llama:1"}, "storage": {"mode": "ImageVolume"}}
-    )
-    result = plan(observe(spec, nodes=NODES))
-    assert result.status["phase"] == "Ready" and result.actions == [] and not result.needs_inputs
-    assert result.status["volume"]["volume"]["image"]["reference"] == "registry.local/llama:1"
-
-
-def test_pre_pulls_run_per_node_while_the_cache_is_already_ready() -> None:
-    spec = ModelCacheSpec.model_validate(
-        {
-            "source": {"uri": "oci://registry.local/llama:1"},
-            "storage": {"mode": "ImageVolume", "imageVolume": {"prePull": True, "nodeSelector": {"pool": "gpu"}}},
-        }
-    )
-    result = plan(observe(spec, nodes=NODES, inputs_checked=True))
-    assert [kind for kind, _ in applied(result)] == ["Job", "Job"]
-    assert result.status["phase"] == "Ready" and condition(result, "Reconciling")["status"] == "True"
-    assert "PrePullStarted" in reasons(result)
-
-
 def test_a_spec_problem_found_while_gathering_is_all_the_plan_reports() -> None:
     observed = Observed(owner=OWNER, previous={}, now=NOW, spec_problem=Problem("InvalidSpec", "spec.x: bad"))
     result = plan(observed)

@@ -22,11 +22,22 @@ READY = {"type": "Ready", "status": "True", "reason": "Preloaded", "message": "o
 NOT_READY = {"type": "Ready", "status": "False", "reason": "Preloading", "message": "copying"}
 
 
+PINNED = "registry.example/models/llama@sha256:" + "a" * 64
+IMAGE_VOLUME_STATUS = {
+    "volume": {"name": "model-llama", "image": {"reference": PINNED, "pullPolicy": "IfNotPresent"}},
+    "volumeMount": {"name": "model-llama", "mountPath": "/models", "readOnly": True},
+    "imagePullSecrets": [{"name": "regcred"}],
+}
+"""What the operator writes in status.volume once the image's tag is resolved (with a pull Secret)."""
+
+
 def cache(mode: str = "SharedPVC", conditions: list[dict[str, Any]] | None = None, **status: Any) -> dict[str, Any]:
     storage: dict[str, Any] = {"mode": mode}
     uri = "oci://registry.example/models/llama:1" if mode == "ImageVolume" else "s3://models/llama"
     if mode == "SharedPVC":
         storage["sharedPVC"] = {"size": "100Gi"}
+    if mode == "ImageVolume":
+        status.setdefault("volume", IMAGE_VOLUME_STATUS)
     return {
         "metadata": {"name": "llama", "namespace": "serving", "uid": "u1"},
         "spec": {"source": {"uri": uri}, "storage": storage},
@@ -97,12 +108,22 @@ def test_node_local_affinity_is_added_to_every_term_the_user_wrote() -> None:
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0] == {"key": "gpu", "operator": "Exists"}
 
 
-def test_image_volume_mounts_the_image() -> None:
+def test_image_volume_mounts_the_resolved_digest_with_the_pull_secret() -> None:
     out = wired(pod(), model_cache=cache("ImageVolume"))
-    assert out["spec"]["volumes"][0]["image"] == {
-        "reference": "registry.example/models/llama:1",
-        "pullPolicy": "IfNotPresent",
-    }
+    assert out["spec"]["volumes"][0]["image"] == {"reference": PINNED, "pullPolicy": "IfNotPresent"}
+    assert out["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    mine = pod()
+    mine["spec"]["imagePullSecrets"] = [{"name": "own"}]
+    assert wired(mine, model_cache=cache("ImageVolume"))["spec"]["imagePullSecrets"] == [
+        {"name": "own"},
+        {"name": "regcred"},
+    ]
+
+
+def test_an_image_not_resolved_yet_is_refused_with_the_reason() -> None:
+    unresolved = cache("ImageVolume", conditions=[NOT_READY], volume=None, image={"message": "401 denied"})
+    with pytest.raises(WiringConflict, match="has not resolved its image to a digest yet: 401 denied"):
+        build_pod_patch(pod(), model_cache=unresolved)
 
 
 def test_the_status_snippet_is_what_gets_injected() -> None:

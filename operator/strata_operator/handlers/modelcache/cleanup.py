@@ -106,6 +106,18 @@ def cleanup_node_copies(
     return state
 
 
+def unlabel_nodes(owner: CacheRef, node_cache: NodeCache) -> None:
+    """ImageVolume on delete: its pre-pull Jobs and their pods go with the cache (ownerReferences); the node
+    labels are removed here. The image a pre-pull left in the runtime's store stays: it is content the runtime
+    shares (another cache or pod may use the same layers), removing it would take a privileged pod with the
+    runtime's socket, and the kubelet's image garbage collection removes images no pod uses when the disk fills."""
+    key = names.node_label_key(owner.namespace, owner.name)
+    for name, info in sorted(node_cache.snapshot().items()):
+        if key in info.labels:
+            with contextlib.suppress(NotFoundError):
+                patch_node_label(node_cache, name, key, None)
+
+
 def finish_cleanup(owner: CacheRef, state: Cleanup) -> list[tuple[str, str]]:
     """Before the finalizer goes: delete our clean-up Jobs (a failed one stays for its TTL, to be read), clear
     the leftover record where the copy is gone, set it (annotation and Warning Event) where it stays.

@@ -16,14 +16,15 @@ from pydantic import ValidationError
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers import controller
-from strata_operator.handlers.modelcache.cleanup import cleanup_node_copies, finish_cleanup
+from strata_operator.handlers.modelcache.cleanup import cleanup_node_copies, finish_cleanup, unlabel_nodes
 from strata_operator.handlers.modelcache.nodes import NodeCache
 from strata_operator.handlers.modelcache.reconcile import reconcile
 from strata_operator.handlers.process import runtime_of, settings_of
 from strata_operator.resources.core import MODEL_CACHE_LABEL
+from strata_operator.resources.modelcache.image import RESOLVE_ANNOTATION
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.status import PHASE_EVICTED
+from strata_operator.resources.modelcache.status import PHASE_EVICTED, pull_failure
 
 PLURAL = "modelcaches"
 CACHE_CHILD = {CACHE_LABEL: kopf.PRESENT}
@@ -76,8 +77,11 @@ async def modelcache_daemon(
 
 
 async def modelcache_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
-    """A spec change (new generation) wakes the daemon; our own status writes do not."""
-    if meta.get("generation") != status.get("observedGeneration"):
+    """A spec change (new generation) wakes the daemon, and so does a new value of the annotation that asks an
+    ImageVolume to resolve its tag again; our own status writes do not."""
+    asked = (meta.get("annotations") or {}).get(RESOLVE_ANNOTATION)
+    answered = (status.get("image") or {}).get("resolveRequest")
+    if meta.get("generation") != status.get("observedGeneration") or (asked or None) != (answered or None):
         memory(memo).wake(meta.get("namespace"), meta.get("name"))
 
 
@@ -93,8 +97,13 @@ async def pod_changed(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """Only an ended pod carries news (its termination message); a pending pod's scheduling retries do not."""
-    if event.get("type") == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
+    """Only an ended pod carries news (its termination message), or a pod whose image the kubelet cannot pull (a
+    pre-pull's result); a pending pod's scheduling retries do not."""
+    if (
+        event.get("type") == "DELETED"
+        or status.get("phase") in ("Succeeded", "Failed")
+        or pull_failure([{"status": dict(status)}]) is not None
+    ):
         memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
@@ -129,6 +138,8 @@ def modelcache_deleted(
     **_: Any,
 ) -> None:
     """NodeLocal copies live outside Kubernetes' garbage collection: remove them before the finalizer goes.
+    ImageVolume leaves only its node labels to remove: a pulled image is the kubelet's (its image garbage
+    collection removes unused images; see `handlers/modelcache/cleanup.unlabel_nodes`).
 
     Claims, Jobs and everything else with an ownerReference are left to the garbage collector. The finalizer
     never outstays what can still happen: in a namespace being deleted no clean-up Job can be created, so the
@@ -139,9 +150,12 @@ def modelcache_deleted(
         parsed = ModelCacheSpec.model_validate(dict(spec))
     except ValidationError:
         return
+    owner = CacheRef.from_body(body)
+    if parsed.storage.mode == StorageMode.IMAGE_VOLUME:
+        unlabel_nodes(owner, memory(memo).nodes)
+        return
     if parsed.storage.mode != StorageMode.NODE_LOCAL:
         return
-    owner = CacheRef.from_body(body)
     state = cleanup_node_copies(owner, parsed, dict(status), memory(memo).nodes, runtime_of(settings_of(memo)))
     if state.running and retry < CLEANUP_ATTEMPTS:
         raise kopf.TemporaryError(f"waiting for clean-up Jobs on {', '.join(state.running)}", delay=2)

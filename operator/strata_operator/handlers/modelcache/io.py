@@ -15,10 +15,11 @@ from strata_loader import contract
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.handlers.modelcache import registry
 from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
 from strata_operator.handlers.modelcache.nodes import NodeCache
 from strata_operator.resources.core import Problem, label_selector, parse_spec
-from strata_operator.resources.modelcache import fanout, peers, planner, storage
+from strata_operator.resources.modelcache import fanout, image, peers, planner, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
 from strata_operator.resources.modelcache.observed import Observed
@@ -57,17 +58,25 @@ def gather(
         observed.spec_problem = error.problem()
         return observed
     role = planner.job_role(spec)
-    if mode != StorageMode.SHARED_PVC and role is not None:
+    if mode != StorageMode.SHARED_PVC:  # ImageVolume without pre-pulls too: its platform, stale labels
         observed.nodes = nodes.snapshot()
+    if mode == StorageMode.IMAGE_VOLUME:
+        observed.resolve_request = (body.get("metadata", {}).get("annotations") or {}).get(image.RESOLVE_ANNOTATION, "")
+        if image.lookup_due(spec, previous, observed.resolve_request, owner.generation, observed.now):
+            selector = storage.image_volume(spec).node_selector
+            platform = image.lookup_platform(observed.nodes, selector)
+            observed.image = registry.look_up(spec, owner.namespace, platform)
     if mode == StorageMode.NODE_LOCAL:
         observed.peers = peer_objects(owner)
     if role is not None:
         observed.jobs = {j["metadata"]["name"]: j for j in list_children(owner, "batch/v1", "Job", role)}
     settled = planner.settled_jobs(previous)
+    # A pre-pull's pod is read while its Job runs too: the kubelet's pull error is only in the pod's status.
+    ended = (st.JOB_SUCCEEDED, st.JOB_FAILED) if role != storage.ROLE_PREPULL else tuple(st.JOB_PHASES)
     observed.pods = {
         name: job_pods(owner.namespace, name)
         for name, job in observed.jobs.items()
-        if name not in settled and st.job_phase(job) in (st.JOB_SUCCEEDED, st.JOB_FAILED)
+        if name not in settled and st.job_phase(job) in ended
     }
     if mode == StorageMode.NODE_LOCAL:
         observed.consumers_on, observed.waiting = consumer_pods(owner)

@@ -9,11 +9,10 @@ from typing import Any
 from strata_units import format_bytes
 
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.resources.modelcache import fanout, names, storage
+from strata_operator.resources.modelcache import fanout, image, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.node_states import (
-    job_builder,
     label_changes,
     needed_again,
     node_states,
@@ -100,32 +99,79 @@ def _node_fields(planner: Planner, spec: ModelCacheSpec, states: list[dict[str, 
 
 
 def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
-    """Nothing to download: pods mount the image; optional pre-pull Jobs warm the nodes."""
-    owner = planner.observed.owner
-    fields: dict[str, Any] = {"volume": build_volume_snippet(owner, spec)}
-    message = f"pods mount {storage.image_reference(spec)} as an image volume"
+    """Nothing to download: pods mount the image at the digest its tag was resolved to (`image`); optional
+    pre-pull Jobs warm the nodes, which get the same Ready label as NodeLocal copies."""
+    observed = planner.observed
+    owner = observed.owner
+    pinned_image = image.image_status(observed.previous, observed.image, observed.resolve_request, observed.now)
+    pinned = pinned_image.get("reference") if pinned_image.get("digest") else None
+    key = names.node_label_key(owner.namespace, owner.name)
+    fields: dict[str, Any] = {"image": pinned_image or None}
+    failure = image.failure_of(observed.image) or _failure_in_force(pinned_image)
+    if pinned is None:
+        planner.labels = label_changes(observed.nodes, key, set())
+        if failure is None:  # unreachable after a gather: it looks up whatever is not pinned
+            message = f"resolving {storage.image_reference(spec)}"
+            return Outcome(st.PHASE_PENDING, (False, "Resolving", message), (True, "Resolving", message), fields=fields)
+        reason, message = failure
+        retry = f"; trying again after {pinned_image.get('nextAttempt')}" if pinned_image.get("nextAttempt") else ""
+        return Outcome(
+            st.PHASE_DEGRADED,
+            (False, reason, message),
+            (bool(observed.image and observed.image.transient), reason, f"{message}{retry}"),
+            (True, reason, message),
+            fields=fields,
+        )
+    fields.update(volume=build_volume_snippet(owner, spec, pinned), **image.size_fields(pinned_image))
+    message = f"pods mount {pinned} as an image volume"
     pull = storage.image_volume(spec)
     if not pull.pre_pull:
-        return Outcome(
+        planner.labels = label_changes(observed.nodes, key, set())
+        outcome = Outcome(
             phase=st.PHASE_READY,
             ready=(True, "VolumeAvailable", message),
             reconciling=(False, "VolumeAvailable", "nothing to download"),
             fields=fields,
         )
+        return _with_image_failure(outcome, failure)
     # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Reconciling.
-    wanted = selected_nodes(planner.observed.nodes, pull.node_selector)
-    states = node_states(
-        planner,
-        storage.ROLE_PREPULL,
-        wanted,
-        job_builder(storage.node_prepull, owner, spec, planner.observed),
-    ).states
+    wanted = selected_nodes(observed.nodes, pull.node_selector)
+
+    def prepull(node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
+        return storage.node_prepull(owner, spec, node, node_uid, observed.runtime, pinned=pinned)
+
+    states = node_states(planner, storage.ROLE_PREPULL, wanted, prepull).states
+    ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
+    planner.labels = label_changes(observed.nodes, key, ready)
     fields.update(
         nodes=states,
-        readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
+        readyNodes=len(ready),
         desiredNodes=len(states),
+        nodeLabel=key,
     )
     outcome = st.nodes_outcome(states, ready_reason="VolumeAvailable", ready_message=message, fields=fields)
     outcome.ready = (True, "VolumeAvailable", message)
-    outcome.phase = st.PHASE_READY if outcome.phase != st.PHASE_FAILED or not states else st.PHASE_DEGRADED
+    if outcome.degraded[0]:
+        outcome.phase = st.PHASE_DEGRADED
+        if outcome.degraded[1] == "NodePreloadFailed":
+            outcome.degraded = (True, "PrePullFailed", outcome.degraded[2])
+    else:
+        outcome.phase = st.PHASE_READY
+    return _with_image_failure(outcome, failure)
+
+
+def _failure_in_force(pinned_image: dict[str, Any]) -> tuple[str, str] | None:
+    """A failed resolution recorded earlier, still waiting for its next attempt."""
+    if not pinned_image.get("failures"):
+        return None
+    return str(pinned_image.get("reason") or "RegistryError"), str(pinned_image.get("message") or "")
+
+
+def _with_image_failure(outcome: Outcome, failure: tuple[str, str] | None) -> Outcome:
+    """A re-resolution that failed while an earlier pin serves: still Ready (on the old digest), but Degraded."""
+    if failure is None or outcome.degraded[0]:
+        return outcome
+    reason, message = failure
+    outcome.degraded = (True, reason, f"{message}; pods keep mounting the digest resolved before")
+    outcome.phase = st.PHASE_DEGRADED
     return outcome

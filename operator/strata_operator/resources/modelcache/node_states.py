@@ -5,19 +5,16 @@ result, re-creation with back-off, evictions and node budgets, and the node labe
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from strata_loader.contract import FetchResult
 
-from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Event
 from strata_operator.resources.modelcache import capacity, demand, names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.observed import Observed
-from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.planner import (
     INSUFFICIENT_RETRY_SECONDS,
     RECREATE_BASE_SECONDS,
@@ -29,13 +26,6 @@ from strata_operator.resources.modelcache.planner import (
     job_result,
     parse_time,
 )
-
-
-def job_builder(
-    build: Callable[..., tuple[str, dict[str, Any]]], owner: CacheRef, spec: ModelCacheSpec, observed: Observed
-) -> JobBuilder:
-    """One node's Job from a per-node builder, with this cache, spec and configured runtime image."""
-    return lambda node, node_uid: build(owner, spec, node, node_uid, observed.runtime)
 
 
 def selected_nodes(nodes: Mapping[str, NodeInfo], selector: Mapping[str, str]) -> dict[str, NodeInfo]:
@@ -231,12 +221,17 @@ def _state_from_job(
 ) -> tuple[dict[str, Any], FetchResult | None]:
     state: dict[str, Any] = {"name": node, "job": job["metadata"]["name"]}
     phase = st.job_phase(job)
-    if phase == st.JOB_RUNNING:
-        return {**state, "phase": st.PHASE_PRELOADING}, None
-    if not read_result:
+    if not read_result:  # a pre-pull: the kubelet's pull error is in its pod's status while the Job runs
+        pulling = st.pull_failure(planner.observed.pods.get(state["job"]) or [])
         if phase == st.JOB_SUCCEEDED:
             return {**state, "phase": st.PHASE_READY, "message": "image pulled"}, None
+        if pulling is not None:
+            return {**state, "phase": st.PHASE_FAILED, "message": pulling}, None
+        if phase == st.JOB_RUNNING:
+            return {**state, "phase": st.PHASE_PRELOADING}, None
         return {**state, "phase": st.PHASE_FAILED, "message": st.job_failure_message(job)}, None
+    if phase == st.JOB_RUNNING:
+        return {**state, "phase": st.PHASE_PRELOADING}, None
     spec = planner.observed.spec
     assert spec is not None  # only planned with a usable spec
     result, error = job_result(planner.observed, spec, job, succeeded=phase == st.JOB_SUCCEEDED)

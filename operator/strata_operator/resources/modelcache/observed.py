@@ -14,6 +14,7 @@ from typing import Any
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import capacity, demand, fanout
+from strata_operator.resources.modelcache.image import ImageLookup
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
@@ -52,3 +53,7 @@ class Observed:
     """NodeLocal: this cache's consumer pods that have not started (they may need an evicted copy back)."""
     peers: fanout.PeerObjects = field(default_factory=fanout.PeerObjects)
     """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
+    image: ImageLookup | None = None
+    """ImageVolume: the registry's answer when gather looked the reference up now (`image.lookup_due`)."""
+    resolve_request: str = ""
+    """ImageVolume: the value of the annotation strata.dev/resolve-image (a new value resolves again)."""

@@ -29,6 +29,7 @@ PHASE_INSUFFICIENT_STORAGE = "InsufficientStorage"
 PHASE_EVICTED = "Evicted"
 """A node's copy another cache's Job evicted to make room; not counted among the nodes that should have one."""
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
+JOB_PHASES = (JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED)
 
 
 class SpecError(ValueError):
@@ -84,6 +85,21 @@ def termination_message(pods: Sequence[Mapping[str, Any]], container: str, *, su
             terminated = (status.get("state") or {}).get("terminated") or {}
             if status.get("name") == container and terminated.get("message"):
                 return str(terminated["message"])
+    return None
+
+
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+"""Waiting reasons the kubelet gives a container whose image (or image volume) it cannot pull."""
+
+
+def pull_failure(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """`<reason>: <the runtime's message>` of the newest pod the kubelet cannot pull for, or None."""
+    ordered = sorted(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "", reverse=True)
+    for pod in ordered:
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in PULL_FAILURES:
+                return f"{waiting['reason']}: {waiting.get('message') or 'no message'}"
     return None
 
 

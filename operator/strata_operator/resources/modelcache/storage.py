@@ -173,20 +173,38 @@ def node_cleanup(
 
 
 def image_reference(spec: ModelCacheSpec) -> str:
+    """The reference the spec names (a tag, or a digest); what nodes pull is the pinned one in status.image."""
     return spec.source.uri.removeprefix("oci://")
 
 
-def image_volume_source(spec: ModelCacheSpec) -> dict[str, Any]:
-    return {"image": {"reference": image_reference(spec), "pullPolicy": image_volume(spec).pull_policy.value}}
+def image_volume_source(spec: ModelCacheSpec, pinned: str | None = None) -> dict[str, Any]:
+    """The image volume of `pinned` (registry/repository@sha256:..., the resolved digest), or of the spec's
+    reference before it is resolved."""
+    return {"image": {"reference": pinned or image_reference(spec), "pullPolicy": image_volume(spec).pull_policy.value}}
+
+
+def image_pull_secrets(spec: ModelCacheSpec) -> list[dict[str, str]]:
+    """`imagePullSecrets` for a pod mounting the image: the cache's pull Secret, if any."""
+    ref = image_volume(spec).pull_secret_ref
+    return [{"name": ref.name}] if ref is not None else []
 
 
 def node_prepull(
-    owner: CacheRef, spec: ModelCacheSpec, node: str, node_uid: str, runtime: RuntimeImage | None = None
+    owner: CacheRef,
+    spec: ModelCacheSpec,
+    node: str,
+    node_uid: str,
+    runtime: RuntimeImage | None = None,
+    *,
+    pinned: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(hash, Job) whose pod mounts the image volume on one node: the kubelet pulls it to start the pod."""
-    node_hash = stable_hash(["prepull", image_volume_source(spec), node, node_uid])
+    """(hash, Job) whose pod mounts the image volume on one node: the kubelet pulls it to start the pod. The
+    pinned reference is in the hash: a new resolution pulls again."""
+    source = image_volume_source(spec, pinned)
+    secrets = image_pull_secrets(spec)
+    node_hash = stable_hash(["prepull", source, secrets, node, node_uid])
     mounts = PodMounts()
-    mounts.add("model", image_volume_source(spec), MODEL_MOUNT, read_only=True)
+    mounts.add("model", source, MODEL_MOUNT, read_only=True)
     shape = JobShape(
         name=names.node_job_name(owner.name, ROLE_PREPULL, node_hash),
         role=ROLE_PREPULL,
@@ -197,4 +215,8 @@ def node_prepull(
         node=node,
         tolerations=tuple(image_volume(spec).tolerations),
     )
-    return node_hash, build_job(owner, spec, shape, runtime=runtime or default_runtime())
+    job = build_job(owner, spec, shape, runtime=runtime or default_runtime())
+    if secrets:
+        pod = job["spec"]["template"]["spec"]
+        pod["imagePullSecrets"] = [*pod.get("imagePullSecrets", []), *secrets]
+    return node_hash, job
