@@ -47,8 +47,25 @@ def scrape_all(hosts: Iterable[str], port: int, deadline: float = SCRAPE_DEADLIN
 def read_usage(pods: Sequence[Mapping[str, Any]], spec: KVCacheTierSpec) -> dict[str, Any] | None:
     """status.usage from the ready servers among `pods`: totals over those that answered; None when none is ready
     (the stored usage stays)."""
+    servers = read_servers(pods, spec)
+    if servers is None:
+        return None
+    return summarize((u for _, u in servers if u is not None), instances=len(servers))
+
+
+def read_servers(
+    pods: Sequence[Mapping[str, Any]], spec: KVCacheTierSpec
+) -> list[tuple[str, ServerUsage | None]] | None:
+    """Each ready server among `pods` as (`pod/restarts`, its metrics or None when it did not answer); None when
+    none is ready. The identity changes when a server restarts: its counters start again from zero."""
     ready = [e for e in endpoints(pods, spec.port) if e.get("ready") and e.get("address")]
     if not ready:
         return None
+    restarts = {
+        pod.get("metadata", {}).get("name"): sum(
+            int(c.get("restartCount") or 0) for c in pod.get("status", {}).get("containerStatuses") or []
+        )
+        for pod in pods
+    }
     results = scrape_all((e["address"].rsplit(":", 1)[0] for e in ready), spec.metrics_port)
-    return summarize((u for u in results if u is not None), instances=len(ready))
+    return [(f"{e['pod']}/{restarts.get(e['pod'], 0)}", u) for e, u in zip(ready, results, strict=True)]
