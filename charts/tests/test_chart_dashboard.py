@@ -16,7 +16,8 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers import metrics as operator_metrics
 from strata_operator.handlers.kvcachetier.events import TierMemory
 from strata_operator.handlers.kvcachetier.usage import scrape
-from strata_operator.resources.kvcachetier.offload import offload_status, sample
+from strata_operator.resources.kvcachetier import offload_metrics
+from strata_operator.resources.kvcachetier.offload import METRIC_NAMES, offload_status, sample
 from strata_operator.settings import Settings
 from strata_testsupport.kvserver import running_kv_server
 
@@ -130,7 +131,10 @@ def test_every_dashboard_query_reads_metrics_real_servers_export(helm: Any, char
     offload, _ = offload_status(spec, first, sample([("kv-0/0", usage)], "2026-12-04T10:01:00Z"))
     assert offload.get("suggestedL1Size"), f"the ghosts suggest a larger L1: {offload}"
     operator_text = serve_operator_metrics(offload)
-    available = exported(server_text.decode()) | exported(operator_text)
+    served, gauges = exported(server_text.decode()), exported(operator_text)
+    assert set(METRIC_NAMES) <= served, "the verdict reads only what the server exports"
+    assert set(offload_metrics.METRIC_NAMES) <= gauges, "every gauge has a sample"
+    available = served | gauges
     wanted = set().union(*(metric_names(e) for e in exprs))
     assert wanted, "the dashboard reads metrics"
     assert wanted <= available, f"not exported by a real server or the operator: {sorted(wanted - available)}"

@@ -41,7 +41,7 @@ class OffloadStats:
     first_reads: int = 0
     """Chunks read for the first time since they were stored (while L1 still held them)."""
     evicted_unread: int = 0
-    """Chunks that left L1 without a single read since they were stored."""
+    """Chunks that left L1 (evicted, or replaced by a new SET of the key) without a single read since stored."""
     ghost_hits: dict[float, int] = field(default_factory=lambda: dict.fromkeys(GHOST_FACTORS, 0))
     """Cumulative: misses an L1 `factor` times larger would have answered (like a histogram's `le` buckets)."""
     _unread: set[bytes] = field(default_factory=set, repr=False)
@@ -49,7 +49,10 @@ class OffloadStats:
     def stored(self, key: bytes, size: int, seconds: float) -> None:
         self.stored_bytes += size
         self.store_seconds += seconds
-        self._unread.add(key)
+        if key in self._unread:  # the copy stored before was never read (it may have left L1 meanwhile)
+            self.evicted_unread += 1
+        else:
+            self._unread.add(key)
 
     def hit(self, key: bytes, tier: str, size: int, seconds: float) -> None:
         self.loaded_bytes[tier] += size
@@ -108,7 +111,9 @@ def metric_families(stats: OffloadStats) -> Iterator[CounterMetricFamily]:
         "strata_kv_offload_first_reads", "Stored chunks read for the first time (while in L1)", value=stats.first_reads
     )
     yield CounterMetricFamily(
-        "strata_kv_offload_evicted_unread", "Chunks that left L1 never read since stored", value=stats.evicted_unread
+        "strata_kv_offload_evicted_unread",
+        "Chunks that left L1 (evicted or replaced) never read since stored",
+        value=stats.evicted_unread,
     )
     ghosts = CounterMetricFamily(
         "strata_kv_offload_ghost_hits",

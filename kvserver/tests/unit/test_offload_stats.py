@@ -30,6 +30,9 @@ def test_chunks_l1_let_go_unread_are_counted_at_the_sweep() -> None:
     assert stats.evicted_unread == 1  # a (b was read; c is still resident)
     stats.hit(b"c", "l1", 10, 0.0)
     assert stats.first_reads == 2
+    stats.stored(b"d", 10, 0.0)
+    stats.stored(b"d", 10, 0.0)  # stored again before anyone read it (or after L1 let it go unread)
+    assert stats.evicted_unread == 2
 
 
 def test_a_miss_on_a_ghost_is_attributed_to_every_l1_size_that_would_have_kept_it() -> None:
