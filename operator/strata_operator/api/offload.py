@@ -23,7 +23,8 @@ class RecomputeSource(StrEnum):
     SETTING = "Setting"
     """spec.offloadVerdict.recomputeMicrosecondsPerToken * the tokens the hits loaded."""
     ENGINE_METRICS = "EngineMetrics"
-    """The wired engines' measured prefill time per token (reserved: not measured yet)."""
+    """The wired engines' measured prefill time per token over the window (vLLM's prefill time and computed-token
+    sums), where they computed enough tokens."""
 
 
 class Verdict(StrEnum):
@@ -52,6 +53,14 @@ class OffloadVerdictSpec(CRDModel):
         description="What each lookup costs the engine beyond the server's own time (connector work, the copy "
         "out of GPU memory for the store that follows a miss), in microseconds; added to the miss overhead. "
         "Default 0: only what the servers measure.",
+    )
+    engine_metrics_port: int = Field(
+        default=8000,
+        ge=0,
+        le=65535,
+        description="Where the tier's consumer pods (label strata.dev/kv-cache-tier) serve vLLM's /metrics: their "
+        "measured prefill time per token replaces recomputeMicrosecondsPerToken when they computed 1000 tokens "
+        "in the window (recomputeSource EngineMetrics). Default 8000 (vllm serve's port); 0: never ask them.",
     )
     window_seconds: int = Field(
         default=600,
@@ -87,6 +96,10 @@ class WindowSample(CRDModel):
     )
     counters: dict[str, int] = Field(
         default_factory=dict, description="Counter name → value (seconds as whole microseconds)."
+    )
+    engines: str | None = Field(default=None, description="The consumer engines whose prefill sums it holds.")
+    engine_counters: dict[str, int] = Field(
+        default_factory=dict, description="Their prefill microseconds and computed tokens, summed."
     )
 
 
@@ -125,6 +138,9 @@ class OffloadStatus(CRDModel):
     )
     recompute_source: RecomputeSource = Field(
         default=RecomputeSource.SETTING, description="Where the recompute time per token came from."
+    )
+    recompute_microseconds_per_token: int | None = Field(
+        default=None, description="The recompute time per token the verdict used (measured or the setting)."
     )
     break_even_hit_ratio: str | None = Field(
         default=None,

@@ -131,6 +131,9 @@ def test_reused_prefixes_pay_unique_ones_do_not_and_a_trickle_is_insufficient(
         assert offload["hitRatio"] == "1.000" and offload["lookups"] == 1000
         assert offload["storedBytes"] == 50 * len(VALUE) and offload["loadedBytes"] == 1000 * len(VALUE)
         assert offload["unreadShare"] == "0.000" and float(offload["recomputeSavedSeconds"]) > 0
+        # No consumer engine to ask: the setting's 115 us per token (256-token chunks: 29.44 ms per hit).
+        assert (offload["recomputeSource"], offload["recomputeMicrosecondsPerToken"]) == ("Setting", 115)
+        assert offload["recomputeSavedSeconds"] == f"{1000 * 256 * 115 / 1e6:.6f}"
         row = printed(k8s, namespace)
         assert (row["Hit"], row["Offload"]) == ("1.000", "Pays")
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec, KVCacheTierStatus
+from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
 from strata_operator.resources.kvcachetier.offload import advance, judge, offload_status, sample, suggest_l1
@@ -141,3 +142,37 @@ def test_a_scrape_sets_offload_effective_and_the_status_validates() -> None:
     assert previous["offload"]["loadedBytes"] == 0, "the window is over deltas: no bytes moved in it"
     refreshed = plan(Observed(TIER, previous=previous, runtime=RUNTIME, spec=SPEC, full=False))
     assert refreshed.status["offload"] == previous["offload"], "no scrape: the verdict stays"
+
+
+# vLLM's exposition of its prefill histograms (two engines' label sets; buckets and counts are ignored).
+VLLM_METRICS = """# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 3.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} %d
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} %f
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.5
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} %d
+vllm:request_prefill_kv_computed_tokens_sum{engine="1",model_name="m"} 1000.0
+"""
+
+
+def test_the_engines_prefill_sums_are_read_over_every_label_set() -> None:
+    assert parse_engine_metrics(VLLM_METRICS % (3, 1.5, 3000)) == {"prefill_seconds": 2.0, "prefill_tokens": 4000.0}
+    assert parse_engine_metrics("# nothing\n") == {"prefill_seconds": 0.0, "prefill_tokens": 0.0}
+
+
+def engines_at(at: str, seconds: float, tokens: int, who: str = "vllm-0/0") -> dict[str, Any]:
+    usage = ServerUsage(samples={'strata_kv_hits_total{tier="l1"}': tokens // 10, "strata_kv_misses_total": tokens})
+    return sample([("kv-a/0", usage)], at, [(who, parse_engine_metrics(VLLM_METRICS % (1, seconds, tokens)))])
+
+
+def test_the_engines_measured_prefill_time_replaces_the_setting() -> None:
+    first, _ = offload_status(SPEC, None, engines_at("2026-12-04T10:00:00Z", 1.0, 1000))
+    # 2,000 more tokens computed in 0.4 s more: 200 us per token (the setting says 10).
+    status, _ = offload_status(SPEC, first, engines_at("2026-12-04T10:01:00Z", 1.4, 3000))
+    assert (status["recomputeSource"], status["recomputeMicrosecondsPerToken"]) == ("EngineMetrics", 200)
+    assert status["recomputeSavedSeconds"] == f"{status['hits'] * 100 * 200 / 1e6:.6f}"
+    replaced, _ = offload_status(SPEC, first, engines_at("2026-12-04T10:01:00Z", 1.4, 3000, who="vllm-1/0"))
+    assert (replaced["recomputeSource"], replaced["recomputeMicrosecondsPerToken"]) == ("Setting", 10)
+    few, _ = offload_status(SPEC, first, engines_at("2026-12-04T10:01:00Z", 1.1, 1500))
+    assert few["recomputeSource"] == "Setting", "500 tokens computed: too few to measure"

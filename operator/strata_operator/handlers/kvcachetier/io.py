@@ -15,7 +15,7 @@ from strata_operator.api import API_VERSION
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.common import ensure_token_secret
 from strata_operator.handlers.kvcachetier import usage
-from strata_operator.resources.core import Problem, label_selector, parse_spec
+from strata_operator.resources.core import KV_TIER_LABEL, Problem, label_selector, parse_spec
 from strata_operator.resources.kvcachetier.children import child_names
 from strata_operator.resources.kvcachetier.names import KIND, TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
@@ -77,6 +77,11 @@ def gather(
             if servers is not None:
                 observed.usage = summarize((u for _, u in servers if u is not None), instances=len(servers))
                 observed.servers = servers
+                if spec.offload_verdict.engine_metrics_port:
+                    consumers = kube.list_objects(
+                        "v1", "Pod", namespace=tier.namespace, label_selector=label_selector({KV_TIER_LABEL: tier.name})
+                    )
+                    observed.engines = usage.read_engines(consumers, spec.offload_verdict.engine_metrics_port)
         except Exception:  # metrics are informative: a failed scrape never fails the reconcile
             log.exception("scraping the KV servers' metrics failed")
     return observed

@@ -47,6 +47,9 @@ class Observed:
     servers: Sequence[tuple[str, ServerUsage | None]] | None = None
     """The same scrape per ready server: (pod and restart count, its metrics or None when it did not answer), for
     the offload verdict; None when usage is."""
+    engines: Sequence[tuple[str, Mapping[str, float] | None]] | None = None
+    """The tier's consumer engines at the same scrape (pod and restart count, vLLM's prefill sums or None), for the
+    recompute time a hit saves; None: not asked."""
     written: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     """(kind, name) → what an earlier round of this reconcile wrote, as the API server stored it."""
     rejected: Problem | None = None

@@ -22,6 +22,7 @@ from strata_units import format_bytes
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.offload import RecomputeSource, Verdict
+from strata_operator.resources.kvcachetier.engines import engine_sample, measured_us_per_token
 from strata_operator.resources.kvcachetier.usage import TIERS, ServerUsage
 
 GHOST_FACTORS = ("1.25", "1.5", "2", "3", "4")
@@ -52,13 +53,25 @@ METRIC_NAMES = tuple(sorted({s.split("{")[0] for s in (*_SAMPLES.values(), *_SEC
 """Every server metric the verdict reads (the dashboard test checks the same names against a real server)."""
 
 
-def sample(servers: Sequence[tuple[str, ServerUsage | None]], at: str) -> dict[str, Any]:
-    """One scrape's counters summed over the servers that answered, and which servers those were."""
+def sample(
+    servers: Sequence[tuple[str, ServerUsage | None]],
+    at: str,
+    engines: Sequence[tuple[str, Mapping[str, float] | None]] | None = None,
+) -> dict[str, Any]:
+    """One scrape's counters summed over the servers that answered, and which servers those were; with `engines`
+    (the wired engines' prefill sums, `engines.parse_engine_metrics`), theirs too."""
     answered = [(identity, usage) for identity, usage in servers if usage is not None]
     counters = {name: sum(int(u.samples.get(key, 0)) for _, u in answered) for name, key in _SAMPLES.items()}
     for name, key in _SECONDS.items():
         counters[name] = sum(round(u.samples.get(key, 0.0) * 1e6) for _, u in answered)
-    return {"at": at, "servers": ",".join(sorted(identity for identity, _ in answered)), "counters": counters}
+    taken: dict[str, Any] = {
+        "at": at,
+        "servers": ",".join(sorted(identity for identity, _ in answered)),
+        "counters": counters,
+    }
+    if engines:
+        taken.update(engine_sample(engines))
+    return taken
 
 
 def _seconds_between(start: str, end: str) -> float:
@@ -102,16 +115,21 @@ def _secs(microseconds: float) -> str:
     return f"{microseconds / 1e6:.6f}"
 
 
-def judge(delta: Mapping[str, int], seconds: float, spec: KVCacheTierSpec) -> tuple[dict[str, Any], str]:
-    """The verdict on one window's counter deltas: status.offload's numbers and the condition's message."""
+def judge(
+    delta: Mapping[str, int], seconds: float, spec: KVCacheTierSpec, measured_us_per_token: int | None = None
+) -> tuple[dict[str, Any], str]:
+    """The verdict on one window's counter deltas: status.offload's numbers and the condition's message.
+    `measured_us_per_token`: the engines' prefill time per token over the window, where known (else the setting)."""
     settings = spec.offload_verdict
+    per_token = measured_us_per_token or settings.recompute_microseconds_per_token
+    source = RecomputeSource.ENGINE_METRICS if measured_us_per_token else RecomputeSource.SETTING
     hits = sum(delta.get(f"hits_{t}", 0) for t in TIERS)
     lookups = hits + delta.get("misses", 0)
     stores = delta.get("stores", 0)
     load_us = sum(delta.get(f"load_us_{t}", 0) for t in TIERS)
     overhead_us = delta.get("miss_us", 0) + delta.get("store_us", 0)
     overhead_us += lookups * settings.engine_overhead_microseconds_per_lookup
-    recompute_per_hit_us = spec.chunk_tokens * settings.recompute_microseconds_per_token
+    recompute_per_hit_us = spec.chunk_tokens * per_token
     saved_us = hits * recompute_per_hit_us
     status: dict[str, Any] = {
         "windowSeconds": int(seconds),
@@ -126,7 +144,8 @@ def judge(delta: Mapping[str, int], seconds: float, spec: KVCacheTierSpec) -> tu
         "loadSeconds": _secs(load_us),
         "missOverheadSeconds": _secs(overhead_us),
         "recomputeSavedSeconds": _secs(saved_us),
-        "recomputeSource": RecomputeSource.SETTING.value,
+        "recomputeSource": source.value,
+        "recomputeMicrosecondsPerToken": per_token,
         "tiers": [
             {
                 "tier": t,
@@ -179,7 +198,8 @@ def offload_status(
     """status.offload after a scrape (`latest` from `sample`), and the condition's message."""
     window = advance((previous or {}).get("window"), latest, spec.offload_verdict.window_seconds)
     start = window.get("previous") or window["current"]
-    status, message = judge(_delta(start, latest), _seconds_between(start["at"], latest["at"]), spec)
+    seconds = _seconds_between(start["at"], latest["at"])
+    status, message = judge(_delta(start, latest), seconds, spec, measured_us_per_token(start, latest))
     if start is latest:
         message = "the window starts now (first scrape, or a server restarted, joined or did not answer)"
     status["window"] = window

@@ -198,7 +198,8 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
         status_obj["usage"] = usage
     offload = previous.get("offload")
     if observed.servers is not None:  # a scrape: the window moves and the verdict is judged again
-        offload, message = offload_status(spec, offload, sample(observed.servers, now or now_rfc3339()))
+        latest = sample(observed.servers, now or now_rfc3339(), observed.engines)
+        offload, message = offload_status(spec, offload, latest)
         verdict = offload["verdict"]
         status_obj["conditions"] = set_condition(
             conditions,
