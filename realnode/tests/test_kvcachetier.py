@@ -52,6 +52,10 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(n
 
     status = wait_for(usage_scraped, timeout=120, interval=2, what="usage scraped from the server pod")
     assert status["readyInstances"] == 1, status
+    # The same scrape judges offloading: a window just started (or a few lookups) is InsufficientData.
+    effective = next(c for c in status["conditions"] if c["type"] == "OffloadEffective")
+    assert (effective["status"], effective["reason"]) == ("Unknown", "InsufficientData"), effective
+    assert status["offload"]["recomputeSource"] == "Setting" and "window" in status["offload"], status["offload"]
 
     resource(site.client, "v1", "Pod").delete(
         name=first["metadata"]["name"], namespace=site.namespace, body={"gracePeriodSeconds": 0}
