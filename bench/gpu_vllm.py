@@ -333,12 +333,15 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     raise RuntimeError(f"vllm serve not ready after {timeout:.0f}s; the end of {log}:\n{tail(log)}")
 
 
-def offload_metrics(port: int) -> dict[str, float]:
+def offload_metrics(port: int, keep: Path | None = None) -> dict[str, float]:
     """vLLM's /metrics lines of the KV offloading (the Strata tier's own `vllm:kv_offload_strata_*` included),
-    summed over labels other than the tier's own."""
+    summed over labels other than the tier's own; `keep`: where to save the whole text (the operator's parser of
+    the engines' prefill metrics is tested on it)."""
     status, body = get(port, "/metrics")
     if status != 200:
         return {}
+    if keep is not None:
+        keep.write_bytes(body)
     out: dict[str, float] = {}
     for line in body.decode().splitlines():
         if line.startswith("#") or not line.startswith(("vllm:kv_offload", "vllm:external_prefix_cache")):
@@ -456,7 +459,7 @@ def run_mode(
             result["cold_ms"].append(round(cold, 2))
             result["warm_ms"].append(round(warm, 2))
             print(f"[{mode}] round {r}: cold {cold:.1f} ms, warm {warm:.1f} ms", flush=True)
-        result["metrics"] = offload_metrics(port)
+        result["metrics"] = offload_metrics(port, keep=work / f"vllm-{mode}-metrics.txt")
         if mode == "strata":
             loaded = result["metrics"].get("vllm:kv_offload_strata_load_chunks_total", 0.0)
             result["tier_loaded_chunks"] = loaded

@@ -390,6 +390,9 @@ def test_the_network_policy_admits_the_api_servers_addresses_to_the_webhook_port
         "ports": [{"port": "webhook", "protocol": "TCP"}],
         "from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
     }
-    assert health_rule == {"ports": [{"port": "health", "protocol": "TCP"}]}
+    # The kubelet's probes and Prometheus (the operator's /metrics) come from anywhere; without metrics, only probes.
+    assert health_rule == {"ports": [{"port": "health", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}]}
+    no_metrics = only(rendered(helm, {**values, "metrics": {"enabled": False}}), "NetworkPolicy")
+    assert no_metrics["spec"]["ingress"][1] == {"ports": [{"port": "health", "protocol": "TCP"}]}
     refused = helm.template_raw({"webhook": {"networkPolicy": {"enabled": True}}})
     assert refused.returncode != 0 and "webhook.networkPolicy.apiServerCIDRs" in refused.stderr

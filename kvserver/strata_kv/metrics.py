@@ -14,6 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .offload_stats import metric_families as offload_metric_families
+
 if TYPE_CHECKING:
     from .state import ServerState
 
@@ -79,6 +81,9 @@ class _StoreCollector(Collector):
         yield cap
         yield evictions
         yield GaugeMetricFamily("strata_kv_l1_keys", "Chunks resident in L1", value=st["l1_keys"])
+        store = self.state.store
+        store.offload.sweep(store.l1.__contains__, len(store.l1), force=True)
+        yield from offload_metric_families(self.state.store.offload)
         if "write_behind_depth" in st:
             yield GaugeMetricFamily("strata_kv_write_behind_depth", "Chunks waiting for L2", st["write_behind_depth"])
             yield GaugeMetricFamily("strata_kv_write_behind_bytes", "Bytes waiting for L2", st["write_behind_bytes"])

@@ -28,6 +28,10 @@ class EvictionPolicy(Protocol):
     def remove(self, key: Key) -> None: ...
     def link(self, parent: Key, child: Key) -> None: ...
     def choose_victim(self, skip: Skip) -> Key | None: ...
+    def ghost_distance(self, key: Key) -> int | None:
+        """For a key not resident: bytes evicted since it was (a larger L1 by that much would have kept it);
+        None when the policy does not remember it."""
+        ...
 
 
 class _Chains:
@@ -101,6 +105,9 @@ class LRUPolicy:
     def remove(self, key: Key) -> None:
         self._order.pop(key, None)
         self._chains.forget(key)
+
+    def ghost_distance(self, key: Key) -> int | None:
+        return None  # LRU keeps no ghosts
 
     def choose_victim(self, skip: Skip) -> Key | None:
         for key in self._order:
@@ -182,7 +189,10 @@ class PrefixLIRSPolicy:
     ) -> None:
         self._capacity = max(1, capacity)
         self._lir_limit = int(self._capacity * (1.0 - hir_fraction))
-        self._s: OrderedDict[Key, None] = OrderedDict()  # recency stack, last = most recent
+        # Recency stack, last = most recent. A ghost's value is `_evicted_bytes` when it was evicted (its reuse
+        # distance in bytes, for `ghost_distance`); resident entries hold None.
+        self._s: OrderedDict[Key, int | None] = OrderedDict()
+        self._evicted_bytes = 0
         self._q: OrderedDict[Key, None] = OrderedDict()  # resident HIR, last = most recent
         self._size: dict[Key, int] = {}  # resident entries
         self._lir: set[Key] = set()
@@ -299,12 +309,20 @@ class PrefixLIRSPolicy:
         self._chains.forget(key)
         self._prune()
 
+    def ghost_distance(self, key: Key) -> int | None:
+        if key in self._size:
+            return None
+        stamp = self._s.get(key)
+        return None if stamp is None else self._evicted_bytes - stamp
+
     def _evict(self, key: Key) -> None:
         """Evict a resident HIR entry; it stays in the stack as a ghost if it was there."""
-        del self._size[key]
+        stamp = self._evicted_bytes
+        self._evicted_bytes += self._size.pop(key)
         self._q.pop(key, None)
         self._chains.forget(key)
         if key in self._s:
+            self._s[key] = stamp  # an update: the ghost keeps its place in the stack
             self._ghosts += 1
             self._ghost_bytes += _ghost_cost(key)
             self._bound_ghosts()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from .fstier import FsTier
 from .kvevents import EventPublisher, parse_block_key
 from .l2 import L2Tier
 from .memory import MemoryTier
+from .offload_stats import OffloadStats
 from .policy import make_policy
 from .s3tier import S3Tier
 from .writebehind import Sink, WriteBehind
@@ -46,6 +48,8 @@ class TieredStore:
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
         self.counters: Counter[str] = Counter()
+        self.offload = OffloadStats(l1.size)
+        """Bytes, seconds and unread chunks for the operator's offload verdict (`offload_stats.py`)."""
         self.events: EventPublisher | None = EventPublisher(cfg.events) if cfg.events.publish else None
         """KV events for vLLM-tier blocks, per medium (`events.medium`); None unless `events.publish`."""
         self._l2_changes: deque[tuple[L2Tier, bytes, bool]] = deque()
@@ -205,19 +209,22 @@ class TieredStore:
 
     # -- reads ------------------------------------------------------------------------------------
     async def get(self, key: bytes) -> bytes | None:
+        started = time.perf_counter()
         value = self.l1.get(key)
+        if value is None and self.write_behind:
+            value = self.write_behind.pending.get(key)
         if value is not None:
             self.counters["hits_l1"] += 1
-            return value
-        if self.write_behind and (value := self.write_behind.pending.get(key)) is not None:
-            self.counters["hits_l1"] += 1
+            self.offload.hit(key, "l1", len(value), time.perf_counter() - started)
             return value
         tier, value = await self._get_l2(key)
         if value is None:
             self.counters["misses"] += 1
+            self.offload.missed(time.perf_counter() - started, self.l1.policy.ghost_distance(key))
             return None
         self.counters[f"hits_{tier}"] += 1
         self._promote(key, value)
+        self.offload.hit(key, tier, len(value), time.perf_counter() - started)
         return value
 
     async def _get_l2(self, key: bytes) -> tuple[str, bytes | None]:
@@ -288,14 +295,22 @@ class TieredStore:
     # -- writes -----------------------------------------------------------------------------------
     def get_nowait(self, key: bytes) -> bytes | None:
         """An L1 (or write-behind) hit without leaving the event loop; None means: use `get`."""
+        started = time.perf_counter()
         value = self.l1.get(key)
         if value is None and self.write_behind is not None:
             value = self.write_behind.pending.get(key)
         if value is not None:
             self.counters["hits_l1"] += 1
+            self.offload.hit(key, "l1", len(value), time.perf_counter() - started)
         return value
 
     def _set_l1(self, key: bytes, value: bytes, parent: bytes | None) -> None:
+        started = time.perf_counter()
+        self._put_l1(key, value, parent)
+        self.offload.stored(key, len(value), time.perf_counter() - started)
+        self.offload.sweep(self.l1.__contains__, len(self.l1))
+
+    def _put_l1(self, key: bytes, value: bytes, parent: bytes | None) -> None:
         self.counters["sets"] += 1
         self.counters["bytes_in"] += len(value)
         had = key in self.l1

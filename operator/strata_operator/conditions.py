@@ -24,10 +24,22 @@ ALL_INSTANCES_READY = "AllInstancesReady"
 """KVCacheTier: every selected node runs a ready server with the current configuration."""
 L2_REACHABLE = "L2Reachable"
 """KVCacheTier: its L2 (claim, S3) is in use by ready servers."""
+OFFLOAD_EFFECTIVE = "OffloadEffective"
+"""KVCacheTier: over the last window, the recompute time hits saved exceeded what offloading cost (reasons Pays,
+DoesNotPay, InsufficientData: True, False, Unknown)."""
 
 CONDITION_TYPES = {
     "ModelCache": (READY, RECONCILING, STALLED, DEGRADED),
-    "KVCacheTier": (CONFIG_VALID, AVAILABLE, ALL_INSTANCES_READY, L2_REACHABLE, READY, RECONCILING, STALLED),
+    "KVCacheTier": (
+        CONFIG_VALID,
+        AVAILABLE,
+        ALL_INSTANCES_READY,
+        L2_REACHABLE,
+        READY,
+        RECONCILING,
+        STALLED,
+        OFFLOAD_EFFECTIVE,
+    ),
 }
 """Each kind's conditions; a type an older operator wrote and no kind lists any more is dropped."""
 
@@ -52,6 +64,7 @@ EVENTS: Mapping[tuple[str, str], Announced] = {
     ("KVCacheTier", AVAILABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
     ("KVCacheTier", ALL_INSTANCES_READY): Announced(into_true_only=False, severity="Normal"),
     ("KVCacheTier", L2_REACHABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
+    ("KVCacheTier", OFFLOAD_EFFECTIVE): Announced(into_true_only=False, severity="WarningWhenFalse"),
 }
 """(kind, condition type) -> the Events its transitions emit; a condition not listed (a tier's Ready,
 Reconciling and Stalled only restate the others) emits none."""

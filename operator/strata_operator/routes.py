@@ -14,7 +14,7 @@ from __future__ import annotations
 import kopf
 
 from strata_operator.api import GROUP, VERSION
-from strata_operator.handlers import consumers, process
+from strata_operator.handlers import consumers, metrics, process
 from strata_operator.handlers.consumers import KV_TIERS, MODEL_CACHES
 from strata_operator.handlers.kvcachetier import events as tier
 from strata_operator.handlers.modelcache import events as cache
@@ -29,6 +29,8 @@ CONSUMER_POD = {MODEL_CACHE_LABEL: kopf.PRESENT}
 kopf.on.startup()(process.on_startup)
 kopf.on.login()(process.login)
 kopf.on.probe(id="ready")(process.readiness_probe)
+kopf.on.startup()(metrics.start_metrics)
+kopf.on.cleanup()(metrics.stop_metrics)
 
 # ModelCache: one daemon per cache; its own changes, its children, its pods and the nodes wake it.
 kopf.on.startup()(cache.remember)

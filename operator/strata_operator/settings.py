@@ -22,6 +22,8 @@
 - `STRATA_WEBHOOK_MAX_BODY_BYTES` (3 MiB), `STRATA_WEBHOOK_MAX_CONCURRENT` (8 decisions at once),
   `STRATA_WEBHOOK_MAX_QUEUED` (24 waiting for one): the work one caller can make the webhook do; a request beyond
   them is answered 413 or 429 at once.
+- `STRATA_METRICS_PORT`: where the operator serves Prometheus /metrics (the KVCacheTiers' offload verdicts as
+  gauges); not served when unset (0: any free port).
 - `POD_ID`: this replica's peering identity (the chart sets the pod name; default hostname/pid/random).
 - `KUBECONFIG`: the kubeconfig outside a cluster, read when the client is made (`kube.py` reads the settings
   anew then: tests switch clusters within one process).
@@ -60,6 +62,7 @@ WEBHOOK_MAX_CONCURRENT_ENV = "STRATA_WEBHOOK_MAX_CONCURRENT"
 WEBHOOK_MAX_QUEUED_ENV = "STRATA_WEBHOOK_MAX_QUEUED"
 WEBHOOK_CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 POD_ID_ENV = "POD_ID"
+METRICS_PORT_ENV = "STRATA_METRICS_PORT"
 KUBECONFIG_ENV = "KUBECONFIG"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -169,6 +172,7 @@ class Settings:
     webhook_tls: WebhookTLS | None = None
     webhook_access: WebhookAccess = field(default_factory=WebhookAccess)
     kubeconfig: str | None = None
+    metrics_port: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -197,11 +201,21 @@ class Settings:
             webhook_tls=_webhook_tls(env),
             webhook_access=_webhook_access(env),
             kubeconfig=env.get(KUBECONFIG_ENV) or None,
+            metrics_port=_metrics_port(env),
         )
 
     @property
     def peer_priority(self) -> int:
         return peer_priority(self.identity)
+
+
+def _metrics_port(env: Mapping[str, str]) -> int | None:
+    port = env.get(METRICS_PORT_ENV)
+    if not port:
+        return None
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{METRICS_PORT_ENV}={port!r}: give a TCP port number (0: any free port)")
+    return int(port)
 
 
 @functools.cache

@@ -7,6 +7,7 @@ Deleting a cache and a tier removes every child and label."""
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
 from strata_testsupport.kube import resource, wait_for
@@ -21,6 +22,7 @@ from strata_testsupport.pods import (
     unique,
     upload_model,
 )
+from strata_testsupport.realnode import RELEASE_NAMESPACE
 from strata_testsupport.scenarios import (
     deleting_leaves_nothing_behind,
     preload_from_s3,
@@ -52,6 +54,23 @@ def test_tier_serves_chunks_by_service_name_and_keeps_them_across_a_killed_pod(n
 
     status = wait_for(usage_scraped, timeout=120, interval=2, what="usage scraped from the server pod")
     assert status["readyInstances"] == 1, status
+    # The same scrape judges offloading: a window just started (or a few lookups) is InsufficientData.
+    effective = next(c for c in status["conditions"] if c["type"] == "OffloadEffective")
+    assert (effective["status"], effective["reason"]) == ("Unknown", "InsufficientData"), effective
+    assert status["offload"]["recomputeSource"] == "Setting" and "window" in status["offload"], status["offload"]
+    # ...and the operator pod serves it as gauges on its metrics port (chart metrics.enabled, 8081).
+    labels = f'namespace="{site.namespace}",kvcachetier="{tier}",verdict="InsufficientData"'
+    gauge = f"strata_kvcachetier_offload_verdict{{{labels}}} 1"
+
+    def operator_gauges() -> str | None:
+        for pod in resource(site.client, "v1", "Pod").get(namespace=RELEASE_NAMESPACE).to_dict()["items"]:
+            ip = pod.get("status", {}).get("podIP")
+            if pod["spec"]["containers"][0]["name"] == "operator" and ip:
+                text = urllib.request.urlopen(f"http://{ip}:8081/metrics", timeout=10).read().decode()
+                return text if gauge in text else None
+        return None
+
+    wait_for(operator_gauges, timeout=60, interval=2, what="the tier's verdict on the operator's /metrics")
 
     resource(site.client, "v1", "Pod").delete(
         name=first["metadata"]["name"], namespace=site.namespace, body={"gracePeriodSeconds": 0}

@@ -75,3 +75,8 @@ def test_the_gpu_bench_runs_every_round_on_the_cpu_engine_and_the_tier_serves_it
     assert strata["tier_served"] and strata["tier_loaded_chunks"] >= 512 // 128, strata
     assert "break_even_hit_ratio" in report["summary"]["strata"], report["summary"]
     assert output.with_suffix(".png").stat().st_size > 0
+    # The operator reads the same engines' prefill time per computed token (status.offload, EngineMetrics).
+    from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
+
+    sums = parse_engine_metrics((tmp_path / "vllm-none-metrics.txt").read_text())
+    assert sums["prefill_tokens"] >= 512 and sums["prefill_seconds"] > 0, sums

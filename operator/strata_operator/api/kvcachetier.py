@@ -29,6 +29,7 @@ from strata_operator.api.base import (
     endpoint_rules,
 )
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn
+from strata_operator.api.offload import OffloadStatus, OffloadVerdictSpec
 
 _OBJECT_DEFAULT: dict[str, Any] = {"default": {}}
 """Lets the API server fill nested defaults when the parent object is omitted."""
@@ -437,6 +438,11 @@ class KVCacheTierSpec(CRDModel):
         json_schema_extra=_OBJECT_DEFAULT,
         description="A node-local Unix socket (and shared memory) for serving pods on the same node; off by default.",
     )
+    offload_verdict: OffloadVerdictSpec = Field(
+        default_factory=OffloadVerdictSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="How status.offload judges whether offloading pays (recompute time per token, the window).",
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = Field(
@@ -516,6 +522,9 @@ class KVCacheTierStatus(CRDModel):
     service: str | None = Field(default=None, description="The Service in front of the servers.")
     endpoints: list[NodeEndpoint] = Field(default_factory=list, description="One entry per server.")
     usage: Usage | None = Field(default=None, description="Use and hit ratios from the servers' metrics.")
+    offload: OffloadStatus | None = Field(
+        default=None, description="Whether offloading pays over the last window (the OffloadEffective condition)."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="ConfigValid, Available, AllInstancesReady, L2Reachable, Ready, Reconciling and Stalled.",
@@ -538,6 +547,12 @@ CRD = CRDSpec(
         PrinterColumn("L1", ".spec.l1.size"),
         PrinterColumn("L2", ".status.l2"),
         PrinterColumn("Available", '.status.conditions[?(@.type=="Available")].status', description="Serving"),
+        PrinterColumn("Hit", ".status.offload.hitRatio", description="Hit ratio over the offload window"),
+        PrinterColumn(
+            "Offload",
+            '.status.conditions[?(@.type=="OffloadEffective")].reason',
+            description="Pays, DoesNotPay or InsufficientData",
+        ),
     ),
     root_validations=(
         cel(

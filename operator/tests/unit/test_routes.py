@@ -29,7 +29,8 @@ TRIGGERS = {
     "kvcachetier-services", "kvcachetiers-consumers-repaired", "login", "login_via_client", "model_cache_consumers",
     "modelcache_changed", "modelcache_daemon", "modelcache_deleted", "modelcaches-consumers-repaired",
     "node_changed", "on_startup", "pod_changed", "ready", "recount-kvcachetiers", "recount-modelcaches",
-    "remember", "remember_tiers", "start_webhook", "stop_webhook", "tier_changed", "tier_daemon",
+    "remember", "remember_tiers", "start_metrics", "start_webhook", "stop_metrics", "stop_webhook",
+    "tier_changed", "tier_daemon",
 }  # fmt: skip
 
 

@@ -37,6 +37,8 @@ class TierMemory(controller.Memory):
 
     name: str = "kvcachetier"
     applied: reconciler.AppliedChildren = field(default_factory=dict)
+    offload: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(namespace, name) → the tier's status.offload as last reconciled, for the operator's /metrics."""
 
 
 def remember_tiers(memo: kopf.Memo, **_: Any) -> None:
@@ -60,9 +62,15 @@ async def tier_daemon(
         if scrape:
             scraped = time.monotonic()
         outcome = reconciler.reconcile(snapshot, full=full, settings=process, applied=mine.applied, scrape=scrape)
+        if outcome is not None and outcome.status.get("offload"):
+            mine.offload[key] = outcome.status["offload"]
         return outcome.events if outcome is not None else []
 
-    await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    try:
+        await controller.run_daemon(mine, body, stopped, logger, reconcile_once, resync_seconds=RESYNC_SECONDS)
+    finally:
+        mine.offload.pop(key, None)  # the tier is gone (or this replica stopped): no stale gauges
 
 
 async def tier_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:

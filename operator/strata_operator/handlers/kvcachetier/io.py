@@ -15,12 +15,13 @@ from strata_operator.api import API_VERSION
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.common import ensure_token_secret
 from strata_operator.handlers.kvcachetier import usage
-from strata_operator.resources.core import Problem, label_selector, parse_spec
+from strata_operator.resources.core import KV_TIER_LABEL, Problem, label_selector, parse_spec
 from strata_operator.resources.kvcachetier.children import child_names
 from strata_operator.resources.kvcachetier.names import KIND, TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
 from strata_operator.resources.kvcachetier.plan import Plan
 from strata_operator.resources.kvcachetier.storage import l2_claim_name
+from strata_operator.resources.kvcachetier.usage import summarize
 from strata_operator.resources.kvcachetier.validation import ClusterFacts, node_selected
 from strata_operator.resources.runtime_image import RuntimeImage
 
@@ -72,7 +73,15 @@ def gather(
     observed.claim = kube.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
     if scrape:
         try:
-            observed.usage = usage.read_usage(observed.pods, spec)
+            servers = usage.read_servers(observed.pods, spec)
+            if servers is not None:
+                observed.usage = summarize((u for _, u in servers if u is not None), instances=len(servers))
+                observed.servers = servers
+                if spec.offload_verdict.engine_metrics_port:
+                    consumers = kube.list_objects(
+                        "v1", "Pod", namespace=tier.namespace, label_selector=label_selector({KV_TIER_LABEL: tier.name})
+                    )
+                    observed.engines = usage.read_engines(consumers, spec.offload_verdict.engine_metrics_port)
         except Exception:  # metrics are informative: a failed scrape never fails the reconcile
             log.exception("scraping the KV servers' metrics failed")
     return observed

@@ -13,6 +13,7 @@ from typing import Any
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.usage import ServerUsage
 from strata_operator.resources.kvcachetier.validation import ClusterFacts
 from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
 
@@ -43,6 +44,12 @@ class Observed:
     """The L2 claim the servers mount (existing or created), where the spec has one."""
     usage: Mapping[str, Any] | None = None
     """status.usage scraped from the ready servers this time; None: not due, or nobody to ask (the stored one stays)."""
+    servers: Sequence[tuple[str, ServerUsage | None]] | None = None
+    """The same scrape per ready server: (pod and restart count, its metrics or None when it did not answer), for
+    the offload verdict; None when usage is."""
+    engines: Sequence[tuple[str, Mapping[str, float] | None]] | None = None
+    """The tier's consumer engines at the same scrape (pod and restart count, vLLM's prefill sums or None), for the
+    recompute time a hit saves; None: not asked."""
     written: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     """(kind, name) → what an earlier round of this reconcile wrote, as the API server stored it."""
     rejected: Problem | None = None

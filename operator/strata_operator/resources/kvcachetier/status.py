@@ -17,6 +17,7 @@ from strata_operator.conditions import (
     AVAILABLE,
     CONFIG_VALID,
     L2_REACHABLE,
+    OFFLOAD_EFFECTIVE,
     READY,
     RECONCILING,
     STALLED,
@@ -27,6 +28,7 @@ from strata_operator.conditions import (
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
+from strata_operator.resources.kvcachetier.offload import CONDITION_STATUS, offload_status, sample
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
 
 STARTUP_GRACE_SECONDS = 300
@@ -194,6 +196,22 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
     usage = previous.get("usage") if observed.usage is None else observed.usage
     if usage is not None:
         status_obj["usage"] = usage
+    offload = previous.get("offload")
+    if observed.servers is not None:  # a scrape: the window moves and the verdict is judged again
+        latest = sample(observed.servers, now or now_rfc3339(), observed.engines)
+        offload, message = offload_status(spec, offload, latest)
+        verdict = offload["verdict"]
+        status_obj["conditions"] = set_condition(
+            conditions,
+            OFFLOAD_EFFECTIVE,
+            CONDITION_STATUS.get(verdict, "Unknown"),
+            verdict,
+            message,
+            generation=tier.generation,
+            now=now,
+        )
+    if offload is not None:
+        status_obj["offload"] = offload
     return status_obj
 
 

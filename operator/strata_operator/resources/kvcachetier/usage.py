@@ -24,6 +24,8 @@ class ServerUsage:
     misses: int = 0
     used: dict[str, int] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, float] = field(default_factory=dict)
+    """Every `strata_kv_*` sample as `name` or `name{labels}` → value (the offload verdict reads its counters)."""
 
 
 def parse_metrics(text: str) -> ServerUsage:
@@ -35,7 +37,11 @@ def parse_metrics(text: str) -> ServerUsage:
             continue
         tier_match = _TIER_LABEL.search(match.group("labels") or "")
         tier = tier_match.group(1) if tier_match else ""
-        name, value = match.group("name"), int(float(match.group("value")))
+        name, number = match.group("name"), float(match.group("value"))
+        value = int(number)
+        if name.startswith("strata_kv_"):
+            labels = match.group("labels")
+            usage.samples[f"{name}{{{labels}}}" if labels else name] = number
         if name == "strata_kv_hits_total":
             usage.hits[tier] = value
         elif name == "strata_kv_misses_total":
