@@ -60,6 +60,10 @@ class MemoryTier:
     def __len__(self) -> int:
         return len(self._values)
 
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """A snapshot of the resident keys and values, without counting an access (namespace listings)."""
+        return list(self._values.items())
+
     def get(self, key: bytes) -> bytes | None:
         value = self._values.get(key)
         self.policy.observe(key)
