@@ -14,6 +14,7 @@ The server's own configured namespace (where LMCache and raw keys live) is never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -172,10 +173,8 @@ def _remove_leftovers(dirs: list[Path]) -> int:
             continue
         for dirpath, _dirs, files in os.walk(path):
             for name in files:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     freed += Path(dirpath, name).stat().st_size
-                except FileNotFoundError:
-                    pass
         shutil.rmtree(path, ignore_errors=True)
     return freed
 
