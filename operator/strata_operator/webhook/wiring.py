@@ -180,9 +180,8 @@ def _wire_model(
         revision = annotations.get(REVISION_ANNOTATION) or wiring_revision(cache)
         if revision is None:
             raise WiringConflict(
-                f"{whose} has not resolved its revision yet, and the pod's KV namespace must carry it (KV computed "
-                "with other weights must never be served): create the pod once the cache is Ready (a Deployment's "
-                "controller retries), or pin source.revision to a commit"
+                f"{whose} has no source to name its revision by, and the pod's KV namespace must carry it (KV "
+                "computed with other weights must never be served)"
             )
         mount["mountPath"] = engine_model_path(mount["mountPath"], revision, layout_digest(containers))
         link = {MODEL_CACHE_ANNOTATION: name, REVISION_ANNOTATION: revision, KV_MODEL_ANNOTATION: mount["mountPath"]}

@@ -3,14 +3,15 @@ namespaces a tier collects."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier import namespaces as ns
-from strata_operator.webhook.wiring import MODEL_DIR_ENV, WiringConflict, build_pod_patch
+from strata_operator.webhook.wiring import MODEL_DIR_ENV, MODEL_READY_GATE, WiringConflict, build_pod_patch
 
-from .test_serving_wiring import apply_patch, cache, pod, tier
+from .test_serving_wiring import NOT_READY, apply_patch, cache, pod, tier
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 DIGEST = "sha256:" + "fe" * 32
@@ -81,13 +82,31 @@ def test_a_pod_wired_before_keeps_its_revision_when_the_cache_moves_on() -> None
     assert build_pod_patch(first, model_cache=moved, kv_tier=tier(), creating=False) == []
 
 
-def test_a_cache_without_a_revision_is_refused_unless_the_spec_pins_a_commit() -> None:
-    unresolved = cache(conditions=[], manifestSha256=None)
-    with pytest.raises(WiringConflict, match="has not resolved its revision yet"):
-        build_pod_patch(kv_pod(), model_cache=unresolved, kv_tier=tier())
+def test_before_a_revision_is_resolved_a_pinned_commit_or_the_request_names_the_namespace() -> None:
+    unresolved = cache(conditions=[NOT_READY], manifestSha256=None)
+    wired = apply_patch(kv_pod(), build_pod_patch(kv_pod(), model_cache=unresolved, kv_tier=tier()))
+    token = wired["metadata"]["annotations"][ns.REVISION_ANNOTATION]
+    assert token == ns.request_revision(unresolved) and token.startswith("req-")
+    assert env_of(wired, MODEL_DIR_ENV).endswith(f"/{token}")
+    assert {"name": MODEL_READY_GATE} in wired["spec"]["schedulingGates"]  # still gated until the cache is Ready
+    other_request = copy.deepcopy(unresolved)
+    other_request["spec"]["source"]["revision"] = "v2"
+    assert ns.request_revision(other_request) != token
+    assert token in ns.current_revisions(unresolved) and token not in ns.current_revisions(other_request)
     unresolved["spec"]["source"]["revision"] = COMMIT
     wired = apply_patch(kv_pod(), build_pod_patch(kv_pod(), model_cache=unresolved, kv_tier=tier()))
     assert wired["metadata"]["annotations"][ns.REVISION_ANNOTATION] == COMMIT[:12]
+
+
+def test_a_cache_without_a_source_is_refused() -> None:
+    sourceless = cache(manifestSha256=None)
+    sourceless["spec"]["source"] = {}
+    sourceless["status"]["volume"] = {
+        "volume": {"name": "model", "emptyDir": {}},
+        "volumeMount": {"name": "model", "mountPath": "/models/x"},
+    }
+    with pytest.raises(WiringConflict, match="no source to name its revision by"):
+        build_pod_patch(kv_pod(), model_cache=sourceless, kv_tier=tier())
 
 
 def test_flags_that_change_kv_bytes_beyond_vllms_digest_enter_the_model_path() -> None:
@@ -126,7 +145,7 @@ def spec(**gc: Any) -> KVCacheTierSpec:
 
 
 def observation(pods: list[dict[str, Any]], current: str | None, now: str) -> ns.NamespaceObservation:
-    return ns.NamespaceObservation(pods=pods, current={"llama": current}, now=now)
+    return ns.NamespaceObservation(pods=pods, current={"llama": frozenset([current] if current else [])}, now=now)
 
 
 def test_an_old_revision_is_due_only_after_its_pods_went_and_the_grace_period_passed() -> None:

@@ -44,7 +44,7 @@ def observe(tier: TierRef, previous: Mapping[str, Any], now: str | None = None) 
     current = {}
     for name in sorted(caches):
         cache = kube.read(API_VERSION, "ModelCache", name, tier.namespace)
-        current[name] = ns.cache_revision(cache) if cache is not None else None
+        current[name] = ns.current_revisions(cache)
     return ns.NamespaceObservation(pods=pods, current=current, now=now or now_rfc3339())
 
 

@@ -69,13 +69,35 @@ def cache_revision(cache: Mapping[str, Any]) -> str | None:
     return None
 
 
+def request_revision(cache: Mapping[str, Any]) -> str | None:
+    """`req-<12 hex>` over the cache's uid and what it asks to copy (uri, revision, include, exclude); None without
+    a source. The namespace of pods wired before the cache resolved its revision: one ModelCache copies one revision
+    per request (a NodeLocal cache pins the commit its first copy resolved), so it names the weights too."""
+    source = (cache.get("spec") or {}).get("source") or {}
+    if not source.get("uri"):
+        return None
+    uid = (cache.get("metadata") or {}).get("uid") or ""
+    fields = [uid, source.get("uri"), source.get("revision") or "", source.get("include"), source.get("exclude")]
+    return "req-" + hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:REVISION_DIGITS]
+
+
+def current_revisions(cache: Mapping[str, Any] | None) -> frozenset[str]:
+    """The revisions a cache serves now (its resolved one and its request's): namespaces of these are kept."""
+    if cache is None:
+        return frozenset()
+    return frozenset(r for r in (cache_revision(cache), request_revision(cache)) if r is not None)
+
+
 def wiring_revision(cache: Mapping[str, Any]) -> str | None:
-    """The revision a pod wired now gets: the resolved one, or a commit the spec pins (known before the copy)."""
+    """The revision a pod wired now gets: the resolved one, a commit the spec pins (known before the copy), or
+    before either, the request's (`request_revision`)."""
     resolved = cache_revision(cache)
     if resolved is not None:
         return resolved
     asked = ((cache.get("spec") or {}).get("source") or {}).get("revision")
-    return asked[:REVISION_DIGITS] if isinstance(asked, str) and _COMMIT.match(asked) else None
+    if isinstance(asked, str) and _COMMIT.match(asked):
+        return asked[:REVISION_DIGITS]
+    return request_revision(cache)
 
 
 def layout_digest(containers: Sequence[Mapping[str, Any]]) -> str | None:
@@ -96,7 +118,7 @@ def layout_digest(containers: Sequence[Mapping[str, Any]]) -> str | None:
 
 def engine_model_path(mount_path: str, revision: str, layout: str | None) -> str:
     """Where the model is mounted, and so the name the engine's KV is keyed by."""
-    leaf = f"rev-{revision}" + (f"-kv-{layout}" if layout else "")
+    leaf = (revision if revision.startswith("req-") else f"rev-{revision}") + (f"-kv-{layout}" if layout else "")
     return f"{mount_path.rstrip('/')}/{leaf}"
 
 
@@ -133,8 +155,8 @@ class NamespaceObservation:
     """What the namespace step read: wired pods, the caches' current revisions, and the time."""
 
     pods: Sequence[Mapping[str, Any]] = ()
-    current: Mapping[str, str | None] = field(default_factory=dict)
-    """ModelCache name -> its revision now (None: deleted, or none resolved)."""
+    current: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """ModelCache name -> the revisions it serves now (`current_revisions`; empty when deleted)."""
     now: str = ""
 
 
@@ -185,7 +207,7 @@ def plan_collection(spec: KVCacheTierSpec, previous: Mapping[str, Any], seen: Na
         r
         for r in records
         if not r["servingPods"]
-        and seen.current.get(r["modelCache"]) != r["revision"]
+        and r["revision"] not in seen.current.get(r["modelCache"], frozenset())
         and (now - _parse(r["idleSince"])).total_seconds() >= gc.grace_period_seconds
     ]
     return Collection(records, due)
