@@ -35,6 +35,7 @@ def env_of(p: dict[str, Any], name: str) -> str:
         ({"resolvedRevision": DIGEST}, "fe" * 6),
         ({"resolvedDigest": DIGEST, "manifestSha256": "ab" * 32}, "fe" * 6),
         ({"resolvedRevision": "v1-label", "manifestSha256": "cd" * 32}, "cd" * 6),
+        ({"manifestSha256": "sha256:" + "5e" * 32}, "5e" * 6),
         ({"resolvedRevision": "main"}, None),
         ({}, None),
     ],

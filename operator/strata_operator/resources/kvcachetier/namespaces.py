@@ -46,7 +46,7 @@ NAMESPACE_COLLECTED = "NamespaceCollected"
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _DIGEST = re.compile(r"^sha256:(?P<hex>[0-9a-f]{64})$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"^([0-9a-f]{64})$")
 
 
 def cache_revision(cache: Mapping[str, Any]) -> str | None:
@@ -63,9 +63,9 @@ def cache_revision(cache: Mapping[str, Any]) -> str | None:
                 return value[:REVISION_DIGITS]
             if match := _DIGEST.match(value):
                 return match.group("hex")[:REVISION_DIGITS]
-    manifest = status.get("manifestSha256")
-    if isinstance(manifest, str) and _SHA256.match(manifest):
-        return manifest[:REVISION_DIGITS]
+    manifest = status.get("manifestSha256")  # `sha256:<hex>` as the loader writes it
+    if isinstance(manifest, str) and (match := _DIGEST.match(manifest) or _SHA256.match(manifest)):
+        return match.group(match.lastindex or 0)[:REVISION_DIGITS]
     return None
 
 
