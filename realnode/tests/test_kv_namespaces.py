@@ -96,8 +96,10 @@ def engine_pod(site: Any, name: str, cache: str, tier: str) -> dict[str, Any]:
     def reported() -> dict[str, Any] | None:
         phase = resource(site.client, "v1", "Pod").get(name=name, namespace=site.namespace).status.phase
         assert phase not in ("Failed", "Succeeded"), pod_log(site.client, site.namespace, name)
+        if phase != "Running":
+            return None
         lines = [ln for ln in pod_log(site.client, site.namespace, name).splitlines() if ln.startswith("{")]
-        return dict(json.loads(lines[-1])) if lines and phase == "Running" else None
+        return dict(json.loads(lines[-1])) if lines else None
 
     result = wait_for(reported, timeout=300, interval=1, what=f"serving pod {name} to store its blocks")
     result["pod"] = resource(site.client, "v1", "Pod").get(name=name, namespace=site.namespace).to_dict()
