@@ -173,8 +173,12 @@ def test_two_revisions_never_share_blocks_and_the_old_ones_are_collected(node_si
     old_files = {p.relative_to(l2 / old_dirs[0]) for p in (l2 / old_dirs[0]).rglob("*.bin")}
     new_files = {p.relative_to(l2 / new_dirs[0]) for p in (l2 / new_dirs[0]).rglob("*.bin")}
     assert old_files == new_files and len(old_files) == BLOCKS, "the same block hashes, each in its own namespace"
-    records = {r["revision"]: r for r in tier_status(site, tier).get("namespaces") or []}
-    assert records[revision_a]["servingPods"] == 1 and records[revision_b]["servingPods"] == 1, records
+
+    def both_served() -> dict[str, Any] | None:  # the tier's next reconcile (at most its resync) lists the pods
+        records = {r["revision"]: r["servingPods"] for r in tier_status(site, tier).get("namespaces") or []}
+        return records if records.get(revision_a) == 1 and records.get(revision_b) == 1 else None
+
+    wait_for(both_served, timeout=180, interval=2, what="status.namespaces listing both revisions' pods")
 
     # -- the old revision's pod goes: its namespace is dropped from L1 and L2, the bytes reported --------------
     held = json.loads(kv.execute_command("STRATA.NAMESPACES"))[old["namespace"]]
