@@ -94,6 +94,9 @@ def test_before_a_revision_is_resolved_a_pinned_commit_or_the_request_names_the_
     other_request["spec"]["source"]["revision"] = "v2"
     assert ns.request_revision(other_request) != token
     assert token in ns.current_revisions(unresolved) and token not in ns.current_revisions(other_request)
+    resolved = copy.deepcopy(unresolved)
+    resolved["status"]["manifestSha256"] = "sha256:" + "5e" * 32
+    assert ns.current_revisions(resolved) == {"5e" * 6}, "once resolved, the request's namespace is no longer given"
     unresolved["spec"]["source"]["revision"] = COMMIT
     wired = apply_patch(kv_pod(), build_pod_patch(kv_pod(), model_cache=unresolved, kv_tier=tier()))
     assert wired["metadata"]["annotations"][ns.REVISION_ANNOTATION] == COMMIT[:12]

@@ -82,10 +82,15 @@ def request_revision(cache: Mapping[str, Any]) -> str | None:
 
 
 def current_revisions(cache: Mapping[str, Any] | None) -> frozenset[str]:
-    """The revisions a cache serves now (its resolved one and its request's): namespaces of these are kept."""
+    """The revisions new pods of a cache are wired with now: namespaces of these are kept. Its resolved revision
+    once it has one (a request's `req-` namespace is then no longer given out, and goes once its pods do); before,
+    a pinned commit and its request's."""
     if cache is None:
         return frozenset()
-    return frozenset(r for r in (cache_revision(cache), request_revision(cache)) if r is not None)
+    resolved = cache_revision(cache)
+    if resolved is not None:
+        return frozenset([resolved])
+    return frozenset(r for r in (wiring_revision(cache), request_revision(cache)) if r is not None)
 
 
 def wiring_revision(cache: Mapping[str, Any]) -> str | None:
