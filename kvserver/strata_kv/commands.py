@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import resp
+from . import namespaces, resp
 from .connection_commands import (
     cmd_auth,
     cmd_client,
@@ -263,6 +263,21 @@ async def cmd_strata_blocks(state: ServerState, s: Session, args: list[bytes]) -
     return resp.encode(list(keys), s.proto)
 
 
+async def cmd_strata_namespaces(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    """Every vLLM-tier namespace held, as JSON: {namespace: {tier: {"blocks": n, "bytes": n}}}."""
+    usage = await namespaces.namespace_usage(state.store)
+    return resp.bulk(json.dumps(usage, sort_keys=True).encode())
+
+
+async def cmd_strata_dropns(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    """Drop one vLLM-tier namespace from every tier (each key as DEL would); JSON of what each tier freed."""
+    try:
+        dropped = await namespaces.drop_namespace(state.store, args[1].decode(errors="replace"))
+    except namespaces.NamespaceRefused as e:
+        return resp.error(str(e))
+    return resp.bulk(json.dumps(dropped, sort_keys=True).encode())
+
+
 async def cmd_command(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     if len(args) >= 2 and args[1].upper() == b"COUNT":
         return resp.integer(len(COMMANDS))
@@ -325,6 +340,8 @@ COMMANDS: dict[bytes, Command] = {
     b"STRATA.STATS": Command(cmd_strata_stats, 1),
     b"STRATA.BLOCKS": Command(cmd_strata_blocks, 2),
     b"STRATA.GETFD": Command(cmd_strata_getfd, 2, first_key=1, last_key=1),
+    b"STRATA.NAMESPACES": Command(cmd_strata_namespaces, 1),
+    b"STRATA.DROPNS": Command(cmd_strata_dropns, 2),
 }
 
 

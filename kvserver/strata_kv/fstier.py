@@ -412,6 +412,11 @@ class FsTier:
             "write_errors": self.write_errors,
         }
 
+    def forget_namespace(self, namespace: str) -> None:
+        """A dropped namespace's rank directories no longer count against `max_namespaces`."""
+        with self._lock:
+            self._namespaces = {top for top in self._namespaces if not top.startswith(f"{namespace}_r")}
+
     # -- helpers ----------------------------------------------------------------------------------
     def _touch(self, rel: str, size: int, stored: bool = False) -> None:
         """A use of `rel`; `stored`: a SET found it already written (told to `on_change` like a write)."""

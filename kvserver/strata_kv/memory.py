@@ -64,6 +64,10 @@ class MemoryTier:
         """The keys held now (a copy: for listings, not for the hot path)."""
         return list(self._values)
 
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """A snapshot of the resident keys and values, without counting an access (namespace listings)."""
+        return list(self._values.items())
+
     def get(self, key: bytes) -> bytes | None:
         value = self._values.get(key)
         self.policy.observe(key)

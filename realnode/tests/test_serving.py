@@ -4,7 +4,9 @@ and nothing else. The webhook adds the model volume, `--load-format strata`'s ST
 settings with the CPU engine's `--kv-transfer-config`, the node socket and /dev/shm; the pod waits at the
 scheduling gate until the cache is Ready, then answers `/v1/completions`.
 
-Then a fresh engine answers the same long prompt with tokens loaded from Strata's tier (cached tokens, the tier's
+Wired while the cache was preloading, the first engine's model path (and so its KV namespace) names the cache's
+request; the next, wired once the cache is Ready, names its resolved revision and computes the prompt again. Then a
+fresh engine answers the same long prompt with tokens loaded from Strata's tier (cached tokens, the tier's
 load counter) and the same text; a killed KV server pod costs no request (the chunks are recomputed) and the engine
 stores into its successor; and deleting everything leaves nothing on the node.
 """
@@ -51,12 +53,18 @@ LATER_PROMPT = [5 + (i * 104729) % 31000 for i in range(512)]
 SHM = Path("/dev/shm")
 
 
+def model_dir(engine: dict) -> str:
+    """The engine's STRATA_MODEL_DIR (its --model, and so the name its KV is keyed by)."""
+    env = engine["spec"]["containers"][0].get("env") or []
+    return next(e["value"] for e in env if e["name"] == "STRATA_MODEL_DIR")
+
+
 def pods_shm_files() -> set[str]:
     """The host's /dev/shm entries of the pods' user (other processes on this machine use it too)."""
     return {p.name for p in SHM.iterdir() if p.stat().st_uid == RUNTIME_UID}
 
 
-@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
+@pytest.mark.timeout(2100)  # four engine starts and a 100M model's prefills on two shared cores
 def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     node_site, node_s3, serving_image, kv_socket_driver, tmp_path
 ):
@@ -102,8 +110,19 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     assert cached_tokens(first) == 0, "a fresh engine with an empty tier computes the whole prompt"
     stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)  # every full chunk (the last may be pending)
 
-    # -- a fresh engine answers the same prompt from Strata's tier ---------------------------------------------
+    # -- KV follows the model revision: wired while the cache was preloading, the first engine's model path (its
+    # KV namespace) names the cache's request; engines wired since it is Ready name its resolved revision (README:
+    # KV follows the model revision), so the next one computes the prompt again, under that revision ------------
+    assert "/req-" in model_dir(engine), model_dir(engine)
     seen: set[str] = set()
+    engine = fresh_engine(site, name, engine, seen)
+    assert "/rev-" in model_dir(engine), model_dir(engine)
+    recomputed_first = complete(engine, PROMPT)
+    assert cached_tokens(recomputed_first) == 0, "another revision's namespace: nothing to load"
+    assert recomputed_first["choices"][0]["text"] == text
+    stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)
+
+    # -- a fresh engine answers the same prompt from Strata's tier ---------------------------------------------
     engine = fresh_engine(site, name, engine, seen)
     second = complete(engine, PROMPT)
     loaded = metric(engine, LOADED)

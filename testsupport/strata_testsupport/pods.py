@@ -241,9 +241,9 @@ def kv_tier_spec(claim: str) -> dict[str, Any]:
     }
 
 
-def rwx_claim(client: DynamicClient, namespace: str, name: str, size: str = "1Gi") -> None:
-    """A ReadWriteMany claim bound to its own static volume on the node (see `static_volume`)."""
-    static_volume(client, namespace, name, size)
+def rwx_claim(client: DynamicClient, namespace: str, name: str, size: str = "1Gi") -> Path:
+    """A ReadWriteMany claim bound to its own static volume on the node (see `static_volume`); its directory."""
+    path = static_volume(client, namespace, name, size)
     resource(client, "v1", "PersistentVolumeClaim").create(
         namespace=namespace,
         body={
@@ -257,6 +257,7 @@ def rwx_claim(client: DynamicClient, namespace: str, name: str, size: str = "1Gi
             },
         },
     )
+    return path
 
 
 def kv_token_secret(client: DynamicClient, namespace: str) -> None:

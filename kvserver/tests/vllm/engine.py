@@ -596,7 +596,9 @@ def main() -> None:
         try:
             request = json.loads(line)
             model = request.get("model", MODEL_CONFIG)
-            request["model_dir"] = str(write_model_dir(Path(request["workdir"]) / "model", model))
+            # `model_path`: where the model is "mounted" (the webhook's revision path), relative to the workdir.
+            model_path = Path(request["workdir"]) / request.get("model_path", "model")
+            request["model_dir"] = str(write_model_dir(model_path, model))
             result = modes[request["mode"]](request)
         except Exception:
             result = {"error": traceback.format_exc()}

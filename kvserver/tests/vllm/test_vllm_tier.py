@@ -96,6 +96,36 @@ def test_a_second_engine_promotes_what_the_first_stored_bit_exact(
     assert loaded["stats"]["chunks_loaded"] == 12
 
 
+def test_two_revisions_of_a_model_never_hit_each_others_blocks_and_one_is_dropped_alone(
+    vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
+) -> None:
+    """The model path the webhook mounts (`<mount>/rev-<revision>`) becomes vLLM's model name, so its FileMapper
+    puts each revision in its own namespace; the operator attributes that namespace to the path and drops it."""
+    from strata_operator.resources.kvcachetier.namespaces import belongs, engine_model_path
+
+    server = kv_server_factory(l2_fs=False)
+    connection = rendered_connection(SMALL_TIER)
+    transfer = pointed_at(connection, server)
+    old, new = (engine_model_path("models/llama", r, None) for r in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"))
+    stored = engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=6, model_path=old)
+    assert stored["stats"]["chunks_stored"] == 6
+    other = engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=6, model_path=new)
+    assert other["namespace"] != stored["namespace"]
+    assert other["verdicts"] == ["MISS"] * 6, "the same prompt under other weights hits nothing"
+    r = server.redis()
+    held = json.loads(r.execute_command("STRATA.NAMESPACES"))
+    (namespace,) = held
+    assert belongs(namespace, str(tmp_path / old)) and not belongs(namespace, str(tmp_path / new))
+    assert stored["namespace"] == f"{namespace}_r0/"
+    engine(vllm_engine, "store", connection, transfer, tmp_path, chunks=6, model_path=new)
+    dropped = json.loads(r.execute_command("STRATA.DROPNS", namespace))
+    assert dropped["freed"]["l1"]["blocks"] == 6
+    again = engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=6, model_path=old)
+    assert again["verdicts"] == ["MISS"] * 6
+    kept = engine(vllm_engine, "load", connection, transfer, tmp_path, chunks=6, model_path=new)
+    assert kept["verdicts"] == ["HIT"] * 6 and kept["equal"] == 6
+
+
 def test_another_model_layout_never_hits(
     vllm_engine: VllmScript, kv_server_factory: KVServerFactory, tmp_path: Path
 ) -> None:

@@ -341,6 +341,23 @@ SALT_NEEDS_LMCACHE = (
 )
 
 
+class NamespaceCollectionSpec(CRDModel):
+    """Garbage collection of KV computed with weights no pod serves any more (README: KV follows the model revision)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Drop, from L1 and L2 on every server, the KV namespaces of a ModelCache revision that is no "
+        "longer the cache's and that no wired pod has served for gracePeriodSeconds.",
+    )
+    grace_period_seconds: int = Field(
+        default=3600,
+        ge=0,
+        le=30 * 24 * 3600,
+        description="How long an old revision's namespaces stay after its last wired pod went (default 3600; "
+        "at most 30 days): a rollback within it finds its KV still there.",
+    )
+
+
 class KVCacheTierSpec(CRDModel):
     """What runs on which nodes, with which tiers, and the settings its clients must share."""
 
@@ -443,6 +460,12 @@ class KVCacheTierSpec(CRDModel):
         json_schema_extra=_OBJECT_DEFAULT,
         description="How status.offload judges whether offloading pays (recompute time per token, the window).",
     )
+    namespace_collection: NamespaceCollectionSpec = Field(
+        default_factory=NamespaceCollectionSpec,
+        json_schema_extra=_OBJECT_DEFAULT,
+        description="Garbage collection of the KV namespaces of ModelCache revisions no pod serves; on by default "
+        "with a one-hour grace period.",
+    )
     port: int = Field(default=6379, ge=1, le=65535, description="RESP port of the servers and the Service.")
     metrics_port: int = Field(default=9121, ge=1, le=65535, description="Prometheus metrics and probes.")
     log_level: LogLevel = Field(
@@ -505,6 +528,33 @@ class Usage(CRDModel):
     tiers: list[TierUsage] = Field(default_factory=list, description="Use and hits per tier.")
 
 
+class ServedNamespace(CRDModel):
+    """A model revision wired pods serve (or served) through this tier: the namespaces it may collect."""
+
+    model_cache: str = Field(description="The ModelCache the pods were wired to.")
+    revision: str = Field(description="The cache's revision the pods were wired with (12 hex digits).")
+    model: str = Field(
+        description="The engine's model name (the mount path the webhook gave): the vLLM namespaces on the "
+        "servers are `<model with / as _>_<digest12>`."
+    )
+    serving_pods: int = Field(default=0, description="Wired pods of this revision that exist now.")
+    idle_since: str | None = Field(default=None, description="When the last such pod went (RFC 3339).")
+    pending: str | None = Field(
+        default=None, description="Why its collection is not finished (servers that did not answer); retried."
+    )
+
+
+class CollectedNamespace(CRDModel):
+    """One namespace the tier dropped (the latest few are kept)."""
+
+    namespace: str = Field(description="The vLLM namespace dropped from every server.")
+    model_cache: str = Field(description="The ModelCache it belonged to.")
+    revision: str = Field(description="The revision its KV was computed with.")
+    blocks: int = Field(default=0, description="Blocks removed, over every server and tier.")
+    freed_bytes: int = Field(default=0, description="Bytes freed, over every server and tier.")
+    time: str | None = Field(default=None, description="When (RFC 3339).")
+
+
 class KVCacheTierStatus(CRDModel):
     """What the operator observed: the servers, how clients reach them, and how the cache is used."""
 
@@ -532,6 +582,13 @@ class KVCacheTierStatus(CRDModel):
     consumers: int | None = Field(
         default=None,
         description="Running or pending pods labelled strata.dev/kv-cache-tier with this tier's name.",
+    )
+    namespaces: list[ServedNamespace] = Field(
+        default_factory=list,
+        description="Model revisions wired pods serve through this tier, and old ones awaiting collection.",
+    )
+    collected_namespaces: list[CollectedNamespace] = Field(
+        default_factory=list, description="The latest namespaces collected, newest last."
     )
 
 

@@ -22,6 +22,15 @@ from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, TRANSFER_CONFIG_ENV, client_shm_size
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.namespaces import (
+    KV_MODEL_ANNOTATION,
+    MODEL_CACHE_ANNOTATION,
+    REVISION_ANNOTATION,
+    REVISION_ENV,
+    engine_model_path,
+    layout_digest,
+    wiring_revision,
+)
 from strata_operator.resources.kvcachetier.node_socket import SOCKET_GROUP, node_socket_mount, node_socket_volume
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -128,11 +137,15 @@ def build_pod_patch(
     spec = wired.setdefault("spec", {})
     annotations = (wired.get("metadata") or {}).get("annotations") or {}
     containers = _chosen_containers(spec, annotations.get(CONTAINERS_ANNOTATION))
+    link: dict[str, str] = {}
     if model_cache is not None:
-        _wire_model(spec, containers, model_cache, annotations.get(MOUNT_PATH_ANNOTATION), creating)
+        link = _wire_model(spec, containers, model_cache, annotations, creating, kv_linked=kv_tier is not None)
     if kv_tier is not None:
         _wire_kv_tier(spec, containers, kv_tier, annotations)
-    return _diff(pod.get("spec") or {}, spec)
+    ops = _diff(pod.get("spec") or {}, spec)
+    if any(annotations.get(k) != v for k, v in link.items()):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {**annotations, **link}})
+    return ops
 
 
 def _chosen_containers(spec: dict[str, Any], names: str | None) -> list[dict[str, Any]]:
@@ -154,22 +167,40 @@ def _wire_model(
     spec: dict[str, Any],
     containers: list[dict[str, Any]],
     cache: Mapping[str, Any],
-    mount_path: str | None,
+    annotations: Mapping[str, str],
     creating: bool,
-) -> None:
+    kv_linked: bool,
+) -> dict[str, str]:
+    """Mount the model; with a KV tier too, at a path that carries the cache's revision (the engine keys its KV
+    by that path: `resources/kvcachetier/namespaces.py`). Returns the annotations that record that link."""
     name = cache["metadata"]["name"]
     snippet = model_volume_snippet(cache)
     mount = dict(snippet["volumeMount"])
+    mount_path = annotations.get(MOUNT_PATH_ANNOTATION)
     if mount_path:
         if not mount_path.startswith("/"):
             raise WiringConflict(f"annotation {MOUNT_PATH_ANNOTATION} must be an absolute path, not {mount_path!r}")
         mount["mountPath"] = mount_path
     whose = f"ModelCache {name}"
+    link: dict[str, str] = {}
+    if kv_linked:
+        # A pod wired before keeps the revision it was wired with (the cache may have moved on since).
+        revision = annotations.get(REVISION_ANNOTATION) or wiring_revision(cache)
+        if revision is None:
+            raise WiringConflict(
+                f"{whose} has no source to name its revision by, and the pod's KV namespace must carry it (KV "
+                "computed with other weights must never be served)"
+            )
+        mount["mountPath"] = engine_model_path(mount["mountPath"], revision, layout_digest(containers))
+        link = {MODEL_CACHE_ANNOTATION: name, REVISION_ANNOTATION: revision, KV_MODEL_ANNOTATION: mount["mountPath"]}
     _add_named(spec, "volumes", snippet["volume"], "spec.volumes", whose)
     for container in containers:
         field = f"spec.containers[{container.get('name')}]"
         _add_mount(container, mount, field, whose)
         _add_named(container, "env", {"name": MODEL_DIR_ENV, "value": mount["mountPath"]}, f"{field}.env", whose)
+        if kv_linked:
+            revision_env = {"name": REVISION_ENV, "value": link[REVISION_ANNOTATION]}
+            _add_named(container, "env", revision_env, f"{field}.env", whose)
     for secret in snippet.get("imagePullSecrets") or []:  # ImageVolume: the registry's pull Secret
         _add_named(spec, "imagePullSecrets", dict(secret), "spec.imagePullSecrets", whose)
     if _mode(cache) == StorageMode.NODE_LOCAL:
@@ -179,6 +210,7 @@ def _wire_model(
         gates = spec.setdefault("schedulingGates", [])
         if not any(g.get("name") == MODEL_READY_GATE for g in gates):
             gates.append({"name": MODEL_READY_GATE})
+    return link
 
 
 def _wire_kv_tier(

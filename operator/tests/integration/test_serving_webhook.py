@@ -86,8 +86,12 @@ def test_deployment_pods_come_out_wired(
         volume = next(v for v in spec["volumes"] if v["name"] == f"model-{cache}")
         assert volume["persistentVolumeClaim"] == {"claimName": f"{cache}-model", "readOnly": True}
         (vllm,) = spec["containers"]
-        assert {"name": f"model-{cache}", "mountPath": "/models", "readOnly": True} in vllm["volumeMounts"]
-        assert {"name": "STRATA_MODEL_DIR", "value": "/models"} in vllm["env"]
+        # Wired to a KV tier too: the model path (the engine's model name, which keys its KV) names the revision,
+        # here the copy's manifest digest (fetch_result's).
+        model_dir = "/models/rev-" + "5e" * 6
+        assert {"name": f"model-{cache}", "mountPath": model_dir, "readOnly": True} in vllm["volumeMounts"]
+        assert {"name": "STRATA_MODEL_DIR", "value": model_dir} in vllm["env"]
+        assert pod["metadata"]["annotations"]["strata.dev/model-revision"] == "5e" * 6
         assert vllm["envFrom"] == [{"configMapRef": {"name": f"{tier}-connection"}}]
         assert not spec.get("schedulingGates"), "the cache is Ready: no gate"
 

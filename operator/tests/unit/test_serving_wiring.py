@@ -19,6 +19,7 @@ from strata_operator.webhook.wiring import (
 )
 
 READY = {"type": "Ready", "status": "True", "reason": "Preloaded", "message": "ok"}
+MANIFEST = "ab" * 32
 NOT_READY = {"type": "Ready", "status": "False", "reason": "Preloading", "message": "copying"}
 
 
@@ -41,7 +42,7 @@ def cache(mode: str = "SharedPVC", conditions: list[dict[str, Any]] | None = Non
     return {
         "metadata": {"name": "llama", "namespace": "serving", "uid": "u1"},
         "spec": {"source": {"uri": uri}, "storage": storage},
-        "status": {"conditions": [READY] if conditions is None else conditions, **status},
+        "status": {"conditions": [READY] if conditions is None else conditions, "manifestSha256": MANIFEST, **status},
     }
 
 

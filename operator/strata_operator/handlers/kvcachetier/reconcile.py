@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_operator import settings as strata_settings
-from strata_operator.handlers.kvcachetier import io
+from strata_operator.handlers.kvcachetier import io, namespaces
 from strata_operator.handlers.kvcachetier.io import Applied, AppliedChildren
 from strata_operator.handlers.process import runtime_of
 from strata_operator.resources.core import Event, status_patch
@@ -63,9 +63,13 @@ def reconcile(
         stored, rejected = io.execute(plan, observed.tier, applied)
         observed = planning.with_writes(observed, stored, rejected)
         plan = planning.plan(observed) if plan.token_secret is not None else planning.settle(observed, plan)
+    collected: list[Event] = []
+    if observed.spec is not None:
+        fields, collected = namespaces.step(observed.spec, observed.tier, observed.previous, observed.pods, now)
+        plan.status.update(fields)
     patch = status_patch(observed.previous, plan.status)
     if patch is not None:
         io.write_status(observed.tier, patch)
-    events = plan.events if patch is not None else []
+    events = (plan.events if patch is not None else []) + collected
     done = full and plan.checked.config_hash is not None
     return Outcome(applied=done, status_written=patch is not None, status=plan.status, events=events)
