@@ -168,17 +168,21 @@ def patch_status(api_version: str, kind: str, name: str, namespace: str, status:
     return True
 
 
-def delete(api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
-    """Delete in the background; True when something was deleted."""
+def delete(api_version: str, kind: str, name: str, namespace: str | None = None, uid: str | None = None) -> bool:
+    """Delete in the background; True when something was deleted. With `uid`, only that object: one re-created
+    under the same name meanwhile is left alone (409, False)."""
     handle = resource(api_version, kind)
+    body: dict[str, Any] = {"propagationPolicy": "Background"}
+    if uid is not None:
+        body["preconditions"] = {"uid": uid}
     try:
-        handle.delete(
-            name=name,
-            namespace=namespace if handle.namespaced else None,
-            body={"propagationPolicy": "Background"},
-        )
+        handle.delete(name=name, namespace=namespace if handle.namespaced else None, body=body)
     except NotFoundError:
         return False
+    except ApiException as error:
+        if uid is not None and error.status == 409:
+            return False
+        raise
     return True
 
 

@@ -28,6 +28,7 @@ from strata_operator.webhook.wiring import (
     MODEL_READY_GATE,
     cache_failure,
     cache_is_ready,
+    rewire_revision,
 )
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,27 @@ def gated_pods(namespace: str, cache: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": "Pod", **p} for p in found["items"] if gated(p)]
 
 
+async def replace_pod(pod: Mapping[str, Any], cache: Mapping[str, Any], revision: str) -> None:
+    """Delete a gated pod wired with its request's KV namespace; its controller creates it again, wired with the
+    resolved revision (`wiring.rewire_revision`). The Event goes on the cache: the pod is gone."""
+    meta = pod["metadata"]
+    deleted = await asyncio.to_thread(kube.delete, "v1", "Pod", meta["name"], meta["namespace"], meta.get("uid"))
+    if deleted:
+        kopf.info(
+            cast(kopf.Body, dict(cache)),
+            reason="GatedPodReplaced",
+            message=f"pod {meta['name']} was wired while the cache had no revision yet; deleted at the gate so its "
+            f"controller re-creates it with revision {revision} (its KV namespace is then the one later pods share)",
+        )
+
+
 async def settle(pod: Mapping[str, Any], cache: Mapping[str, Any] | None, mine: ServingMemory) -> None:
     """Lift the gate when the cache is Ready; otherwise say once on the pod what it waits for."""
     name = (pod.get("metadata") or {}).get("labels", {}).get(MODEL_CACHE_LABEL)
     if cache is not None and cache_is_ready(cache):
+        if (revision := rewire_revision(pod, cache)) is not None:
+            await replace_pod(pod, cache, revision)
+            return
         if await asyncio.to_thread(release_gate, pod):
             kopf.info(
                 cast(kopf.Body, dict(pod)),

@@ -88,6 +88,27 @@ def cache_is_ready(cache: Mapping[str, Any]) -> bool:
     return mode == StorageMode.NODE_LOCAL and (status.get("readyNodes") or 0) >= 1
 
 
+REPLACEABLE_OWNERS = frozenset({"ReplicaSet", "StatefulSet"})
+"""Controllers that create a deleted pod again at once, through this webhook (a Job would count it as failed)."""
+
+
+def rewire_revision(pod: Mapping[str, Any], cache: Mapping[str, Any]) -> str | None:
+    """The revision a gated pod should be wired with instead of its request's, when its controller can replace it.
+
+    A pod admitted while its cache was preloading is wired with the request's KV namespace (`req-...`): its model
+    path is fixed at admission. Once the cache has resolved its revision, every later pod gets `rev-...`, so the
+    first engine's KV would never be shared with the next. A pod still at the gate has never run: deleting it costs
+    nothing, and its ReplicaSet or StatefulSet creates it again, wired with the revision. None: lift the gate."""
+    wired = ((pod.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION)
+    if not wired or not wired.startswith("req-"):
+        return None
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if not any(o.get("controller") and o.get("kind") in REPLACEABLE_OWNERS for o in owners):
+        return None
+    revision = wiring_revision(cache)
+    return revision if revision is not None and revision != wired and not revision.startswith("req-") else None
+
+
 def cache_failure(cache: Mapping[str, Any]) -> str | None:
     """Why a cache that is not Ready will not become so by itself (its Degraded or Stalled message), if it won't."""
     if cache_is_ready(cache):

@@ -21,7 +21,7 @@ from .test_modelcache_support import (
     unique,
     wait_for_status,
 )
-from .test_serving_webhook import create_pod, pod_body
+from .test_serving_webhook import create_pod, kv_tier, pod_body
 
 pytestmark = pytest.mark.integration
 GATE = {"name": "strata.dev/model-ready"}
@@ -98,3 +98,62 @@ def test_a_failed_cache_keeps_the_gate_and_says_so_on_the_pod(
     warning = pod_event(k8s, namespace, "vllm", "ModelCacheDegraded")
     assert warning["type"] == "Warning" and "AccessDenied" in warning["message"]
     assert get_pod(k8s, namespace, "vllm")["spec"]["schedulingGates"] == [GATE]
+
+
+def test_a_deployment_pod_gated_before_the_revision_is_replaced_with_one_wired_with_it(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    """Wired while its cache preloaded, the Deployment's gated pod names the cache's request (`req-`); once the cache
+    is Ready with a revision, the operator deletes it at the gate and the ReplicaSet controller creates it again,
+    wired with the revision every later pod gets (webhook/wiring.rewire_revision)."""
+    name = unique("mc")
+    source = "s3://models/llama-3-8b"
+    create_cache(
+        k8s,
+        namespace,
+        name,
+        {"source": {"uri": source}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}},
+    )
+    status = wait_for_status(k8s, namespace, name, lambda s: s.get("job"), "a preloader Job")
+    tier = kv_tier(k8s, namespace)
+    labels = {"app": "vllm", "strata.dev/model-cache": name, "strata.dev/kv-cache-tier": tier}
+    template = pod_body("unused", labels)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
+        },
+    }
+    resource(k8s, "apps/v1", "Deployment").create(body=deployment, namespace=namespace)
+
+    def the_pod() -> dict[str, Any] | None:
+        found = resource(k8s, "v1", "Pod").get(namespace=namespace, label_selector="app=vllm").to_dict()["items"]
+        live = [p for p in found if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if len(live) == 1 else None
+
+    gated_pod = wait_for(the_pod, timeout=60, what="the Deployment's pod")
+    assert gated_pod["spec"]["schedulingGates"] == [GATE]
+    assert gated_pod["metadata"]["annotations"]["strata.dev/model-revision"].startswith("req-")
+
+    finish_job(k8s, namespace, status["job"], fetch_result(source))
+    wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Ready", "phase Ready")
+
+    def replacement() -> dict[str, Any] | None:
+        pod = the_pod()
+        return pod if pod is not None and pod["metadata"]["uid"] != gated_pod["metadata"]["uid"] else None
+
+    pod = wait_for(replacement, timeout=60, what="the pod re-created by the ReplicaSet")
+    assert pod["metadata"]["annotations"]["strata.dev/model-revision"] == "5e" * 6, "fetch_result's manifest"
+    (vllm,) = pod["spec"]["containers"]
+    assert {"name": "STRATA_MODEL_DIR", "value": "/models/rev-" + "5e" * 6} in vllm["env"]
+    assert not pod["spec"].get("schedulingGates"), "wired once the cache is Ready: no gate"
+    replaced = wait_for(
+        lambda: next((e for e in events_for(k8s, namespace, name) if e["reason"] == "GatedPodReplaced"), None),
+        timeout=30,
+        what="a GatedPodReplaced Event on the cache",
+    )
+    assert gated_pod["metadata"]["name"] in replaced["message"]

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier import namespaces as ns
-from strata_operator.webhook.wiring import MODEL_DIR_ENV, MODEL_READY_GATE, WiringConflict, build_pod_patch
+from strata_operator.webhook.wiring import (
+    MODEL_DIR_ENV,
+    MODEL_READY_GATE,
+    WiringConflict,
+    build_pod_patch,
+    rewire_revision,
+)
 
 from .test_serving_wiring import NOT_READY, apply_patch, cache, pod, tier
 
@@ -36,6 +42,7 @@ def env_of(p: dict[str, Any], name: str) -> str:
         ({"resolvedDigest": DIGEST, "manifestSha256": "ab" * 32}, "fe" * 6),
         ({"resolvedRevision": "v1-label", "manifestSha256": "cd" * 32}, "cd" * 6),
         ({"manifestSha256": "sha256:" + "5e" * 32}, "5e" * 6),
+        ({"image": {"digest": "sha256:" + "7a" * 32}}, "7a" * 6),
         ({"resolvedRevision": "main"}, None),
         ({}, None),
     ],
@@ -204,3 +211,35 @@ def test_the_grace_period_is_bounded() -> None:
         spec(gracePeriodSeconds=-1)
     with pytest.raises(ValueError):
         spec(gracePeriodSeconds=31 * 24 * 3600)
+
+
+def gated_pod(wired: str, owner: str | None) -> dict[str, Any]:
+    owners = [{"kind": owner, "name": "llm-5d4", "uid": "rs1", "controller": True}] if owner else []
+    p = pod({ns.REVISION_ANNOTATION: wired})
+    p["metadata"]["ownerReferences"] = owners
+    return p
+
+
+@pytest.mark.parametrize("owner", ["ReplicaSet", "StatefulSet"])
+def test_a_gated_pod_wired_with_the_request_is_replaced_once_the_revision_is_resolved(owner: str) -> None:
+    """Its controller re-creates it wired with the revision, so the first engine's KV is the one later ones share."""
+    resolved = cache()  # Ready, its manifest names the revision
+    assert rewire_revision(gated_pod("req-0123456789ab", owner), resolved) == ns.cache_revision(resolved)
+
+
+@pytest.mark.parametrize(
+    ("wired", "owner"),
+    [
+        ("req-0123456789ab", None),  # a bare pod: nothing would create it again
+        ("req-0123456789ab", "Job"),  # a Job counts a deleted pod as failed
+        ("0123456789ab", "ReplicaSet"),  # wired with a revision already
+    ],
+)
+def test_other_gated_pods_only_have_their_gate_lifted(wired: str, owner: str | None) -> None:
+    assert rewire_revision(gated_pod(wired, owner), cache()) is None
+
+
+def test_a_cache_still_without_a_revision_replaces_nothing() -> None:
+    unresolved = cache()
+    unresolved["status"].pop("manifestSha256")
+    assert rewire_revision(gated_pod(ns.request_revision(unresolved) or "", "ReplicaSet"), unresolved) is None

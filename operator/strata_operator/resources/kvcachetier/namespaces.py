@@ -57,7 +57,8 @@ def cache_revision(cache: Mapping[str, Any]) -> str | None:
     revision is; a new kind of source extends it here.
     """
     status = cache.get("status") or {}
-    for value in (status.get("resolvedRevision"), status.get("resolvedDigest"), status.get("imageDigest")):
+    image = status.get("image") or {}  # ImageVolume: the digest the oci:// tag was pinned to
+    for value in (status.get("resolvedRevision"), status.get("resolvedDigest"), image.get("digest")):
         if isinstance(value, str):
             if _COMMIT.match(value):
                 return value[:REVISION_DIGITS]
