@@ -65,27 +65,14 @@ def push(registry: Any, source: Path, repository: str, tag: str) -> dict[str, An
 
 
 def pull_secret(client: Any, namespace: str, registry: Any, password: str | None = None) -> str:
-    auth = base64.b64encode(f"{registry.username}:{password or registry.password}".encode()).decode()
     name = unique("regcred")
-    resource(client, "v1", "Secret").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "type": "kubernetes.io/dockerconfigjson",
-            "stringData": {".dockerconfigjson": json.dumps({"auths": {registry.address: {"auth": auth}}})},
-        },
-    )
+    resource(client, "v1", "Secret").create(namespace=namespace, body=registry.pull_secret(name, password))
     return name
 
 
 def registry_ca(client: Any, namespace: str, registry: Any) -> str:
     name = unique("registry-ca")
-    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
-    resource(client, "v1", "ConfigMap").create(
-        namespace=namespace, body={**body, "data": {"ca.crt": registry.ca_file.read_text()}}
-    )
+    resource(client, "v1", "ConfigMap").create(namespace=namespace, body=registry.ca_config_map(name))
     return name
 
 

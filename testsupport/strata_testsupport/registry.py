@@ -8,6 +8,7 @@ as a JSON line, so a test counts what it really received (`uploaded_blobs`), not
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import secrets
@@ -58,6 +59,23 @@ class Registry:
         """The `strata-loader pack` options that reach this registry (the password goes by environment)."""
         args = ["--ca-file", str(self.ca_file)] if self.ca_file else ["--plain-http"]
         return args + (["--username", self.username] if self.username else [])
+
+    def pull_secret(self, name: str, password: str | None = None) -> dict[str, object]:
+        """A `kubernetes.io/dockerconfigjson` Secret for the registry's user (`password`: a wrong one, denied)."""
+        auth = base64.b64encode(f"{self.username}:{password or self.password}".encode()).decode()
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": {".dockerconfigjson": json.dumps({"auths": {self.address: {"auth": auth}}})},
+        }
+
+    def ca_config_map(self, name: str) -> dict[str, object]:
+        """A ConfigMap holding the registry's CA under `ca.crt` (what `imageVolume.caConfigMapRef` names)."""
+        assert self.ca_file is not None, "a plain-HTTP registry has no CA"
+        data = {"ca.crt": self.ca_file.read_text()}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
 
     def requests(self) -> list[dict[str, object]]:
         """Every request the registry answered so far, from its log."""

@@ -5,8 +5,6 @@ Pre-pulls run per selected node on fake nodes (the real pull is the real-node ti
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,33 +53,14 @@ def push(registry: Registry, tmp_path: Path, repository: str, tag: str, config: 
 
 
 def credentials(k8s: DynamicClient, namespace: str, registry: Registry, password: str | None = None) -> str:
-    auth = base64.b64encode(f"{registry.username}:{password or registry.password}".encode()).decode()
     name = unique("regcred")
-    resource(k8s, "v1", "Secret").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "type": "kubernetes.io/dockerconfigjson",
-            "stringData": {".dockerconfigjson": json.dumps({"auths": {registry.address: {"auth": auth}}})},
-        },
-    )
+    resource(k8s, "v1", "Secret").create(namespace=namespace, body=registry.pull_secret(name, password))
     return name
 
 
 def trust(k8s: DynamicClient, namespace: str, registry: Registry) -> str:
-    assert registry.ca_file is not None
     name = unique("registry-ca")
-    resource(k8s, "v1", "ConfigMap").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": name},
-            "data": {"ca.crt": registry.ca_file.read_text()},
-        },
-    )
+    resource(k8s, "v1", "ConfigMap").create(namespace=namespace, body=registry.ca_config_map(name))
     return name
 
 
