@@ -170,6 +170,8 @@ def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) 
     )
     print("  applied the ModelCache and the Deployment together: the pod waits at the scheduling gate")
     engine = ready_engine(site, "llm", set())
+    env = {e["name"]: e.get("value") for e in engine["spec"]["containers"][0].get("env") or []}
+    print(f"  the engine's --model names the cache's revision, and so its KV namespace: {env.get('STRATA_MODEL_DIR')}")
     first = complete(engine, LONG_PROMPT)
     step(f"apply -> first completion of a {len(LONG_PROMPT)}-token prompt (preload included)", started)
     print(f"  text: {first['choices'][0]['text']!r}")

@@ -296,6 +296,8 @@ def operator_from_chart(
     args = [a.replace("http://0.0.0.0:8080", f"http://127.0.0.1:{port}") for a in container["args"]]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env.update(POD_ID=pod_id, POD_NAMESPACE=release.namespace)
+    if "STRATA_METRICS_PORT" in env:  # the chart's fixed port is the pod's own; here, a free one on this machine
+        env["STRATA_METRICS_PORT"] = str(free_port())
     if "STRATA_WEBHOOK_CERT_DIR" in env:  # the chart's Secret is a file here, the port a free one
         env["STRATA_WEBHOOK_CERT_DIR"] = str(tmp / f"{pod_id}-webhook")
         if "STRATA_WEBHOOK_TLS_SECRET" not in env:  # else the operator writes the files itself

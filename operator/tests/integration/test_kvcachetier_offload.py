@@ -3,7 +3,9 @@ real `strata-kv serve`, and client traffic decides OffloadEffective: prefixes re
 DoesNotPay, too little → InsufficientData. The server's pod is an API object whose status points at the process.
 
 The reconcile is called with `scrape=True` and explicit times (the daemon scrapes once a minute; a test does not
-wait for it), so each verdict covers exactly the traffic sent since the previous one.
+wait for it), so each verdict covers exactly the traffic sent since the previous one. The in-process operator runs
+meanwhile (as after any earlier test of the session) with its daemon's scrape turned off: its own samples, taken
+at the wall clock, would otherwise land between the test's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes.dynamic import DynamicClient
 from strata_operator.api.kvcachetier import KVCacheTierStatus
+from strata_operator.handlers.kvcachetier import events as tier_events
 from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_testsupport.kube import delete_quietly, resource
@@ -99,8 +102,16 @@ def printed(k8s: DynamicClient, namespace: str) -> dict[str, Any]:
     return dict(zip(names, table["rows"][0]["cells"], strict=True))
 
 
+@pytest.fixture
+def operator_not_scraping(operator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's operator, reconciling this test's tier as usual but never scraping it (its first reconcile
+    scrapes at once, the next ones a minute apart)."""
+    monkeypatch.setattr(tier_events, "USAGE_INTERVAL_SECONDS", float("inf"))
+    return operator
+
+
 def test_reused_prefixes_pay_unique_ones_do_not_and_a_trickle_is_insufficient(
-    k8s: DynamicClient, strata_crds: Any, namespace: str, kv: KVServerProcess
+    k8s: DynamicClient, strata_crds: Any, namespace: str, kv: KVServerProcess, operator_not_scraping: Any
 ) -> None:
     node = f"{namespace}-node"
     resource(k8s, "v1", "Node").create(body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})

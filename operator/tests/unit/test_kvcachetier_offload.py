@@ -104,6 +104,15 @@ def test_a_restarted_or_lost_server_starts_the_window_again() -> None:
     assert status["verdict"] == "InsufficientData" and message.startswith("the window starts now")
 
 
+def test_a_sample_taken_later_than_the_latest_starts_the_window_again() -> None:
+    """Another replica's clock ahead of this one's: no negative window, no verdict over it."""
+    ahead = sample_at("2026-12-04T13:00:00Z", 1000, 1000)
+    latest = sample_at("2026-12-04T10:02:00Z", 1100, 1900)
+    assert advance({"current": ahead}, latest, 30) == {"current": latest}
+    status, _ = offload_status(SPEC, {"window": {"current": ahead}}, latest)
+    assert status["verdict"] == "InsufficientData"
+
+
 METRICS = """# TYPE strata_kv_hits_total counter
 strata_kv_hits_total{tier="l1"} %d
 strata_kv_hits_total{tier="fs"} 0

@@ -80,8 +80,11 @@ def _seconds_between(start: str, end: str) -> float:
 
 
 def _comparable(start: Mapping[str, Any] | None, latest: Mapping[str, Any]) -> bool:
-    """Counters of `latest` can be subtracted from `start`'s: the same servers, none restarted, none went back."""
+    """Counters of `latest` can be subtracted from `start`'s: the same servers, none restarted, none went back, and
+    `start` not taken later than `latest` (another operator replica's clock ahead of this one's)."""
     if start is None or start.get("servers") != latest["servers"]:
+        return False
+    if _seconds_between(start["at"], latest["at"]) < 0:
         return False
     before = start.get("counters") or {}
     return all(latest["counters"].get(k, 0) >= v for k, v in before.items())
