@@ -75,6 +75,12 @@ PY
     "$vpy" -m pip install --quiet -r "$venv/deps.txt" -c "$venv/pins.txt"
   fi
   "$venv/bin/python" -c "import vllm, sys; sys.stderr.write('vllm venv: vllm ' + vllm.__version__ + '\n')"
+  # A requirements file's folder may hold check-kernels.py (the CPU build's does): it proves the engine's kernels
+  # load on this CPU through vLLM's own choice of kernel build, before the venv counts as complete.
+  check="$(dirname "$req")/check-kernels.py"
+  if [[ -f "$check" ]]; then
+    VLLM_TARGET_DEVICE=cpu "$venv/bin/python" "$check" >&2
+  fi
   touch "$venv/.installed"
   echo "vllm venv: built in $((SECONDS - start))s ($(du -sh "$venv" | cut -f1))" >&2
 fi

