@@ -123,7 +123,7 @@ def _run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
 
 
 async def _serve(cfg: KVServerConfig) -> None:
-    from .server import KVServer
+    from .server.listeners import KVServer
 
     await KVServer(cfg).run()
 

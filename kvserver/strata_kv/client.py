@@ -13,8 +13,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from . import shared_memory
-from .resp import command
+from .wire import shared_memory
+from .wire.resp import command
 
 Reply = Any
 

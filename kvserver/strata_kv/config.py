@@ -61,6 +61,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, use_enum_values=False)
 
 
+DEFAULT_SHARED_MEMORY_BUDGET = 256 * 1024**2
+"""A few hundred values of 1 MiB or more that clients still read: Strata's client copies and lets go at once,
+so only a hoarding client (or a sweep's lag, about a second) comes near it."""
+DEFAULT_SHARED_MEMORY_CLIENT_BUDGET = 64 * 1024**2
+
+
 class ListenConfig(_Model):
     """Where RESP clients connect: TCP and/or a Unix socket (node-local pods share it via a hostPath)."""
 
@@ -77,7 +83,18 @@ class ListenConfig(_Model):
         default=False,
         description="Clients on the Unix socket may GET large values as memory (STRATA.GETFD: a sealed memfd, "
         "mapped read-only) instead of bytes; needs unix_socket. Memory a client keeps mapped after L1 drops the "
-        "value stays charged to the server until the client unmaps it",
+        "value stays charged to the server until the client unmaps it, within shared_memory_budget",
+    )
+    shared_memory_budget: Size = Field(
+        default=ByteSize(DEFAULT_SHARED_MEMORY_BUDGET),
+        description="Bytes of values handed over as memory that clients may still hold, all clients together; "
+        "past it STRATA.GETFD answers with the bytes instead. Counted from a value's first hand-over until no "
+        "client holds it (its descriptor closed and its mapping gone)",
+    )
+    shared_memory_client_budget: Size = Field(
+        default=ByteSize(DEFAULT_SHARED_MEMORY_CLIENT_BUDGET),
+        description="Of those, handed to one connection while it is open; past it that connection's STRATA.GETFD "
+        "answers with the bytes",
     )
     tcp_enabled: bool = True
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
@@ -96,6 +113,11 @@ class ListenConfig(_Model):
             )
         if self.shared_memory and not self.unix_socket:
             raise ValueError("listen.shared_memory hands memory over a Unix socket: set listen.unix_socket too")
+        if self.shared_memory_client_budget > self.shared_memory_budget:
+            raise ValueError(
+                f"listen.shared_memory_client_budget {int(self.shared_memory_client_budget)} exceeds "
+                f"listen.shared_memory_budget {int(self.shared_memory_budget)}: one client's share is part of it"
+            )
         return self
 
 
@@ -364,7 +386,7 @@ class EventsConfig(_Model):
     indexer) learns which node's tier has a block and when a tier drops it. Off unless `publish` is set.
 
     Only vLLM-tier keys (`<model>_<digest12>_r<rank>/` + block hash + 4-byte KV group, see
-    `strata_kv.vllm_tier`) produce events; LMCache keys and other RESP keys carry no vLLM block hash. No replay
+    `strata_kv.vllm.tier`) produce events; LMCache keys and other RESP keys carry no vLLM block hash. No replay
     socket (vLLM's ROUTER replay): a subscriber that sees a gap in the sequence numbers resynchronises from the
     events that follow.
     """

@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .core import settings
 from .core.messages import one_line
 from .fetch import command as fetch_command
 from .pack import command as pack_command
@@ -34,6 +35,11 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        settings.configure(settings.LoaderSettings.from_env())  # read once, at start
+    except settings.SettingError as e:
+        print(f"strata-loader {args.command}: error: {e}", file=sys.stderr)
+        return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -74,8 +74,11 @@ DEFAULT_PVC_MOUNT_ROOT = "/strata/source"
 """`pvc://claim/path` reads `<root>/<claim>/path`: the operator mounts the claim there, read-only."""
 
 DEFAULT_CONCURRENCY = 16
-DEFAULT_BLOCK_SIZE = ByteSize(16 * 2**20)
-DEFAULT_MEMORY_LIMIT = ByteSize(1 * 2**30)
+DEFAULT_BLOCK_SIZE = ByteSize("16Mi")
+"""Bytes per read from a source (the preloader, the tensor loader, `preload.blockSize`): the one statement of it."""
+DEFAULT_MEMORY_LIMIT = ByteSize("1Gi")
+"""Bytes a loader's buffer pool holds at once (the preloader, the tensor loader, vLLM's `--load-format strata`,
+`preload.memoryLimit`): the one statement of it."""
 
 Bytes = Annotated[ByteSize, SizeField(minimum=1, written="count")]
 """A size in the contract: `16Mi`, `1GiB` or an int, above 0, read by the one parser; an argument or JSON carries

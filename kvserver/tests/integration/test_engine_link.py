@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from strata_kv.client import KVError
-from strata_kv.engine_link import CircuitBreaker, Endpoint, EngineLink, ServerUnavailable
+from strata_kv.vllm.engine_link import CircuitBreaker, Endpoint, EngineLink, ServerUnavailable
 from strata_testsupport.kvserver import KVServerFactory
 
 pytestmark = pytest.mark.integration
@@ -94,7 +94,7 @@ def test_the_engine_side_modules_import_only_the_standard_library() -> None:
     pydantic/pyyaml, the core's own) may be imported by the modules the tier uses."""
     probe = (
         f"import sys, json; sys.path.insert(0, {str(KVSERVER)!r}); before = set(sys.modules); "
-        "import strata_kv.engine_link, strata_kv.client; "
+        "import strata_kv.vllm.engine_link, strata_kv.client; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(json.dumps(sorted(new - set(sys.stdlib_module_names))))"
     )

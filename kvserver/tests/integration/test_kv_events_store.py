@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 from strata_kv.config import KVServerConfig
-from strata_kv.store import TieredStore
+from strata_kv.store.tiered import TieredStore
 from strata_testsupport.kvevents import MARKER_HASH, NAMESPACE, as_uint64, block_hash, block_key
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from strata_kv.cpus import usable_cpus
+from strata_kv.server.cpus import usable_cpus
 
 pytestmark = pytest.mark.integration
 

@@ -1,19 +1,23 @@
 """`listen.shared_memory`: large values handed to Unix-socket clients as sealed memfds (`STRATA.GETFD`),
 against real server processes on both event loops: the same bytes as a TCP GET, memory no holder can
-write, bytes that never change under a client while L1 evicts and recycles, and a plain bulk reply
-wherever memory cannot go (small values, misses, output queued ahead of it)."""
+write, bytes that never change under a client while L1 evicts and recycles, a plain bulk reply
+wherever memory cannot go (small values, misses, output queued ahead of it), and clients that keep every
+memfd they are handed holding no more than the budgets."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import signal
 import socket
 import time
+import urllib.request
 
 import pytest
 from strata_kv.client import KVClient, KVError
-from strata_kv.shared_memory import GETFD, SPLIT_COPY_FROM, SharedValueError
+from strata_kv.wire.shared_memory import GETFD, SPLIT_COPY_FROM, SharedValueError
+from strata_testsupport.kube import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -154,10 +158,13 @@ def test_handed_over_memory_cannot_be_written_resized_or_reopened_writable(kv_se
     try:
         with pytest.raises(PermissionError):
             mmap.mmap(fd, len(value))  # a shared writable mapping
-        with pytest.raises(PermissionError):
+        # Handed over read-only (EBADF, EINVAL), and sealed besides (EPERM).
+        with pytest.raises(OSError) as write:
             os.pwrite(fd, b"poison", 0)
-        with pytest.raises(PermissionError):
+        with pytest.raises(OSError) as shrink:
             os.ftruncate(fd, 1)
+        refused = {errno.EBADF, errno.EINVAL, errno.EPERM}
+        assert write.value.errno in refused and shrink.value.errno in refused, (write.value, shrink.value)
         reopened = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
         try:
             with pytest.raises(PermissionError):
@@ -220,3 +227,122 @@ def test_memory_goes_only_to_the_unix_socket_of_a_server_that_allows_it(kv_serve
     plain.redis().set("k", b"v")
     with KVClient(unix_socket=plain.unix_socket) as local, pytest.raises(KVError, match=r"listen\.shared_memory"):
         local.call("STRATA.GETFD", "k")
+
+
+def _metric(server, name: str, labels: str = "") -> float:
+    """One sample of the server's /metrics."""
+    with urllib.request.urlopen(f"{server.metrics_url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    wanted = f"{name}{{{labels}}} " if labels else f"{name} "
+    (line,) = [x for x in text.splitlines() if x.startswith(wanted)]
+    return float(line.split()[-1])
+
+
+class _Hoarder:
+    """A client that keeps every memfd it is handed (one connection), and what those keep alive."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.fds: list[int] = []
+        self.inline = 0
+
+    def getfd(self, key: bytes, size: int) -> None:
+        self.sock.sendall(b"*2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(GETFD), GETFD, len(key), key))
+        data, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 1)
+        if data.startswith(b":"):
+            assert len(fds) == 1, data
+            self.fds += fds
+            return
+        assert data.startswith(b"$%d\r\n" % size) and not fds, data[:32]  # the value's bytes, inline
+        self.inline += 1
+        have = len(data) - len(b"$%d\r\n" % size)
+        while have < size + 2:
+            have += len(self.sock.recv(size + 2 - have))
+
+    def held_bytes(self) -> int:
+        """Bytes of memory the descriptors it keeps hold alive (each memfd once)."""
+        seen = {os.fstat(fd).st_ino: os.fstat(fd).st_blocks * 512 for fd in self.fds}
+        return sum(seen.values())
+
+    def close_connection(self) -> None:
+        self.sock.close()
+
+    def let_go(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
+def test_a_client_that_keeps_every_memfd_holds_no_more_than_the_budgets(kv_server_factory) -> None:
+    """L1 of 64 MiB, values of 4 MiB: clients that keep every memfd they are handed, SET and DEL around them, and
+    reconnect to be counted afresh. What they hold stays within the budgets (16 MiB a connection, 48 MiB in
+    all), the rest comes as bytes, the server's count says so, and once they let go it hands memory over again."""
+    config = {
+        "l1": {"size": "64MiB"},
+        "listen": {
+            "event_loop": "asyncio",
+            "shared_memory": True,
+            "shared_memory_budget": "48MiB",
+            "shared_memory_client_budget": "16MiB",
+        },
+    }
+    server = kv_server_factory(config, l2_fs=False, name="hoarded")
+    tcp, size = server.redis(), 4 * MiB
+    hoarders = []
+    for round_ in range(5):  # each round a new connection: reconnecting wins a client budget, not the server's
+        hoarder = _Hoarder(server.unix_socket)
+        for i in range(20):
+            key = f"v-{round_}-{i}"
+            tcp.set(key, _value(i % 250, size))
+            hoarder.getfd(key.encode(), size)
+            tcp.delete(key)
+        hoarder.close_connection()
+        hoarders.append(hoarder)
+        assert hoarder.held_bytes() <= 16 * MiB, "one connection holds no more than its budget"
+    held = sum(h.held_bytes() for h in hoarders)
+    assert held <= 48 * MiB, f"clients hold {held / MiB:.0f} MiB, past the server's budget"
+    assert held == 48 * MiB, "memory went out up to the budget"
+    assert sum(h.inline for h in hoarders) == 100 - 12, "the rest came as bytes"
+    assert _metric(server, "strata_kv_shared_memory_bytes") == 48 * MiB
+    assert _metric(server, "strata_kv_shared_memory_over_budget_total", 'scope="server"') > 0
+    assert _metric(server, "strata_kv_shared_memory_over_budget_total", 'scope="client"') > 0
+
+    mapped = mmap.mmap(hoarders[0].fds[0], size, prot=mmap.PROT_READ)
+    for h in hoarders:
+        h.let_go()  # the mapping alone still holds its value
+    wait_for(
+        lambda: _metric(server, "strata_kv_shared_memory_bytes") == size,
+        timeout=10,
+        what="the values nobody holds to stop counting",
+    )
+    mapped.close()
+    wait_for(lambda: _metric(server, "strata_kv_shared_memory_bytes") == 0, timeout=10, what="the last one too")
+    tcp.set("after", _value(1, size))
+    with KVClient(unix_socket=server.unix_socket) as local:
+        assert isinstance(local.get_shared(b"after"), memoryview), "memory is handed over again"
+
+
+def test_a_client_of_another_user_cannot_reopen_what_it_was_handed(kv_server_factory) -> None:
+    """Reopening through /proc would give a client an open file the server's count cannot see; a client of
+    another uid than the server's is refused (the memfd's mode is 0400), so it keeps only what it was handed."""
+    server = _shared_server(kv_server_factory, name="reopen")
+    server.redis().set("k", _value(2, 2 * MiB))
+    _, (fd,) = _raw_getfd(server.unix_socket, b"k")
+    pid = os.fork()
+    if pid == 0:  # the child: a client pod's user
+        code = 1
+        try:
+            os.setgid(65532)
+            os.setuid(65532)
+            try:
+                os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY))
+            except PermissionError:
+                code = 0
+        finally:
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "another user reopened a handed-over memfd"
+    finally:
+        os.close(fd)

@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from strata_kv import resp
 from strata_kv.config import KVServerConfig
-from strata_kv.connection import RespConnection
-from strata_kv.cpus import usable_cpus
-from strata_kv.intake import ReadGate
-from strata_kv.senders import SEND_CHUNK, SEND_VIEWS, advance, take
-from strata_kv.server import KVServer
-from strata_kv.state import IDLE_TIMEOUT
+from strata_kv.server.connection import RespConnection
+from strata_kv.server.cpus import usable_cpus
+from strata_kv.server.intake import ReadGate
+from strata_kv.server.listeners import KVServer
+from strata_kv.server.senders import SEND_CHUNK, SEND_VIEWS, advance, take
+from strata_kv.server.state import IDLE_TIMEOUT
+from strata_kv.wire import resp
 
 MiB = 1024 * 1024
 
@@ -80,7 +80,7 @@ def make_server(**config: Any) -> KVServer:
 
 
 def open_connection(server: KVServer) -> tuple[RespConnection, FakeTransport]:
-    conn = RespConnection(server)
+    conn = RespConnection(server.parts)
     transport = FakeTransport(conn)
     conn.connection_made(transport)
     return conn, transport

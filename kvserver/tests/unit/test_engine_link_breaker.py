@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from strata_kv.engine_link import CircuitBreaker
+from strata_kv.vllm.engine_link import CircuitBreaker
 
 
 def test_opens_after_the_threshold_of_failures_in_a_row() -> None:

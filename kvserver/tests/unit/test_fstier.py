@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from strata_kv.blockfile import TRAILER_SIZE, locate
 from strata_kv.config import L2FsConfig, NamespaceConfig
-from strata_kv.fstier import FsTier
+from strata_kv.store.blockfile import TRAILER_SIZE, locate
+from strata_kv.store.fstier import FsTier
 
 NS = NamespaceConfig(model="meta-llama/Llama-3.1-8B", layout={"block_size": 16, "dtype": "bfloat16"})
 

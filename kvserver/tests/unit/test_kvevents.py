@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from strata_kv.blockfile import locate, vllm_tier_key_of
 from strata_kv.config import EventMedia, EventsConfig, KVServerConfig
-from strata_kv.kvevents import EventPublisher, external_hash, merge_removals, parse_block_key
+from strata_kv.store.blockfile import locate, vllm_tier_key_of
+from strata_kv.store.kvevents import EventPublisher, external_hash, merge_removals, parse_block_key
 
 NS = b"meta-llama_Llama-3.1-8B_0123456789ab_r0/"
 

@@ -5,8 +5,8 @@ import contextlib
 import gc
 import tracemalloc
 
-from strata_kv.memory import MemoryTier
-from strata_kv.policy import make_policy
+from strata_kv.store.memory import MemoryTier
+from strata_kv.store.policy import make_policy
 
 CAPACITY = 2 * 1024 * 1024
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from strata_kv.memory import MemoryTier
-from strata_kv.offload_stats import GHOST_FACTORS, OffloadStats, ghost_factor_label
-from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy
+from strata_kv.store.memory import MemoryTier
+from strata_kv.store.offload_stats import GHOST_FACTORS, OffloadStats, ghost_factor_label
+from strata_kv.store.policy import LRUPolicy, PrefixLIRSPolicy
 
 
 def test_a_chunk_read_once_counts_one_first_read_and_later_reads_none() -> None:

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strata_kv.memory import MemoryTier, NotAdmitted, entry_cost
-from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
+from strata_kv.store.memory import MemoryTier, NotAdmitted, entry_cost
+from strata_kv.store.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
 
 
 def value_bytes(key: bytes, value: bytes) -> int:

@@ -5,7 +5,7 @@ import tracemalloc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strata_kv import resp
+from strata_kv.wire import resp
 
 
 def parse_all(data: bytes, **limits: int) -> list[list[bytes]]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from strata_kv.shm_regions import hold_region, region_is_locked, region_path, remove_orphaned_regions
+from strata_kv.vllm.shm_regions import hold_region, region_is_locked, region_path, remove_orphaned_regions
 
 HOLDER = """
 import mmap, os, sys

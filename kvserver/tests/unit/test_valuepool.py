@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import strata_kv
-from strata_kv.valuepool import ValuePool, value_buffer, value_layout
+from strata_kv.wire.valuepool import ValuePool, value_buffer, value_layout
 
 MiB = 1024 * 1024
 
@@ -37,7 +37,7 @@ def test_a_value_starts_as_far_into_its_page_as_the_header_of_its_get_reply() ->
 _LAYOUT_PROBE = r"""
 import ctypes, json, sys
 from pathlib import Path
-from strata_kv.valuepool import ValuePool
+from strata_kv.wire.valuepool import ValuePool
 
 MiB = 1024 * 1024
 HUGE = 2 * MiB

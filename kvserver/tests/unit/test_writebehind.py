@@ -3,7 +3,7 @@
 import asyncio
 import threading
 
-from strata_kv.writebehind import WriteBehind
+from strata_kv.store.writebehind import WriteBehind
 
 
 async def test_full_queue_makes_writers_wait_until_the_sink_catches_up() -> None:

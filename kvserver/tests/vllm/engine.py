@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from strata_kv.vllm_compat import manager_lock, request_block_hasher
+from strata_kv.vllm.compat import manager_lock, request_block_hasher
 from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
 from vllm.engine.arg_utils import EngineArgs

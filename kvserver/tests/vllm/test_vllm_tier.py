@@ -345,7 +345,7 @@ def test_evictions_and_a_namespace_drop_decode_with_vllms_own_types(
 
 
 # -- one directory shared with vLLM's own `fs` tier ---------------------------------------------------------------
-TRAILER_BYTES = 24  # strata_kv.blockfile.TRAILER_SIZE
+TRAILER_BYTES = 24  # strata_kv.store.blockfile.TRAILER_SIZE
 
 
 def with_vllm_fs_tier(connection: dict[str, str], root: Path) -> str:

@@ -21,8 +21,8 @@ import botocore.exceptions
 import urllib3.exceptions
 from botocore.config import Config
 
-RETRIES = max(1, int(os.environ.get("STRATA_S3_RETRIES", "8")))
-"""Attempts per request before giving up, with jittered exponential backoff (0.1 s doubling, 8 s cap)."""
+from . import settings
+
 _TRANSIENT = (
     botocore.exceptions.ConnectionError,
     botocore.exceptions.HTTPClientError,
@@ -81,7 +81,8 @@ def _client(max_connections: int, env: tuple[str | None, ...]) -> Any:
 
 def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call `fn`, retrying dropped connections and throttling with jittered exponential backoff."""
-    for attempt in range(RETRIES):
+    retries = settings.current().s3_retries  # attempts, with jittered backoff (0.1 s doubling, 8 s cap)
+    for attempt in range(retries):
         try:
             return fn(*args, **kwargs)
         except botocore.exceptions.ClientError as e:
@@ -94,9 +95,9 @@ def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
                 raise S3Error(f"{what}: access denied ({code}); check AWS_ACCESS_KEY_ID/SECRET") from None
             if code not in _THROTTLE_CODES:
                 raise S3Error(f"{what}: {code or e}") from None
-            if attempt == RETRIES - 1:
+            if attempt == retries - 1:
                 raise S3Error(
-                    f"{what}: {code} after {RETRIES} attempts; the server is throttling or failing:"
+                    f"{what}: {code} after {retries} attempts; the server is throttling or failing:"
                     " lower the concurrency or retry later"
                 ) from None
         except botocore.exceptions.NoCredentialsError:
@@ -105,9 +106,9 @@ def with_retries(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
                 " secretRef) or give the pod a role"
             ) from None
         except _TRANSIENT as e:
-            if attempt == RETRIES - 1:
+            if attempt == retries - 1:
                 raise S3Error(
-                    f"{what}: {type(e).__name__} after {RETRIES} attempts ({e}); check AWS_ENDPOINT_URL and the network"
+                    f"{what}: {type(e).__name__} after {retries} attempts ({e}); check AWS_ENDPOINT_URL and the network"
                 ) from None
         time.sleep(min(8.0, 0.1 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")

@@ -17,7 +17,7 @@ without one is checked by size (and its SHA-256 recorded), like the plain git fi
 
 Settings (environment, which is what the operator injects from the ModelCache's credentials Secret):
 HF_TOKEN (sent to the endpoint only; never to the host a redirect leads to), HF_ENDPOINT (a mirror; default
-the Hub), STRATA_HF_RETRIES (attempts per request, default 8).
+the Hub), STRATA_HF_RETRIES (attempts per request, default 8; `core/settings.py`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from urllib.parse import quote
 import urllib3
 
 from ..contract import ENV_HF_ENDPOINT, ENV_HF_HUB_OFFLINE, ENV_HF_TOKEN
+from ..core import settings
 from ..paths import UnsafePathError, safe_relative_path
 
-RETRIES = max(1, int(os.environ.get("STRATA_HF_RETRIES", "8")))
-"""Attempts per ranged GET before giving up, with jittered exponential backoff (0.1 s doubling, 8 s cap)."""
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _SECRET_HINT = "the ModelCache's credentials Secret (spec.source.credentials.secretRef), key HF_TOKEN"
 
@@ -145,16 +144,17 @@ class HubReader:
             return
         if offset + len(buf) > self.size:
             raise ValueError(f"{self.name}: range {offset}+{len(buf)} is past the end ({self.size} bytes)")
-        for attempt in range(RETRIES):
+        retries = settings.current().hf_retries  # attempts, with jittered backoff (0.1 s doubling, 8 s cap)
+        for attempt in range(retries):
             try:
                 if self._get_range(offset, buf):
                     return
                 what = "a server error or throttling"
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as e:
                 what = f"{type(e).__name__} ({e})"
-            if attempt == RETRIES - 1:
+            if attempt == retries - 1:
                 raise HubError(
-                    f"{self.name}: {what} after {RETRIES} attempts; check HF_ENDPOINT and the network, or retry later"
+                    f"{self.name}: {what} after {retries} attempts; check HF_ENDPOINT and the network, or retry later"
                 )
             time.sleep(min(8.0, 0.1 * 2**attempt) * (0.5 + random.random()))
 

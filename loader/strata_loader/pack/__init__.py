@@ -15,7 +15,7 @@ from ..contract import MANIFEST_NAME, PARTIAL_SUFFIX
 from . import vocabulary
 from .image import DEFAULT_PLATFORMS, PackedImage, build_image, hash_layers
 from .layers import DEFAULT_LAYER_THRESHOLD, ModelFile, PackError, model_files, plan_layers
-from .registry import PushResult, Reference, RegistryClient, RegistryError, push_image
+from .push import PushResult, Reference, RegistryClient, RegistryError, push_image
 
 DEFAULT_PREFIX = "models"
 """Where the files sit in the image: `<mountPath>/models/config.json` in a pod that mounts it whole."""

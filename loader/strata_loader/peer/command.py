@@ -12,6 +12,7 @@ from .limits import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    DEFAULT_MAX_REQUESTS,
     DEFAULT_MAX_TRANSFERS,
 )
 
@@ -26,13 +27,22 @@ def add_serve_peer(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (in a pod: its pod IP)")
     sp.add_argument("--port", type=int, default=None, help="default 8477; 0 picks a free port")
     sp.add_argument(
-        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="connections served at once, a thread each"
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections open at once (one thread holds all that wait for a request)",
     )
     sp.add_argument(
         "--max-connections-per-client",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
         help="of those, from one client address",
+    )
+    sp.add_argument(
+        "--max-requests",
+        type=int,
+        default=DEFAULT_MAX_REQUESTS,
+        help="token holders' requests served at once, a thread each",
     )
     sp.add_argument(
         "--max-transfers", type=int, default=DEFAULT_MAX_TRANSFERS, help="file ranges sent at once (token holders)"
@@ -55,6 +65,7 @@ def _serve_peer(args: argparse.Namespace) -> int:
     limits = PeerLimits(
         max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client,
+        max_requests=args.max_requests,
         max_transfers=args.max_transfers,
         header_timeout_s=args.header_timeout,
     )

@@ -7,14 +7,16 @@ ranges of the files that manifest lists, nothing else (no listing, no other path
 files), read-only, and only after every listed file has been hashed and matched the manifest's checksum at
 start-up. Every request but the health probe and the proof carries `Authorization: Bearer <token>`, the token
 the operator keeps in a Secret; it is compared in constant time. Connections, request heads and transfers are
-bounded, and only a token holder's file request takes a transfer slot (`limits`); one over a limit gets a
-503 and the fetcher tries another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is
+bounded, and only a token holder's request takes a thread, only its file request a transfer slot (`limits`):
+no number of connections without the token keeps a fetcher's request from being served; one over a limit gets
+a 503 and the fetcher tries another peer. Files are reached through `paths.DestDir` (no symlink inside DIR is
 followed) and the request path must pass `paths.safe_relative_path`, the rule the fetch itself writes by.
 """
 
 from __future__ import annotations
 
 import hmac
+import http.client
 import io
 import json
 import os
@@ -23,7 +25,7 @@ import socket
 import socketserver
 import sys
 import threading
-import time
+from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -32,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ..contract import MANIFEST_NAME, PEER_HEALTH_PATH, manifest_digest
 from ..core.manifest import Manifest, ManifestError, ManifestFile, damage, strongest_checksum
 from ..paths import DestDir, UnsafePathError, safe_relative_path
-from .limits import ConnectionGate, DeadlineReader, Overflow, PeerLimits
+from .limits import Connection, Doorman, PeerLimits
 from .trust import NONCE, PROOF_URL_PATH, connection_address, proof
 
 TOKEN_MIN_LENGTH = 16
@@ -41,6 +43,9 @@ TOKEN_MIN_LENGTH = 16
 MANIFEST_URL_PATH = "/v1/manifest"
 FILES_URL_PREFIX = "/v1/files/"
 HEALTH_URL_PATH = PEER_HEALTH_PATH
+METRICS_URL_PATH = "/metrics"
+PUBLIC_PATHS = frozenset({HEALTH_URL_PATH, PROOF_URL_PATH, METRICS_URL_PATH})
+"""Answered without the token (by the doorman, at once): the readiness probe, the proof and the counters."""
 
 
 class PeerError(RuntimeError):
@@ -103,24 +108,23 @@ class VerifiedCopy:
 
 
 class PeerServer(socketserver.TCPServer):
-    """One thread per admitted connection (`limits.ConnectionGate`), the rest answered by one overflow
-    thread; the copy is served once `ready` is set."""
+    """Every accepted connection goes to the doorman (`limits.Doorman`), which answers what needs no token and
+    gives each token holder's request a thread; the copy is served once `ready` is set."""
 
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = 1024  # a burst of connects is accepted, not dropped at SYN (a fetcher's would wait 1 s)
 
     def __init__(self, address: tuple[str, int], copy: VerifiedCopy, token: str, limits: PeerLimits) -> None:
         limits.check()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler)  # type: ignore[arg-type]  # never called: the doorman makes handlers
         self.copy, self.token, self.limits = copy, token.encode(), limits
         self.ready = threading.Event()
         self.transfers = threading.BoundedSemaphore(limits.max_transfers)
-        self.gate = ConnectionGate(limits)
-        self.overflow = Overflow(limits, self.health)
         self._served_lock = threading.Lock()
         self.served_bytes = self.served_ranges = 0
+        self.doorman = Doorman(limits, self.authorized, self.answer, self.serve_request)
 
     def health(self) -> tuple[int, str]:
         return (200, "ready") if self.ready.is_set() else (503, "verifying")
@@ -131,48 +135,102 @@ class PeerServer(socketserver.TCPServer):
             self.served_ranges += 1
 
     def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:  # type: ignore[override]
-        client = client_address[0]
-        if not self.gate.admit(client):
-            self.overflow.add(request)
-            return
-        try:
-            threading.Thread(target=self._connection, args=(request, client_address), daemon=True).start()
-        except BaseException:
-            self.gate.leave(client)
-            self.shutdown_request(request)
-            raise
+        self.doorman.add(request, client_address)
 
-    def _connection(self, request: socket.socket, client_address: tuple[str, int]) -> None:
+    def authorized(self, head: bytes) -> bool:
+        """A request only a token holder gets an answer to, carrying the token: it is given a thread."""
+        parsed = parse_head(head)
+        return parsed is not None and parsed[0] not in PUBLIC_PATHS and bearer_matches(parsed[1], self.token)
+
+    def answer(self, conn: Connection, head: bytes) -> tuple[bytes, bool]:
+        """Any other request, answered on the doorman's thread into memory (never the socket)."""
+        out = io.BytesIO()
+        handler = _Handler(conn, head, self, out)
+        return out.getvalue(), not handler.close_connection
+
+    def serve_request(self, conn: Connection, head: bytes) -> bool:
+        """A token holder's request, on its own thread; True: the connection may carry the next one."""
         try:
-            self.finish_request(request, client_address)
+            return not _Handler(conn, head, self, None).close_connection
         except OSError:
-            pass  # the client went away or stopped reading: nothing to answer
+            return False  # the client went away or stopped reading: nothing to answer
         except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            self.gate.leave(client_address[0])
+            self.handle_error(conn.sock, conn.address)
+            return False
+
+    def metrics(self) -> str:
+        rows = self.doorman.metrics()
+        rows += [("strata_peer_served_bytes_total", "", self.served_bytes)]
+        rows += [("strata_peer_served_ranges_total", "", self.served_ranges)]
+        return "".join(
+            f"{name}{{{labels}}} {value:g}\n" if labels else f"{name} {value:g}\n" for name, labels, value in rows
+        )
 
     def server_close(self) -> None:
         super().server_close()
-        self.overflow.close()
+        self.doorman.close()
+
+
+def parse_head(head: bytes) -> tuple[str, Message] | None:
+    """The path and headers of a complete request head, or None when it is not one (the handler answers 400)."""
+    line, _, rest = head.partition(b"\r\n")
+    words = line.split()
+    if len(words) != 3:
+        return None
+    try:
+        return urlsplit(words[1].decode("latin-1")).path, http.client.parse_headers(io.BytesIO(rest))
+    except (http.client.HTTPException, ValueError):
+        return None
+
+
+def bearer_matches(headers: Message, token: bytes) -> bool:
+    """`Authorization: Bearer <token>`, compared in constant time."""
+    scheme, _, credential = headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), token)
+
+
+class _SocketWriter(io.BufferedIOBase):
+    """The handler's output straight to a blocking socket (the answer's pace is `send_timeout_s`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        self._sock.sendall(b)
+        return len(b)
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One request whose head the doorman read: into memory for an answer that needs no token (`out`), to the
+    socket on a thread of its own for a token holder's."""
+
     protocol_version = "HTTP/1.1"
     server: PeerServer
     server_version = "strata-peer"
     sys_version = ""
-    deadline = 0.0
+
+    def __init__(self, conn: Connection, head: bytes, server: PeerServer, out: io.BytesIO | None) -> None:
+        self._head, self._out = head, out
+        super().__init__(conn.sock, conn.address, server)
+
+    @property
+    def inline(self) -> bool:
+        return self._out is not None
 
     def setup(self) -> None:
-        super().setup()
-        self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline))
+        self.connection = self.request
+        self.rfile = io.BytesIO(self._head)
+        self.wfile = self._out if self._out is not None else _SocketWriter(self.connection)
 
-    def handle_one_request(self) -> None:
-        """Each request head (the first, or the next on a kept-alive connection) has `header_timeout_s` in all."""
-        self.deadline = time.monotonic() + self.server.limits.header_timeout_s
-        super().handle_one_request()
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+
+    def finish(self) -> None:
+        """Nothing to flush or close: the doorman keeps the socket, `answer` reads `out`."""
 
     def do_HEAD(self) -> None:
         self._serve(body=False)
@@ -202,19 +260,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorized(self) -> bool:
         given = self.headers.get("Authorization", "")
-        scheme, _, credential = given.partition(" ")
-        if not given or scheme.lower() != "bearer":
+        if not given or given.partition(" ")[0].lower() != "bearer":
             self._refuse(
                 HTTPStatus.UNAUTHORIZED, "a bearer token is required", {"WWW-Authenticate": 'Bearer realm="strata"'}
             )
             return False
-        if not hmac.compare_digest(credential.strip().encode(), self.server.token):
+        if not bearer_matches(self.headers, self.server.token):
             self._refuse(HTTPStatus.FORBIDDEN, "the token does not match")
             return False
         return True
 
     def _serve(self, body: bool) -> None:
-        self.connection.settimeout(self.server.limits.send_timeout_s)  # the head is in: now the answer's pace
+        if not self.inline:
+            self.connection.settimeout(self.server.limits.send_timeout_s)  # the head is in: now the answer's pace
         url = urlsplit(self.path)
         path = url.path
         if path == HEALTH_URL_PATH:
@@ -224,7 +282,13 @@ class _Handler(BaseHTTPRequestHandler):
         if path == PROOF_URL_PATH:
             self._prove(url.query)
             return
+        if path == METRICS_URL_PATH:
+            self._refuse(HTTPStatus.OK, self.server.metrics().rstrip("\n"), {"Cache-Control": "no-store"})
+            return
         if not self._authorized():
+            return
+        if self.inline:  # the doorman saw no token where this parse sees one: never serve from its thread
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "busy: try again", {"Retry-After": "1"})
             return
         if not self.server.ready.is_set():
             self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "verifying the copy", {"Retry-After": "1"})

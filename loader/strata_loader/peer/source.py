@@ -15,8 +15,8 @@ peer that refuses the token, drops a connection, times out or answers short is d
 and the range is read again from the next peer, or from the origin when none is left: a peer killed mid-transfer
 costs the ranges in flight, not the fetch. A busy peer (503) is skipped for that range (the next peer holding
 the file is tried at once) and asked again after a short pause; one that has answered nothing but 503 for
-`PEER_BUSY_S` is dropped like a gone one, so a fetch spends at most that long on a peer that stays busy, not a
-wait per range.
+`peer_busy_seconds` (STRATA_PEER_BUSY_S, `core/settings.py`) is dropped like a gone one, so a fetch spends at
+most that long on a peer that stays busy, not a wait per range.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hmac
 import http.client
 import itertools
-import os
 import queue
 import random
 import secrets
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlsplit
 
 from ..contract import PEER_PORT, manifest_digest
+from ..core import settings
 from ..core.manifest import Manifest, ManifestFile, strongest_checksum
 from ..core.sources import RangeReader, SourceFile
 from .server import FILES_URL_PREFIX, MANIFEST_URL_PATH
@@ -44,9 +44,6 @@ from .trust import PROOF_URL_PATH, connection_address, proof
 
 PEER_TIMEOUT_S = 20.0
 """Connect and read timeout for one request to a peer; past it the peer counts as gone."""
-PEER_BUSY_S = float(os.environ.get("STRATA_PEER_BUSY_S", "10"))
-"""A peer answering only 503 (busy) for this long is dropped for the rest of the fetch (environment
-STRATA_PEER_BUSY_S, default 10): its ranges go to the other peers, or to the origin."""
 CONNECTIONS_PER_PEER = 4
 """Requests one fetch has in flight to one peer: many nodes share a peer (its limit is 64 connections), and
 a few streams fill a node's link."""
@@ -86,12 +83,12 @@ class Peer:
             print(f"strata-loader fetch: peer {self.url}: {why}; not used again", file=sys.stderr, flush=True)
 
     def busy(self) -> None:
-        """It answered 503: dropped once it has answered nothing else for `PEER_BUSY_S`."""
+        """It answered 503: dropped once it has answered nothing else for `peer_busy_seconds` (STRATA_PEER_BUSY_S)."""
         now = time.monotonic()
         if self.busy_since is None:
             self.busy_since = now
-        elif now - self.busy_since > PEER_BUSY_S:
-            self.drop(f"busy (503) for more than {PEER_BUSY_S:g}s")
+        elif now - self.busy_since > (limit := settings.current().peer_busy_seconds):
+            self.drop(f"busy (503) for more than {limit:g}s")
 
     def get(self, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send one GET on a pooled connection; the caller reads the body, then `release`s or closes.
@@ -274,7 +271,7 @@ class PeerSet:
 
 
 def _load(p: Peer, source: str, revision: str | None, digest: str, found: dict[Peer, bytes]) -> None:
-    """Its proof, then its manifest (asked again while it is busy, 503, up to `PEER_BUSY_S`)."""
+    """Its proof, then its manifest (asked again while it is busy, 503, up to `peer_busy_seconds`)."""
     pause = 0.05
     while True:
         try:
@@ -353,7 +350,7 @@ class FanoutReader:
 
     def read_into(self, offset: int, buf: memoryview) -> None:
         pause = 0.05
-        while True:  # ends: a peer that stays busy is dropped after PEER_BUSY_S (`Peer.busy`)
+        while True:  # ends: a peer that stays busy is dropped after `peer_busy_seconds` (`Peer.busy`)
             live = [p for p in self.holders if p.gone is None]
             if not live:
                 break

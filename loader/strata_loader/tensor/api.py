@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
+from ..contract import DEFAULT_BLOCK_SIZE, DEFAULT_MEMORY_LIMIT
 from ..core.concurrency import concurrency_for, finish, thread_pool
 from ..core.copy_lock import hold_copies
 from ..core.format import Header, TensorInfo
 from ..core.sources import RangeReader, open_reader, read_header
 from .buffers import BufferPool, alloc_host
 from .executor import read_ranges, stream_batches, writable_view
-from .planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE, Span, coalesce, plan_files, slice_runs
+from .planner import DEFAULT_BATCH_BYTES, Span, coalesce, plan_files, slice_runs
 from .torch_dtypes import torch_dtype, view_tensor
 
 PathLike = str | os.PathLike[str]
@@ -80,7 +81,7 @@ def iter_tensors(
     device: str | torch.device = "cpu",
     *,
     copy: bool = True,
-    memory_limit: int = 1 * 2**30,
+    memory_limit: int = DEFAULT_MEMORY_LIMIT,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     block_size: int = DEFAULT_BLOCK_SIZE,
     concurrency: int | None = None,

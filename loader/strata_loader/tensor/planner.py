@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from ..core.format import Header, TensorInfo
 
 DEFAULT_BATCH_BYTES = 64 * 2**20
-DEFAULT_BLOCK_SIZE = 16 * 2**20
 
 
 @dataclass(frozen=True, slots=True)

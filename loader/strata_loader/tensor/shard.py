@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..contract import DEFAULT_BLOCK_SIZE
 from ..core.concurrency import DEFAULT_CONCURRENCY, finish, thread_pool
 from ..core.format import DTYPE_BITS, Header, TensorInfo
 from ..core.sources import LocalReader, RangeReader, read_header
-from .planner import DEFAULT_BLOCK_SIZE, split_range
+from .planner import split_range
 from .writer import encode_header, layout
 
 if TYPE_CHECKING:

@@ -15,13 +15,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..tensor.planner import DEFAULT_BATCH_BYTES, DEFAULT_BLOCK_SIZE
+from ..contract import DEFAULT_BLOCK_SIZE, DEFAULT_MEMORY_LIMIT
+from ..tensor.planner import DEFAULT_BATCH_BYTES
 from ..tensor.shard import SHARD_NAME
 
 MODEL_DIR_ENV = "STRATA_MODEL_DIR"
 """Set by the pod admission webhook to the ModelCache's mount path (operator `webhook/wiring.py`)."""
-
-DEFAULT_MEMORY_LIMIT = 1 * 2**30
 
 
 @dataclass(frozen=True, slots=True)

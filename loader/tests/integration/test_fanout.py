@@ -246,17 +246,18 @@ def test_peer_refuses_to_serve_a_damaged_or_incomplete_copy(origin, token, tmp_p
         pass
 
 
-def test_connections_over_the_limit_are_answered_busy_but_the_health_probe_is_answered(origin, token, tmp_path):
+def test_a_connection_over_the_limit_closes_the_one_waiting_longest_and_is_served(origin, token, tmp_path):
     run_node(origin, tmp_path / "node-1")
     auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
     with running_peer(tmp_path / "node-1", token, max_connections=1) as p:
         host, port = p.url.removeprefix("http://").split(":")
         held = http.client.HTTPConnection(host, int(port), timeout=10)
         held.request("GET", "/healthz")
-        assert held.getresponse().read() == b"ready\n"  # the connection stays open, holding the one thread
+        assert held.getresponse().read() == b"ready\n"  # kept alive: the one connection, waiting for a request
         try:
-            status, headers, _ = request(p.url, "/v1/manifest", auth)
-            assert status == 503 and headers["Retry-After"] == "1"
-            assert request(p.url, "/healthz")[0:3:2] == (200, b"ready\n")  # the probe never waits for a slot
+            status, _, body = request(p.url, "/v1/manifest", auth)
+            assert status == 200 and body == (tmp_path / "node-1" / MANIFEST_NAME).read_bytes()
+            assert held.sock is not None and held.sock.recv(1) == b"", "the idle connection made room"
+            assert request(p.url, "/healthz")[0:3:2] == (200, b"ready\n")
         finally:
             held.close()

@@ -1,21 +1,27 @@
-"""A peer under hostile connections: a real `serve-peer` process, raw sockets from another loopback address
-(127.0.0.2, a pod of its own) that open connections and never finish a request, and real fetcher processes.
-The limits hold whatever the attacker does: no thread or transfer slot per unauthenticated connection, the
+"""A peer under hostile connections: a real `serve-peer` process, raw sockets from other loopback addresses
+(127.0.0.2 and on, each a pod of its own) that open connections and never finish a request, and real fetcher
+processes. The limits hold whatever the attacker does: no thread or transfer slot per unauthenticated
+connection, slow connections from many addresses never keep a token holder's request from being served, the
 health probe always answered, a trickling request head cut off at its deadline, a busy peer given up on."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import select
+import selectors
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from strata_loader.peer.limits import DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+from strata_testsupport.kube import wait_for
 from strata_testsupport.peers import fetch_process, finish_fetch, running_peer, write_token
 
 from .test_fanout import Origin, make_origin, node_args, request, run_node
@@ -57,6 +63,93 @@ def slow_connections(url: str, n: int) -> Iterator[list[socket.socket]]:
             s.close()
 
 
+class SlowCrowd:
+    """`per_address` connections from each of `addresses`, each sending a request head that never ends, and
+    opened again whenever the peer closes one: what many pods of one tenant can hold against a peer."""
+
+    def __init__(self, url: str, addresses: list[str], per_address: int) -> None:
+        self.target, self.addresses, self.per_address = address(url), addresses, per_address
+        self.reopened = 0
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SlowCrowd:
+        for source in self.addresses:
+            for _ in range(self.per_address):
+                self._open(source)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+
+    @property
+    def open(self) -> int:
+        return len(self._selector.get_map())
+
+    def _open(self, source: str) -> None:
+        s = socket.create_connection(self.target, timeout=10, source_address=(source, 0))
+        s.sendall(b"GET /v1/manifest HTTP/1.1\r\nHost: peer\r\nX-Pad: ")
+        s.setblocking(False)
+        self._selector.register(s, selectors.EVENT_READ, source)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(0.1):
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    if sock.recv(4096):
+                        continue  # an answer (a refusal): the peer closes next
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                self._selector.unregister(sock)
+                sock.close()
+                self.reopened += 1
+                with contextlib.suppress(OSError):  # the peer's backlog full for a moment: next round
+                    self._open(key.data)
+
+
+def test_slow_connections_from_many_addresses_never_crowd_out_a_token_holder(origin, token, tmp_path):
+    """160 connections from 10 addresses (16 each: the per-address share), each reopened when closed: a token
+    holder's requests are all answered, and a fetch reads every byte from the peer while they hold."""
+    run_node(origin, tmp_path / "node-1")
+    auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
+    attackers = [f"127.0.0.{n}" for n in range(2, 12)]
+    with (
+        running_peer(tmp_path / "node-1", token) as p,
+        SlowCrowd(p.url, attackers, DEFAULT_MAX_CONNECTIONS_PER_CLIENT) as crowd,
+    ):
+        assert crowd.open == 160
+        statuses = []
+        for _ in range(10):
+            wait_for(lambda: crowd.open == 160, timeout=10, interval=0.01, what="all 160 slow connections open")
+            statuses.append(request(p.url, "/v1/manifest", auth)[0])
+        assert statuses == [200] * 10, f"authorised GETs answered {statuses} while the slow connections held"
+        origin.proxy.reset()
+        started = time.monotonic()
+        result = run_node(origin, tmp_path / "node-2", [p.url], token)
+        print(f"fetch beside 160 slow connections: {time.monotonic() - started:.2f}s, reopened {crowd.reopened}")
+        held = metric(p.url, "strata_peer_connections_open")
+    assert result["bytes_from_peers"] == origin.total
+    assert origin.proxy.range_bytes == 0
+    assert held >= 160, "the peer held every slow connection open (none was refused to make room)"
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled sample of the peer's /metrics."""
+    status, _, body = request(url, "/metrics")
+    assert status == 200, body
+    (line,) = [x for x in body.decode().splitlines() if x.startswith(name + " ")]
+    return float(line.split()[1])
+
+
 def threads_of(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     match = re.search(r"^Threads:\s+(\d+)$", status, re.MULTILINE)
@@ -77,12 +170,13 @@ def test_slow_connections_take_no_slot_and_a_fetch_still_reads_the_peer(origin, 
 
 def test_hundreds_of_connections_do_not_make_hundreds_of_threads(origin, token, tmp_path):
     run_node(origin, tmp_path / "node-1")
-    with running_peer(tmp_path / "node-1", token) as p, slow_connections(p.url, 364):
-        assert request(p.url, "/healthz")[0] == 200  # every connection above was accepted before this one
-        threads = threads_of(p.process.pid)
-    # The attacker's address gets its share of connection threads; the main, accept and overflow threads and
-    # the probe's connection are the rest.
-    assert threads <= DEFAULT_MAX_CONNECTIONS_PER_CLIENT + 4
+    with running_peer(tmp_path / "node-1", token) as p:
+        idle = threads_of(p.process.pid)
+        with slow_connections(p.url, 364):
+            assert request(p.url, "/healthz")[0] == 200  # every connection above was accepted before this one
+            threads = threads_of(p.process.pid)
+    # The main, accept and doorman threads, and no more: a connection without a token's request gets none.
+    assert threads == idle
 
 
 def test_a_request_head_that_trickles_in_is_cut_off_at_the_header_deadline(origin, token, tmp_path):

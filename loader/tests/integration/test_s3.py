@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file as reference_load_file
 from safetensors.torch import save
 from strata_loader.contract import MANIFEST_NAME, FetchRequest, VerifyMode
+from strata_loader.core import settings
 from strata_loader.core.s3 import S3Error, S3Reader
 from strata_loader.fetch.run import fetch
 from strata_testsupport.counting_proxy import CountingProxy
@@ -151,7 +152,7 @@ def test_endless_throttling_ends_in_a_clear_error(model_bucket, s3_env, monkeypa
     proxy = FaultyProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=-1, throttle=True)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-        monkeypatch.setattr("strata_loader.core.s3.RETRIES", 2)
+        monkeypatch.setattr(settings, "_current", settings.LoaderSettings(s3_retries=2))
         r = S3Reader(bucket, "llama/config.json", len(files["config.json"]))
         with pytest.raises(S3Error, match="SlowDown"):
             r.read_into(0, memoryview(bytearray(len(files["config.json"]))))
@@ -164,7 +165,7 @@ def test_endless_resets_end_in_a_clear_error(model_bucket, s3_env, monkeypatch):
     proxy = FaultyProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=-1)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-        monkeypatch.setattr("strata_loader.core.s3.RETRIES", 2)
+        monkeypatch.setattr(settings, "_current", settings.LoaderSettings(s3_retries=2))
         r = S3Reader(bucket, "llama/config.json", len(files["config.json"]))
         with pytest.raises(S3Error, match="after 2 attempts"):
             r.read_into(0, memoryview(bytearray(len(files["config.json"]))))

@@ -5,7 +5,7 @@ locks its region (`hold_region`) from the moment it maps it. Processes whose map
 /dev/shm is sticky, so a sweep removes only files of its own user, whose processes it can read (root on a bare host
 is the exception; the lock still protects Strata's own engines there).
 
-Stdlib only: `strata_kv.vllm_cpu_offload` calls it at every engine start, and it is tested without vLLM.
+Stdlib only: `strata_kv.vllm.cpu_offload` calls it at every engine start, and it is tested without vLLM.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _sections(state: ServerState) -> dict[str, dict[str, object]]:
-    from . import __version__
+    from .. import __version__
 
     cfg = state.store.cfg
     stats = state.store.stats()

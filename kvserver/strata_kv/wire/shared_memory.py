@@ -15,8 +15,8 @@ Safety of what is handed over:
   every client has closed its fd and unmapped it.
 - Memory a client keeps mapped after L1 dropped the value stays charged to the server's cgroup until
   the client lets go: Strata's client (`KVClient.get_shared`) maps, and its caller copies and
-  releases; a client that hoards fds can hold memory past the L1 bound, which is why only clients
-  that may open the Unix socket (mode 0660 or tighter) can ask, and why the option is off by default.
+  releases. What clients still hold is counted (`ExportHandle`, `server.exports`) and bounded per
+  client and per server; past a budget a GETFD is answered inline.
 
 Values below `SHARED_FROM`, values that came some other way (from L2, or while the process was out of file
 descriptors) have no memfd: `STRATA.GETFD` then answers with an ordinary bulk reply, so a client handles both.
@@ -76,20 +76,64 @@ def exportable(value: object) -> ValueMapping | None:
 
 
 def export(m: ValueMapping) -> int:
-    """Seal `m`'s memfd against every writer but the server's own mapping (once), and mark it never to be reused."""
+    """Seal `m`'s memfd against every writer but the server's own mapping (once), make it unopenable through /proc
+    by other users (mode 0400: a client of another uid keeps only what it was handed, which `ExportHandle`'s lock
+    marks), and mark it never to be reused."""
     if not m.exported:
         fcntl.fcntl(m.fd, fcntl.F_ADD_SEALS, EXPORT_SEALS)
+        os.fchmod(m.fd, 0o400)
         m.exported = True
     return m.fd
 
 
+class ExportHandle:
+    """What one hand-over sends: a read-only open file of the value's memfd of its own, holding a shared lock.
+
+    The lock belongs to that open file, which every copy a client gets (its descriptor, its mapping, a dup, a
+    fork) shares, and it goes only when the last of them does: so the server tells whether any client still
+    holds a value it handed over (`still_handed_out`) without asking anyone. Closed by the server once sent (or
+    not sent); closing twice is harmless."""
+
+    def __init__(self, memfd: int) -> None:
+        self.fd = os.open(f"/proc/self/fd/{memfd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    __del__ = close
+
+
+def probe_handle(memfd: int) -> int:
+    """An open file of the value's memfd for `still_handed_out`: it keeps the value's memory (hence its
+    identity) until the server closes it."""
+    return os.open(f"/proc/self/fd/{memfd}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def still_handed_out(probe: int) -> bool:
+    """Whether any `ExportHandle` of the memfd `probe` opened is still open anywhere (a client's descriptor,
+    mapping or message in flight). False leaves `probe` locked: close it next."""
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    return False
+
+
 @dataclass(frozen=True)
 class SharedReply:
-    """A reply that hands over a memfd: `header` is sent with `fd` attached; `fallback` is the same value as an
-    ordinary bulk reply, sent instead when the header cannot go out alone right now (pipelined output queued)."""
+    """A reply that hands over a memfd: `header` is sent with `handle`'s descriptor attached; `fallback` is the
+    same value as an ordinary bulk reply, sent instead when the header cannot go out alone right now (pipelined
+    output queued). The writer closes `handle` either way."""
 
     header: bytes
-    fd: int
+    handle: ExportHandle
     fallback: list[bytes]
 
     def __len__(self) -> int:

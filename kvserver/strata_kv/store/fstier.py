@@ -38,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import L2FsConfig, NamespaceConfig
 from .blockfile import (
     TRAILER_SIZE,
     VLLM_RANK_DIR,
@@ -50,7 +51,6 @@ from .blockfile import (
     locate,
     vllm_tier_key_of,
 )
-from .config import L2FsConfig, NamespaceConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .offload_stats import metric_families as offload_metric_families
+from ..store.offload_stats import metric_families as offload_metric_families
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -114,6 +114,8 @@ class _StoreCollector(Collector):
             "Large values dropped: no memory could be mapped for them (the command got -OOM)",
             value=self.state.values_refused,
         )
+        if (exports := self.state.exports) is not None:
+            yield from _shared_memory(exports)
         if "events_queued" in st:
             queued = st["events_queued"]
             yield CounterMetricFamily("strata_kv_events_queued", "KV events queued to publish", value=queued)
@@ -126,6 +128,34 @@ class _StoreCollector(Collector):
                 value=st["events_dropped"],
             )
             yield GaugeMetricFamily("strata_kv_events_queue_depth", "KV events waiting", st["events_queue_depth"])
+
+
+def _shared_memory(exports: Any) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Values handed over as memory that clients may still hold (`exports.ExportLedger`), and its budgets."""
+    yield GaugeMetricFamily(
+        "strata_kv_shared_memory_bytes",
+        "Bytes of values handed over as memory that clients may still hold",
+        exports.bytes,
+    )
+    yield GaugeMetricFamily(
+        "strata_kv_shared_memory_values", "Values handed over that clients may still hold", exports.values
+    )
+    held = max(exports.client_bytes.values(), default=0)
+    yield GaugeMetricFamily("strata_kv_shared_memory_client_max_bytes", "The most one open connection holds", held)
+    budget = GaugeMetricFamily(
+        "strata_kv_shared_memory_budget_bytes", "Budgets of handed-over memory", labels=["scope"]
+    )
+    budget.add_metric(["server"], exports.server_budget)
+    budget.add_metric(["client"], exports.client_budget)
+    yield budget
+    over = CounterMetricFamily(
+        "strata_kv_shared_memory_over_budget",
+        "STRATA.GETFD answered with the bytes because a budget was full, by budget",
+        labels=["scope"],
+    )
+    for scope in ("client", "server"):
+        over.add_metric([scope], exports.over_budget[scope])
+    yield over
 
 
 class Metrics:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .config import EvictionPolicyName
+from ..config import EvictionPolicyName
 
 Key = Any  # bytes in the server, small ints in simulations
 Skip = Callable[[Key], bool]

@@ -20,15 +20,16 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..config import KVServerConfig
+from ..store.tiered import TieredStore
+from ..wire.valuepool import ValuePool
 from .admission import ClientTable, read_token
-from .config import KVServerConfig
-from .connection import RespConnection
+from .connection import RespConnection, ServerParts
+from .exports import ExportLedger
 from .inflight import InflightBudget
 from .metrics import Metrics
 from .senders import SenderPool
 from .state import ServerState
-from .store import TieredStore
-from .valuepool import ValuePool
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,26 @@ class KVServer:
         self.value_pool = ValuePool(cfg.inflight_budget, shared=cfg.listen.shared_memory)
         self.store.l1.on_drop = self.value_pool.give
         self.state.value_pool = self.value_pool
+        listen = cfg.listen
+        if listen.shared_memory:
+            self.state.exports = ExportLedger(int(listen.shared_memory_client_budget), int(listen.shared_memory_budget))
         self.state.inflight = self.inflight
         threads = cfg.listen.sender_threads
         self.senders = SenderPool(threads) if threads else None
         self._servers: list[asyncio.Server] = []
         self.clients = ClientTable(cfg.limits, self.state)
+        self.parts = ServerParts(
+            limits=cfg.limits,
+            shared_memory=cfg.listen.shared_memory,
+            state=self.state,
+            value_pool=self.value_pool,
+            inflight=self.inflight,
+            senders=self.senders,
+            clients=self.clients,
+            metrics=self.metrics,
+        )
         self._reaper: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -73,9 +88,10 @@ class KVServer:
         listen = self.cfg.listen
         if listen.shared_memory:
             _raise_open_file_limit()
+            self._sweeper = loop.create_task(self.state.exports.sweep_forever())
         if listen.tcp_enabled:
             srv = await loop.create_server(
-                lambda: RespConnection(self), listen.bind, listen.port, reuse_address=True, backlog=1024
+                lambda: RespConnection(self.parts), listen.bind, listen.port, reuse_address=True, backlog=1024
             )
             self._servers.append(srv)
             self.state.tcp_port = srv.sockets[0].getsockname()[1]
@@ -83,7 +99,7 @@ class KVServer:
             path = Path(listen.unix_socket)
             if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
                 path.unlink()  # left over from a killed server
-            srv = await loop.create_unix_server(lambda: RespConnection(self), str(path), backlog=1024)
+            srv = await loop.create_unix_server(lambda: RespConnection(self.parts), str(path), backlog=1024)
             os.chmod(path, listen.unix_socket_mode)
             self._servers.append(srv)
             self.state.unix_socket = str(path)
@@ -97,8 +113,9 @@ class KVServer:
 
     async def stop(self) -> None:
         """Stop accepting, let connections finish, drain write-behind to L2, then close."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in (self._reaper, self._sweeper):
+            if task is not None:
+                task.cancel()
         for srv in self._servers:
             srv.close()
         for conn in list(self.clients.connections):
@@ -110,6 +127,8 @@ class KVServer:
             self.senders.shutdown()
         if self.state.unix_socket:
             Path(self.state.unix_socket).unlink(missing_ok=True)
+        if self.state.exports is not None:
+            self.state.exports.close()
         log.info("strata-kv stopped (write-behind %s)", "drained" if drained else "NOT fully drained")
 
     async def run(self) -> None:

@@ -1,6 +1,6 @@
 """An inference engine's link to its node's KV server: a connection pool, timeouts and a circuit breaker.
 
-Used by the vLLM tier (`strata_kv.vllm_tier`) inside the engine's scheduler process, so it imports the standard
+Used by the vLLM tier (`strata_kv.vllm.tier`) inside the engine's scheduler process, so it imports the standard
 library only: a serving image gets it with `pip install strata` (no extras: no numpy, boto3 or uvloop). Every
 call is bounded by a socket timeout, and after `failure_threshold` failures in a row the breaker opens: calls
 fail at once, without I/O, until `reset_after_s` has passed and one probe call gets through. So a dead server
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from .client import KVClient, KVError
+from ..client import KVClient, KVError
 
 T = TypeVar("T")
 

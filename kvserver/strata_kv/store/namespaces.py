@@ -1,7 +1,7 @@
 """vLLM-tier namespaces as a unit: what each holds per tier, and dropping one from every tier.
 
 A namespace is the directory part of a vLLM-tier key, `<model>_<digest12>` (all ranks): the one vLLM's own
-FileMapper derives from the engine's model name and KV layout (`strata_kv.vllm_tier.namespace_prefix`). The
+FileMapper derives from the engine's model name and KV layout (`strata_kv.vllm.tier.namespace_prefix`). The
 operator lists them (`STRATA.NAMESPACES`) and drops those of a model revision no pod serves any more
 (`STRATA.DROPNS`): persisted KV must not outlive the weights it was computed with.
 
@@ -27,7 +27,7 @@ from .fstier import FsTier
 from .s3tier import S3Tier
 
 if TYPE_CHECKING:
-    from .store import TieredStore
+    from .tiered import TieredStore
 
 
 Usage = dict[str, dict[str, int]]

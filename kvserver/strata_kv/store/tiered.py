@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .config import KVServerConfig
+from ..config import KVServerConfig
 from .fstier import FsTier
 from .kvevents import EventPublisher, parse_block_key
 from .l2 import L2Tier

@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..config import L2S3Config, NamespaceConfig
 from .blockfile import CorruptBlock, ForeignBlock, KeyMismatch, decode_block, encode_trailer, locate
-from .config import L2S3Config, NamespaceConfig
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import namespaces, resp
+from ..store import namespaces
+from ..store.tiered import StoreFull
+from ..wire import resp
+from ..wire.shared_memory import SharedReply, exportable
 from .connection_commands import (
     cmd_auth,
     cmd_client,
@@ -22,9 +25,7 @@ from .connection_commands import (
     wrong_args,
 )
 from .info import render_info
-from .shared_memory import SharedReply, export, exportable
 from .state import UNIX_ADDR, OutputLimitExceeded, Parts, ServerState, Session
-from .store import StoreFull
 
 CHAIN_WINDOW_SECONDS = 2.0
 
@@ -126,7 +127,10 @@ async def cmd_strata_getfd(state: ServerState, s: Session, args: list[bytes]) ->
     mapping = exportable(value)
     if value is None or mapping is None:
         return resp.bulk(value, s.proto)
-    return SharedReply(b":%d\r\n" % len(value), export(mapping), resp.bulk(value, s.proto))
+    handle = state.exports.hand_over(s.id, mapping)
+    if handle is None:  # a budget for memory clients may still hold is full: the bytes, as for a small value
+        return resp.bulk(value, s.proto)
+    return SharedReply(b":%d\r\n" % len(value), handle, resp.bulk(value, s.proto))
 
 
 async def cmd_exists(state: ServerState, s: Session, args: list[bytes]) -> Parts:

@@ -44,7 +44,7 @@ MAX_MODEL_NAME_LEN = 200
 """Longest model part of a vLLM namespace directory a key may name (with `_<digest12>_r<rank>` it stays far
 below the 255-byte file name limit)."""
 
-# `<model with "/" as "_">_<digest12>_r<rank>/` + vLLM's offload key: what `strata_kv.vllm_tier.namespace_prefix`
+# `<model with "/" as "_">_<digest12>_r<rank>/` + vLLM's offload key: what `strata_kv.vllm.tier.namespace_prefix`
 # puts in front of every key. The model part becomes a directory name, so only a safe spelling is taken as one:
 # letters, digits, `_ . + -`, not starting with a dot, at most MAX_MODEL_NAME_LEN characters; the rank without
 # leading zeros. Anything else is just bytes (stored under a hash of the key).
@@ -80,7 +80,7 @@ class BlockLocation:
 def split_vllm_tier_key(key: bytes) -> tuple[str, int, bytes] | None:
     """(namespace directory `<model>_<digest12>`, rank, what follows the `/`) of a key with a vLLM-tier prefix whose
     namespace is safe as a directory name; None for any other key. The one reading of that prefix: the L2 layout
-    and KV events (`strata_kv.kvevents`) both take it from here."""
+    and KV events (`strata_kv.store.kvevents`) both take it from here."""
     m = _VLLM_TIER_KEY.match(key)
     if m is None:
         return None

@@ -18,7 +18,7 @@ default, as vLLM's own offloading names its CPU tier and its `fs`/`obj` tiers; l
   what its L2 index holds.
 
 Which keys are blocks: the vLLM tier's keys, `<model>_<digest12>_r<rank>/` + vLLM's offload key (the chunk's last
-block hash, 8, 16 or 32 bytes, then a 4-byte big-endian KV-group index); see `strata_kv.vllm_tier`. LMCache keys
+block hash, 8, 16 or 32 bytes, then a 4-byte big-endian KV-group index); see `strata_kv.vllm.tier`. LMCache keys
 and other RESP keys carry no vLLM block hash and produce no events.
 
 Fields: `block_hashes` are uint64 (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the big-endian hash's
@@ -44,8 +44,8 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import EventsConfig
 from .blockfile import split_vllm_tier_key
-from .config import EventsConfig
 
 log = logging.getLogger(__name__)
 

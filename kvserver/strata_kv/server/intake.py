@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from . import resp
+from ..wire import resp
 from .inflight import InflightBudget
 
 WAKE_AT_MOST = 4 * 1024 * 1024  # SO_RCVLOWAT while a large value arrives: the loop wakes per this much, not per packet

@@ -12,8 +12,8 @@ import asyncio
 import socket
 from collections.abc import Callable, Sequence
 
+from ..wire.shared_memory import SharedReply, send_with_fd
 from .senders import OffLoopSender, SenderPool, second_handle
-from .shared_memory import SharedReply, send_with_fd
 from .state import Parts, ServerState
 
 WRITE_SLICE = 1024 * 1024  # a larger reply is written in slices of this size, with a turn for others after each
@@ -85,9 +85,12 @@ class ReplyWriter:
             # Only into an empty output buffer, so the header cannot overtake replies queued before it.
             fd_socket = self.fd_socket
             empty = not self.transport.get_write_buffer_size()
-            if fd_socket is not None and empty and send_with_fd(fd_socket, reply.header, reply.fd):
-                self.state.shared_replies += 1
-                return True
+            try:
+                if fd_socket is not None and empty and send_with_fd(fd_socket, reply.header, reply.handle.fd):
+                    self.state.shared_replies += 1
+                    return True
+            finally:
+                reply.handle.close()  # sent (the message holds it now) or not: the server's copy goes
             reply = reply.fallback
         parts = (reply,) if isinstance(reply, bytes) else reply
         pool, sender = self.senders, self.sender

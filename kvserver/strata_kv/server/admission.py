@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from .config import LimitsConfig
+from ..config import LimitsConfig
 from .state import AUTH_TIMEOUT, IDLE_TIMEOUT, UNAUTHENTICATED_EVICTED, ServerState
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 and misses and stores, chunks stored that nobody read, and the hits a larger L1 would have had.
 
 Kept apart from the store so the hot path only bumps integers and reads a clock; the counters are exported on
-/metrics (`metrics.py`) and judged by the operator (`strata_operator.resources.kvcachetier.offload`).
+/metrics (`server/metrics.py`) and judged by the operator (`strata_operator.resources.kvcachetier.offload`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import hmac
 import logging
 import time
 
-from . import __version__, resp
+from .. import __version__
+from ..wire import resp
 from .state import AUTH_FAILURES, Parts, ServerState, Session
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .shared_memory import SharedReply
-from .store import TieredStore
+from ..store.tiered import TieredStore
+from ..wire.shared_memory import SharedReply
 
 Parts = bytes | list[bytes] | SharedReply
 """An encoded reply: one buffer, parts written one after another (large values stay uncopied), or a value's
@@ -80,3 +80,6 @@ class ServerState:
     """The server's `InflightBudget` (large values received, not yet stored); None outside a server."""
     value_pool: Any = None
     """The server's `ValuePool` (buffers of dropped large values, kept for reuse)."""
+    exports: Any = None
+    """The server's `ExportLedger` (values handed over as memory that clients may still hold), with
+    `listen.shared_memory`; None otherwise."""

@@ -13,18 +13,21 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import cast
 
-from . import resp
-from .admission import deadline_passed
+from ..config import LimitsConfig
+from ..wire import resp
+from ..wire.shared_memory import SharedReply
+from ..wire.valuepool import ValuePool
+from .admission import ClientTable, deadline_passed
 from .commands import dispatch, dispatch_nowait
+from .inflight import InflightBudget
 from .intake import LargeValueIntake, ReadGate
+from .metrics import Metrics
 from .output import WRITE_SLICE, ReplyWriter, reply_size
-from .shared_memory import SharedReply
-from .state import OUTPUT_BUFFER_LIMIT, UNIX_ADDR, OutputLimitExceeded, Parts, Session
-
-if TYPE_CHECKING:
-    from .server import KVServer
+from .senders import SenderPool
+from .state import OUTPUT_BUFFER_LIMIT, UNIX_ADDR, OutputLimitExceeded, Parts, ServerState, Session
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -36,18 +39,34 @@ _TURN_COMMANDS = 32
 _TURN_BYTES = 256 * 1024
 
 
+@dataclass(frozen=True)
+class ServerParts:
+    """What the connections of one server share, built once by the server (`listeners.KVServer`): a connection
+    depends on these parts, not on the server that owns them and accepts it (no import back from the listeners)."""
+
+    limits: LimitsConfig
+    shared_memory: bool
+    """`listen.shared_memory`: STRATA.GETFD may hand a value's memory to a client on the Unix socket."""
+    state: ServerState
+    value_pool: ValuePool
+    inflight: InflightBudget
+    senders: SenderPool | None
+    clients: ClientTable
+    metrics: Metrics
+
+
 class RespConnection(asyncio.BufferedProtocol):
     """One client, from `connection_made` to `connection_lost`: its session, its queue of parsed commands and the
     task that runs them; what it reads goes through `intake`, what it writes through `output`."""
 
-    def __init__(self, server: KVServer) -> None:
-        self.server = server
-        limits = server.cfg.limits
+    def __init__(self, parts: ServerParts) -> None:
+        self.parts = parts
+        limits = parts.limits
         self.parser = resp.RequestParser(
             max_bulk=limits.max_value_size,
             max_args=max(1024, limits.max_pipeline_depth * 2),
             max_request=limits.max_request_size,
-            pool=server.value_pool,
+            pool=parts.value_pool,
         )
         self.queue: deque[list[bytes] | resp.ProtocolError | resp.CommandRefused] = deque()
         self.transport: asyncio.Transport | None = None
@@ -55,11 +74,11 @@ class RespConnection(asyncio.BufferedProtocol):
         self.session: Session | None = None
         self.work = asyncio.Event()
         self.reading = ReadGate()
-        self.intake = LargeValueIntake(self.parser, server.inflight, self.reading)
+        self.intake = LargeValueIntake(self.parser, parts.inflight, self.reading)
         self.broken = False
         self.idle = True  # the command task is waiting, not in the middle of a command
         self.task: asyncio.Task[None] | None = None
-        self.pre_auth = server.state.token is not None  # parsing under the pre-AUTH limits
+        self.pre_auth = parts.state.token is not None  # parsing under the pre-AUTH limits
         if self.pre_auth:
             self.parser.limit_until_authenticated(limits.max_unauthenticated_bulk, limits.max_unauthenticated_args)
         self.connected_at = self.last_active = time.monotonic()
@@ -68,12 +87,10 @@ class RespConnection(asyncio.BufferedProtocol):
     # -- asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        server, state = self.server, self.server.state
-        self.output = ReplyWriter(
-            self.transport, state, server.cfg.limits.max_output_buffer, server.senders, self._touch
-        )
+        parts, state = self.parts, self.parts.state
+        self.output = ReplyWriter(self.transport, state, parts.limits.max_output_buffer, parts.senders, self._touch)
         self.reading.transport = self.intake.transport = self.transport
-        clients = server.clients
+        clients = parts.clients
         clients.connections.add(self)
         state.total_connections += 1
         if not clients.admit(self.pre_auth):
@@ -85,7 +102,7 @@ class RespConnection(asyncio.BufferedProtocol):
         addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else UNIX_ADDR
         if isinstance(peer, tuple):  # a Unix socket's poll ignores SO_RCVLOWAT
             self.intake.lowat_socket = transport.get_extra_info("socket")
-        if addr == UNIX_ADDR and server.cfg.listen.shared_memory:
+        if addr == UNIX_ADDR and parts.shared_memory:
             self.output.hand_over_memory()
         self.session = Session(next(_ids), addr, authenticated=state.token is None)
         state.sessions[self.session.id] = self.session
@@ -97,9 +114,7 @@ class RespConnection(asyncio.BufferedProtocol):
         """Why this connection should be closed now (`admission.deadline_passed`), or None."""
         if self.session is None:
             return None
-        return deadline_passed(
-            self.server.cfg.limits, self.pre_auth, self.connected_at, self.last_active, self.running, now
-        )
+        return deadline_passed(self.parts.limits, self.pre_auth, self.connected_at, self.last_active, self.running, now)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.get_buffer(sizehint)
@@ -123,7 +138,7 @@ class RespConnection(asyncio.BufferedProtocol):
     def _depth(self) -> int:
         """Commands parsed ahead of execution. One before AUTH: what follows AUTH in the same read
         must be parsed under the authenticated limits, so it waits until AUTH has run."""
-        return 1 if self.pre_auth else self.server.cfg.limits.max_pipeline_depth
+        return 1 if self.pre_auth else self.parts.limits.max_pipeline_depth
 
     def _parse(self) -> None:
         """Take complete commands from the parser: answer them inline while a turn's budget lasts, queue the rest.
@@ -165,7 +180,7 @@ class RespConnection(asyncio.BufferedProtocol):
     def _refuse(self, refused: resp.CommandRefused) -> None:
         """A command whose large value got no memory was read to its end: queue its error, free its reservation."""
         self.intake.give_back(refused.value_bytes)
-        self.server.state.values_refused += 1
+        self.parts.state.values_refused += 1
         log.warning("client %s: %s", self.session.addr if self.session else "?", refused)
         self.queue.append(refused)
 
@@ -176,7 +191,7 @@ class RespConnection(asyncio.BufferedProtocol):
             return None
         started = time.perf_counter()
         try:
-            reply = dispatch_nowait(self.server.state, self.session, cmd)
+            reply = dispatch_nowait(self.parts.state, self.session, cmd)
         except Exception:  # the slow path runs it again and turns the failure into an error reply
             log.debug("fast path failed for %r", cmd[0][:32], exc_info=True)
             return None
@@ -188,7 +203,7 @@ class RespConnection(asyncio.BufferedProtocol):
         if not self.output.within_limit(size):
             return None  # the slow path closes the connection and counts it
         self.output.write_now(reply)
-        self.server.metrics.observe(cmd[0], time.perf_counter() - started)
+        self.parts.metrics.observe(cmd[0], time.perf_counter() - started)
         return size
 
     def drop(self, reason: str) -> None:
@@ -198,7 +213,7 @@ class RespConnection(asyncio.BufferedProtocol):
         client that never reads would make last forever, so this aborts instead. Nothing is sent
         first, as Redis does: an unsolicited error would be read as the reply to the next request.
         """
-        self.server.state.disconnections[reason] += 1
+        self.parts.state.disconnections[reason] += 1
         self.broken = True  # parse nothing more from it
         if self.session is not None:
             log.info("closing client %s (id %d): %s", self.session.addr, self.session.id, reason)
@@ -207,7 +222,10 @@ class RespConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def _forget(self) -> None:
-        self.server.clients.forget(self, None if self.session is None else self.session.id)
+        self.parts.clients.forget(self, None if self.session is None else self.session.id)
+        exports = self.parts.state.exports
+        if exports is not None and self.session is not None:
+            exports.forget(self.session.id)  # what it was handed counts on against the server until let go
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and give its memory back now.
@@ -238,8 +256,8 @@ class RespConnection(asyncio.BufferedProtocol):
     # -- command loop -----------------------------------------------------------------------------
     async def _process(self) -> None:
         assert self.transport is not None and self.output is not None and self.session is not None
-        transport, output, session, state = self.transport, self.output, self.session, self.server.state
-        metrics = self.server.metrics
+        transport, output, session, state = self.transport, self.output, self.session, self.parts.state
+        metrics = self.parts.metrics
         while True:
             self.idle = True
             await self.work.wait()
@@ -297,4 +315,4 @@ class RespConnection(asyncio.BufferedProtocol):
         assert self.session is not None
         self.pre_auth = False
         self.parser.authenticated()
-        self.server.clients.unauthenticated.pop(self.session.id, None)
+        self.parts.clients.unauthenticated.pop(self.session.id, None)
