@@ -6,6 +6,7 @@ pytest_plugins = [
     "strata_testsupport.s3",
     "strata_testsupport.hub",
     "strata_testsupport.kvserver",
+    "strata_testsupport.csi",  # after cluster: the CSI plugin's control plane (csi_cluster)
     "strata_testsupport.webhook",
     "strata_testsupport.registry",  # after webhook, whose certificates it uses
     "strata_testsupport.realnode",  # after registry, which it starts on the node's address

@@ -8,16 +8,30 @@ started_dockerd=""
 wheelhouse_server=""
 wheelhouse_url=""
 
-# ensure_dockerd LOG: starts dockerd when none answers, only for building: no bridge and no iptables rules, so the
-# node's pod network is left alone. stop_dockerd stops only a daemon started here.
+# ensure_dockerd LOG: starts dockerd when none answers: no default bridge and no iptables rules, so the node's pod
+# network is left alone (kind's own network still works). Where this host's capability bounding set lacks
+# capabilities, runc-bounded is the default runtime, so privileged containers (kind's nodes) start.
+# stop_dockerd stops only a daemon started here.
 ensure_dockerd() {
   docker info >/dev/null 2>&1 && return 0
   command -v dockerd >/dev/null || { echo "images: no dockerd (make system installs docker.io)" >&2; return 1; }
-  dockerd --iptables=false --ip-masq=false --bridge=none >"$1" 2>&1 &
+  local args=(--iptables=false --ip-masq=false --bridge=none)
+  if ! host_grants_all_capabilities; then
+    args+=(--add-runtime "runc-bounded=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/runc-bounded"
+           --default-runtime runc-bounded)
+  fi
+  dockerd "${args[@]}" >"$1" 2>&1 &
   started_dockerd=$!
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && return 0; sleep 1; done
   tail -n 20 "$1" >&2
   return 1
+}
+
+host_grants_all_capabilities() {  # whether this process's bounding set holds every capability the kernel has
+  local last bounding
+  last="$(cat /proc/sys/kernel/cap_last_cap)"
+  bounding="$(awk '/^CapBnd:/ {print $2}' /proc/self/status)"
+  (( 16#$bounding == (1 << (last + 1)) - 1 ))
 }
 
 stop_dockerd() {

@@ -55,6 +55,15 @@ def _parser() -> argparse.ArgumentParser:
         default=_DEFAULTS.max_tier_dirs,
         help="tier directories this node shares at a time; a publish for one more is refused",
     )
+    s.add_argument(
+        "--max-tier-dirs-per-namespace",
+        type=int,
+        default=_DEFAULTS.max_tier_dirs_per_namespace,
+        help="of those, how many one namespace's tiers may hold, so one namespace cannot take every slot",
+    )
+    s.add_argument("--api-server", default="", help="the API server's URL (default: the in-cluster one)")
+    s.add_argument("--api-token-file", default="", help="bearer token file (default: the pod's service account's)")
+    s.add_argument("--api-ca-file", default="", help="the API server's CA (default: the pod's service account's)")
     s.add_argument("--no-register", action="store_true", help="do not serve the registration socket")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING...")
     return p
@@ -65,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.node_id:
         raise SystemExit("strata-kv-csi: --node-id (or $NODE_NAME) is required: the kubelet's node name")
+    for flag in ("max_tier_dirs", "max_tier_dirs_per_namespace", "tier_dir_bytes", "tier_dir_inodes"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"strata-kv-csi: --{flag.replace('_', '-')} must be at least 1")
     settings = PluginSettings(
         node_id=args.node_id,
         kubelet_dir=args.kubelet_dir,
@@ -76,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         tier_dir_bytes=args.tier_dir_bytes,
         tier_dir_inodes=args.tier_dir_inodes,
         max_tier_dirs=args.max_tier_dirs,
+        max_tier_dirs_per_namespace=args.max_tier_dirs_per_namespace,
+        api_server=args.api_server,
+        api_token_file=args.api_token_file,
+        api_ca_file=args.api_ca_file,
     )
     plugin = Plugin(settings)
     stopping = threading.Event()

@@ -3,6 +3,10 @@ namespace and the volume's tier onto the pod's target path, so a KV server pod a
 KVCacheTier on one node share a directory (the server's Unix socket lives there) under restricted Pod Security,
 which allows `csi` volumes but neither hostPath nor hostIPC.
 
+Nothing is published on a name's say-so: the API server tells the plugin who the pod is, whether the tier
+exists, and whether the pod is the tier's server (identity.py); every path is opened without following a link
+and mounted through its descriptor (fspath.py).
+
 The plugin also serves the kubelet's plugin-registration API on `<kubelet-dir>/plugins_registry/`, so the
 kubelet finds it without a node-driver-registrar sidecar.
 """
@@ -22,6 +26,10 @@ import grpc
 from google.protobuf import wrappers_pb2
 
 from . import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from .fspath import LinkInPathError, open_beneath, open_root, same_directory
+from .fspath import read_only as fd_read_only
+from .identity import NotAdmitted, TierMissing, admit
+from .kubeapi import APIError, APISettings, KubeAPI
 from .mounts import bind_mount, mount_point, unmount
 from .tiers import TierDirectories, TierLimitError
 from .volume import (
@@ -55,6 +63,10 @@ class PluginSettings:
     tier_dir_bytes: int = 64 * 1024  # each tier directory's tmpfs: a socket needs an inode and no data
     tier_dir_inodes: int = 16  # its root, the socket, room for a server's restart
     max_tier_dirs: int = 256  # tier directories on one node at a time
+    max_tier_dirs_per_namespace: int = 16  # of those, what one namespace's tiers may hold
+    api_server: str = ""  # default: the in-cluster API server ($KUBERNETES_SERVICE_HOST)
+    api_token_file: str = ""  # default: the pod's service account token
+    api_ca_file: str = ""  # default: the pod's service account CA
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or os.path.join(self.kubelet_dir, "plugins", DRIVER_NAME, "csi.sock")
@@ -68,62 +80,100 @@ def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) 
     context.abort(code, message)
 
 
-class WriterError(PermissionError):
-    """A writable volume asked for by a pod that is not the tier's server (the gRPC answer is PERMISSION_DENIED)."""
-
-
 class NodeVolumes:
     """Publish and unpublish, both idempotent (the kubelet retries either after a timeout)."""
 
-    def __init__(self, settings: PluginSettings) -> None:
+    def __init__(self, settings: PluginSettings, api: KubeAPI) -> None:
         self.settings = settings
+        self.api = api
         self.tiers = TierDirectories(settings)
         self._lock = threading.Lock()  # one mount change at a time: a retry never races its first attempt
+
+    def _pods(self) -> int:
+        return open_root(os.path.join(self.settings.kubelet_dir, "pods"))
 
     def publish(self, request: csi_pb2.NodePublishVolumeRequest) -> None:
         wanted = node_directory(dict(request.volume_context))
         target = check_target_path(request.target_path, self.settings.kubelet_dir)
         if request.volume_capability.HasField("block"):
             raise VolumeRequestError("volume_capability", "block access is not supported: the volume is a directory")
-        if not request.readonly and not wanted.from_server:
-            # Whoever may write there can replace the server's socket and take its clients' AUTH tokens.
-            raise WriterError(
-                f"readOnly: false is only for KVCacheTier {wanted.tier}'s server pods (named "
-                f"{wanted.server_pod_prefix}<5 characters> by its DaemonSet), not pod {wanted.pod!r}; set "
-                "readOnly: true on the csi volume (connecting to the socket needs no write access)"
-            )
-        with self._lock:
-            source = self.tiers.acquire(wanted)
-            try:
-                self._bind(source, target, read_only=request.readonly)
-            except BaseException:
-                self.tiers.discard_if_unused(source)
-                raise
+        # Whoever may write there can replace the server's socket and take its clients' AUTH tokens.
+        admit(self.api, wanted, self.settings.node_id, writable=not request.readonly)
+        pods = self._pods()
+        try:
+            parent = open_beneath(pods, os.path.dirname(target))
+        finally:
+            os.close(pods)
+        try:
+            with self._lock:
+                source = self.tiers.acquire(wanted)
+                try:
+                    self._bind(source, parent, os.path.basename(target), read_only=request.readonly)
+                except BaseException:
+                    self.tiers.discard_if_unused(wanted.path(os.path.realpath(self.settings.state_dir)))
+                    raise
+                finally:
+                    os.close(source)
+        finally:
+            os.close(parent)
 
     @staticmethod
-    def _bind(source: str, target: str, *, read_only: bool) -> None:
-        os.makedirs(target, mode=TARGET_DIR_MODE, exist_ok=True)
-        existing = mount_point(target)
-        if existing is not None:
-            if _same_directory(target, source) and existing.read_only == read_only:
-                return  # the same request again: already done
-            raise FileExistsError(f"{target} is already published with other arguments (a different tier or readOnly)")
-        bind_mount(source, target, read_only=read_only)
+    def _bind(source: int, parent: int, name: str, *, read_only: bool) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, TARGET_DIR_MODE, dir_fd=parent)  # never through a link: mkdirat does not follow one
+        target = open_beneath(parent, name)
+        try:
+            again = same_directory(target, source) and fd_read_only(target) == read_only
+            vacant = not same_directory(target, source) and os.fstat(target).st_dev == os.fstat(parent).st_dev
+        finally:
+            os.close(target)
+        if again:
+            return  # the same request again: already done
+        if not vacant:
+            raise FileExistsError(f"{name} is already published with other arguments (a different tier or readOnly)")
+        bind_mount(source, parent, name, read_only=read_only)
 
     def unpublish(self, target_path: str) -> None:
         target = check_target_path(target_path, self.settings.kubelet_dir)
-        with self._lock:
-            published = mount_point(target)
+        name = os.path.basename(target)
+        pods = self._pods()
+        try:
+            try:
+                parent = open_beneath(pods, os.path.dirname(target))
+            except FileNotFoundError:
+                return  # nothing was ever published there
+        finally:
+            os.close(pods)
+        try:
+            with self._lock:
+                self._unmount(parent, name, os.path.join(self._real_pods, target))
+        finally:
+            os.close(parent)
+
+    @property
+    def _real_pods(self) -> str:
+        return os.path.join(os.path.realpath(self.settings.kubelet_dir), "pods")
+
+    def _unmount(self, parent: int, name: str, literal: str) -> None:
+        """Detach what the plugin mounted on `name` in `parent` (the mount table's entry at `literal`, which no
+        link can redirect since `parent` was opened without following any), then remove the directory."""
+        try:
+            mounted = open_beneath(parent, name)
+        except FileNotFoundError:
+            return
+        except LinkInPathError:
+            os.unlink(name, dir_fd=parent)  # a link where the target was: nothing of ours is there; never follow it
+            return
+        try:
+            published = mount_point(literal)
             if published is not None:
-                unmount(target)
-                self.tiers.release(published)
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(target)
-
-
-def _same_directory(a: str, b: str) -> bool:
-    sa, sb = os.stat(a), os.stat(b)
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+                unmount(mounted)
+        finally:
+            os.close(mounted)
+        if published is not None:
+            self.tiers.release(published)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(name, dir_fd=parent)
 
 
 class IdentityService(csi_pb2_grpc.IdentityServicer):
@@ -138,9 +188,9 @@ class IdentityService(csi_pb2_grpc.IdentityServicer):
 
 
 class NodeService(csi_pb2_grpc.NodeServicer):
-    def __init__(self, settings: PluginSettings) -> None:
+    def __init__(self, settings: PluginSettings, api: KubeAPI) -> None:
         self.settings = settings
-        self.volumes = NodeVolumes(settings)
+        self.volumes = NodeVolumes(settings, api)
 
     def NodePublishVolume(self, request: Any, context: Any) -> csi_pb2.NodePublishVolumeResponse:
         started = time.perf_counter()
@@ -148,8 +198,14 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             self.volumes.publish(request)
         except VolumeRequestError as error:
             return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except WriterError as error:
+        except LinkInPathError as error:
+            return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"target_path: {error.strerror}")
+        except NotAdmitted as error:
             return _refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(error))
+        except TierMissing as error:
+            return _refuse(context, grpc.StatusCode.NOT_FOUND, str(error))
+        except APIError as error:
+            return _refuse(context, grpc.StatusCode.UNAVAILABLE, f"asking the API server who the pod is: {error}")
         except TierLimitError as error:
             return _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except FileExistsError as error:
@@ -173,6 +229,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             self.volumes.unpublish(request.target_path)
         except VolumeRequestError as error:
             return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except LinkInPathError as error:
+            return _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"target_path: {error.strerror}")
         except OSError as error:
             return _refuse(context, grpc.StatusCode.INTERNAL, f"unpublishing {request.target_path}: {error}")
         log.info("unpublished %s from %s", request.volume_id, request.target_path)
@@ -228,7 +286,8 @@ class Plugin:
         self.registration = RegistrationService(settings)
         self._csi = _listen(settings.endpoint)
         csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(), self._csi)
-        csi_pb2_grpc.add_NodeServicer_to_server(NodeService(settings), self._csi)
+        api = KubeAPI(APISettings.in_cluster(settings.api_server, settings.api_token_file, settings.api_ca_file))
+        csi_pb2_grpc.add_NodeServicer_to_server(NodeService(settings, api), self._csi)
         self._registrar: grpc.Server | None = None
         if settings.register:
             self._registrar = _listen(settings.registration_socket)

@@ -17,15 +17,14 @@ DRIVER_NAME = "kv.strata.dev"
 TIER_ATTRIBUTE = "tier"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 POD_NAME = "csi.storage.k8s.io/pod.name"
+POD_UID = "csi.storage.k8s.io/pod.uid"
 EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 # Namespaces and KVCacheTier names are both DNS-1123 labels; a label can never be "." or ".." or hold a "/".
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` would let "kv\n" through
 DNS1123_LABEL_MAX = 63
-# How the DaemonSet controller names its pods: `<daemonset>-` cut to 58 characters, then 5 random characters
-# of this alphabet (the API server's name generator). The operator names a tier's DaemonSet after the tier.
-GENERATED_SUFFIX = "[bcdfghjklmnpqrstvwxz2456789]{5}"
-GENERATED_BASE_MAX = DNS1123_LABEL_MAX - 5
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a pod's name
+DNS1123_SUBDOMAIN_MAX = 253
 
 
 class VolumeRequestError(ValueError):
@@ -44,17 +43,8 @@ class NodeDirectory:
     tier: str
     pod: str = ""
     """The pod's name, as the kubelet passes it."""
-
-    @property
-    def server_pod_prefix(self) -> str:
-        """What the tier's server pods' names start with (its DaemonSet's generated names)."""
-        return f"{self.tier}-"[:GENERATED_BASE_MAX]
-
-    @property
-    def from_server(self) -> bool:
-        """Whether the pod is named as the tier's DaemonSet names its KV server pods: only those get the
-        directory writable (see the README for what this does and does not prove)."""
-        return re.fullmatch(re.escape(self.server_pod_prefix) + GENERATED_SUFFIX, self.pod) is not None
+    pod_uid: str = ""
+    """The pod's uid, as the kubelet passes it: the API server must know the pod by both (identity.py)."""
 
     def path(self, state_dir: str) -> str:
         return os.path.join(state_dir, self.namespace, self.tier)
@@ -98,16 +88,24 @@ def node_directory(volume_context: dict[str, str]) -> NodeDirectory:
         )
     if TIER_ATTRIBUTE not in volume_context:
         raise VolumeRequestError(TIER_ATTRIBUTE, "missing; set volumeAttributes.tier to the KVCacheTier's name")
+    for key in (POD_NAME, POD_UID):
+        if not volume_context.get(key):
+            raise VolumeRequestError(key, "missing: the kubelet sets it when the CSIDriver has podInfoOnMount: true")
+    pod = volume_context[POD_NAME]
+    if len(pod) > DNS1123_SUBDOMAIN_MAX or not _DNS1123_SUBDOMAIN.fullmatch(pod):
+        raise VolumeRequestError(POD_NAME, f"{pod[:80]!r} is not a pod's name")
     return NodeDirectory(
         namespace=_label(POD_NAMESPACE, namespace, "pod's namespace"),
         tier=_label(TIER_ATTRIBUTE, volume_context[TIER_ATTRIBUTE], "KVCacheTier's name"),
-        pod=volume_context.get(POD_NAME, ""),
+        pod=pod,
+        pod_uid=volume_context[POD_UID],
     )
 
 
 def check_target_path(target_path: str, kubelet_dir: str) -> str:
-    """The target the kubelet asks for, normalised; only a directory under `<kubelet-dir>/pods/` is accepted, so
-    the plugin's root privileges never mount anything over a path elsewhere on the node."""
+    """The target the kubelet asks for, relative to `<kubelet-dir>/pods/`; only a normalised path below it is
+    accepted. Textual only: the plugin then opens it below the pods directory without following any link
+    (fspath.py), so its root privileges never mount anything over a path elsewhere on the node."""
     if not target_path:
         raise VolumeRequestError("target_path", "is empty")
     if not os.path.isabs(target_path):
@@ -118,4 +116,4 @@ def check_target_path(target_path: str, kubelet_dir: str) -> str:
         raise VolumeRequestError(
             "target_path", f"{target_path!r} is not a normalised path under {pods} (the kubelet's pod volumes)"
         )
-    return normal
+    return str(PurePosixPath(normal).relative_to(pods))

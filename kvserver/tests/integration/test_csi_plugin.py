@@ -3,7 +3,8 @@ what a kubelet sends for an inline `csi` volume; the kubelet itself runs in the 
 directories are real bind mounts, a real `strata-kv` serves on a socket in one of them and a client reaches it
 through another, as a non-root user holding only the socket's group; namespaces never share a directory;
 hostile attributes are refused naming the attribute; publish and unpublish are idempotent; the kubelet's
-registration socket answers GetInfo with the endpoint that serves CSI."""
+registration socket answers GetInfo with the endpoint that serves CSI. The pods and tiers the requests name are
+real objects of the local control plane (`csi_cluster`), which the plugin asks as the chart's service account."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from strata_testsupport.csi import mounts_under, publish_request, running_csi_plugin, server_pod
+from strata_testsupport.csi import CSICluster, mounts_under, publish_request
 from strata_testsupport.kvserver import running_kv_server
 
 pytestmark = pytest.mark.integration
@@ -25,11 +26,17 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def plugin():
-    if os.geteuid() != 0:
-        pytest.skip("bind mounts need root")  # the machine's CI runs as root: never skipped there
-    with running_csi_plugin() as running:
+def plugin(csi_cluster: CSICluster):
+    with csi_cluster.plugin() as running:
         yield running
+
+
+@pytest.fixture
+def tier_a(csi_cluster: CSICluster):
+    """A namespace with KVCacheTier `kv`: its server pod (the DaemonSet controller's) and a client pod."""
+    namespace = csi_cluster.namespace()
+    csi_cluster.tier(namespace)
+    return namespace, csi_cluster.server_pod(namespace, "kv"), csi_cluster.pod(namespace, "client")
 
 
 def _stubs(plugin):
@@ -83,16 +90,17 @@ def test_identity_and_node_info_answer_like_a_csi_node_plugin(plugin):
     assert identity.Probe(csi_pb2.ProbeRequest()).ready.value is True
     assert list(identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest()).capabilities) == []
     assert list(node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest()).capabilities) == []
-    assert node.NodeGetInfo(csi_pb2.NodeGetInfoRequest()).node_id == "test-node"
+    assert node.NodeGetInfo(csi_pb2.NodeGetInfoRequest()).node_id == plugin.node_id
 
 
-def test_a_server_in_one_published_directory_serves_a_client_through_another(plugin, tmp_path):
+def test_a_server_in_one_published_directory_serves_a_client_through_another(plugin, tier_a, tmp_path):
+    namespace, server, client = tier_a
     _, node = _stubs(plugin)
     server_dir, client_dir = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(server_dir, "a", "kv", pod=server_pod("kv")))
-    node.NodePublishVolume(publish_request(client_dir, "a", "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(server_dir, server, "kv"))
+    node.NodePublishVolume(CSICluster.request(client_dir, client, "kv", readonly=True))
 
-    shared = plugin.state_dir / "a" / "kv"
+    shared = plugin.state_dir / namespace / "kv"
     info = shared.stat()
     assert (info.st_uid, info.st_gid, oct(info.st_mode & 0o7777)) == (0, SOCKET_GROUP, oct(0o2770))
     config = {"listen": {"unix_socket": str(server_dir / "kv.sock")}}
@@ -109,15 +117,18 @@ def test_a_server_in_one_published_directory_serves_a_client_through_another(plu
             (client_dir / "other.sock").write_bytes(b"")
 
 
-def test_another_namespace_gets_another_directory(plugin, tmp_path):
+def test_another_namespace_gets_another_directory(plugin, tier_a, csi_cluster, tmp_path):
+    namespace, server, _ = tier_a
+    other = csi_cluster.namespace()
+    csi_cluster.tier(other)
     _, node = _stubs(plugin)
     mine, theirs = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(mine, "a", "kv", pod=server_pod("kv")))
-    node.NodePublishVolume(publish_request(theirs, "b", "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(mine, server, "kv"))
+    node.NodePublishVolume(CSICluster.request(theirs, csi_cluster.pod(other, "client"), "kv", readonly=True))
     with running_kv_server(tmp_path / "kv", {"listen": {"unix_socket": str(mine / "kv.sock")}}, l2_fs=False):
         assert (mine / "kv.sock").exists()
         assert not (theirs / "kv.sock").exists() and list(theirs.iterdir()) == []
-    assert sorted(os.listdir(plugin.state_dir)) == ["a", "b"]
+    assert sorted(os.listdir(plugin.state_dir)) == sorted([namespace, other])
 
 
 @pytest.mark.parametrize(
@@ -164,22 +175,25 @@ def test_persistent_volumes_and_targets_outside_the_kubelets_pods_are_refused(pl
     assert mounts_under(plugin.root) == [] and not (tmp_path / "elsewhere").exists()
 
 
-def test_publish_and_unpublish_are_idempotent(plugin):
+def test_publish_and_unpublish_are_idempotent(plugin, tier_a, csi_cluster):
     from strata_kv.csi.mounts import mount_point
 
+    namespace, server, client = tier_a
+    csi_cluster.tier(namespace, "other")
     _, node = _stubs(plugin)
     target = plugin.target()
-    node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv")))
-    node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv")))  # the kubelet retrying
-    assert mounts_under(plugin.root) == [str(plugin.state_dir / "a" / "kv"), str(target)]  # the tier's tmpfs
+    node.NodePublishVolume(CSICluster.request(target, server, "kv"))
+    node.NodePublishVolume(CSICluster.request(target, server, "kv"))  # the kubelet retrying
+    assert mounts_under(plugin.root) == [str(plugin.state_dir / namespace / "kv"), str(target)]  # the tier's tmpfs
     published = mount_point(str(target))
     assert published is not None and {"nosuid", "nodev", "noexec"} <= published.options, published
+    assert not published.read_only
     with pytest.raises(grpc.RpcError) as clash:
-        node.NodePublishVolume(publish_request(target, "a", "other", pod=server_pod("other")))
+        node.NodePublishVolume(CSICluster.request(target, client, "other", readonly=True))
     assert clash.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert not (plugin.state_dir / "a" / "other").exists(), "a failed publish leaves no directory"
+    assert not (plugin.state_dir / namespace / "other").exists(), "a failed publish leaves no directory"
     with pytest.raises(grpc.RpcError) as clash:
-        node.NodePublishVolume(publish_request(target, "a", "kv", pod=server_pod("kv"), readonly=True))
+        node.NodePublishVolume(CSICluster.request(target, server, "kv", readonly=True))
     assert clash.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
     _unpublish(node, target)
@@ -187,7 +201,7 @@ def test_publish_and_unpublish_are_idempotent(plugin):
     _unpublish(node, target)  # again: nothing left to do is success
     _unpublish(node, plugin.target())  # a target that was never published
     assert mounts_under(plugin.root) == []
-    assert not (plugin.state_dir / "a").exists(), "the tier's last unpublish removes its directory"
+    assert not (plugin.state_dir / namespace).exists(), "the tier's last unpublish removes its directory"
 
 
 def test_the_kubelet_registration_socket_names_the_csi_endpoint(plugin):

@@ -1,6 +1,9 @@
-"""`strata-kv-csi` against hostile tenants, through the real plugin over gRPC with real bind mounts: what a pod
-can make the plugin create on the node, what it can write there and what stays after it goes; who may get a
-tier's directory writable, and whether a tenant pod can take the server's socket from the tier's clients."""
+"""`strata-kv-csi` against hostile tenants, through the real plugin over gRPC with real bind mounts, asking the
+real API server (the local control plane) who each pod is: what a pod can make the plugin create on the node,
+what it can write there and what stays after it goes; who may get a tier's directory writable (a pod named like
+the tier's server is not its server), whether a tenant pod can take the server's socket from the tier's
+clients, whether one namespace can take every tier directory of the node, and whether a link under the kubelet's
+pods directory can send a mount elsewhere."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from strata_testsupport.csi import mounts_under, publish_request, running_csi_plugin, server_pod
+from strata_testsupport.csi import CSICluster, mounts_under
 from strata_testsupport.kvserver import running_kv_server
 
 pytestmark = pytest.mark.integration
@@ -22,15 +25,17 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def root():
-    if os.geteuid() != 0:
-        pytest.skip("bind mounts need root")  # the machine's CI runs as root: never skipped there
+def plugin(csi_cluster: CSICluster):
+    with csi_cluster.plugin() as running:
+        yield running
 
 
 @pytest.fixture
-def plugin(root):
-    with running_csi_plugin() as running:
-        yield running
+def tier_a(csi_cluster: CSICluster):
+    """A namespace with KVCacheTier `kv` and its server pod (the DaemonSet controller's)."""
+    namespace = csi_cluster.namespace()
+    csi_cluster.tier(namespace)
+    return namespace, csi_cluster.server_pod(namespace, "kv")
 
 
 def _node(plugin):
@@ -62,57 +67,48 @@ def _as(uid: int, groups: list[int], code: str, *args: str) -> str:
     return done.stdout
 
 
-# A tenant's pod (uid 65532, allowed under restricted) writes 1 MiB into each directory it was given.
-WRITE_EVERYWHERE = """
-import os, sys
-written = 0
-for target in sys.argv[1:]:
-    try:
-        with open(os.path.join(target, "fill"), "wb") as f:
-            f.write(b"x" * (1 << 20))
-        written += 1
-    except OSError as error:
-        pass
-print(written)
-"""
-
-
-def test_made_up_tiers_leave_nothing_on_the_node(plugin):
-    """The issue's measure: a pod names 100 tiers that do not exist, asking for each read-write as the attack
-    did; it is refused that, takes read-only volumes instead, writes into all of them as uid 65532 and goes.
-    Nothing it wrote and no directory it caused stays."""
+def test_made_up_tiers_are_refused_and_another_namespace_is_still_served(plugin, csi_cluster, tier_a):
+    """The issue's measure: one namespace's pod asks for 255 tiers that do not exist (read-only, which the
+    admission policy lets through); then another namespace's server and client publish on the same node."""
     node = _node(plugin)
+    tenant_ns = csi_cluster.namespace()
+    tenant = csi_cluster.pod(tenant_ns, "tenant-0")
     targets, refused = [], 0
     started = time.perf_counter()
-    for i in range(100):
+    for i in range(255):
         target = plugin.target()
         try:
-            node.NodePublishVolume(publish_request(target, "a", f"made-up-{i}", pod="tenant-0"))
+            node.NodePublishVolume(CSICluster.request(target, tenant, f"made-up-{i}", readonly=True))
         except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
-            assert error.details().startswith("readOnly:"), error.details()
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
+            assert error.details().startswith(f"tier: KVCacheTier {tenant_ns}/made-up-{i} does not exist")
             refused += 1
-            node.NodePublishVolume(publish_request(target, "a", f"made-up-{i}", pod="tenant-0", readonly=True))
         targets.append(target)
     elapsed = time.perf_counter() - started
-    written = int(_as(SOCKET_GROUP, [SOCKET_GROUP], WRITE_EVERYWHERE, *map(str, targets)))
-    for target in targets:
-        _unpublish(node, target)
     left = [str(p) for p in plugin.state_dir.rglob("*")] if plugin.state_dir.exists() else []
-    print(f"100 made-up tiers in {elapsed:.2f} s: {refused} read-write refused, {written} written, {len(left)} left")
-    assert refused == 100, "only a tier's server pod gets its directory writable"
-    assert written == 0, "a read-only volume takes no bytes"
-    assert left == [], f"nothing stays on the node after the pod goes: {left[:5]}"
+    print(f"255 made-up tiers in {elapsed:.2f} s: {refused} refused, {len(left)} directories on the node")
+    assert refused == 255, "no directory for a tier that does not exist"
+    assert left == [] and mounts_under(plugin.root) == []
+
+    namespace, server = tier_a
+    server_dir, client_dir = plugin.target(), plugin.target()
+    node.NodePublishVolume(CSICluster.request(server_dir, server, "kv"))
+    node.NodePublishVolume(CSICluster.request(client_dir, csi_cluster.pod(namespace, "client"), "kv", readonly=True))
+    assert (plugin.state_dir / namespace / "kv").is_dir()
+    for target in (server_dir, client_dir, *targets):
+        _unpublish(node, target)
     assert mounts_under(plugin.root) == []
 
 
-def test_what_a_server_pod_may_write_is_bounded_and_goes_with_the_tiers_last_pod(plugin):
-    """Even the tier's server (or a pod posing as one) writes into a small file system of its own, which is
-    emptied when the server leaves and gone with the tier's last pod on the node."""
+def test_what_a_server_pod_may_write_is_bounded_and_goes_with_the_tiers_last_pod(plugin, csi_cluster, tier_a):
+    """Even the tier's server writes into a small file system of its own, which is emptied when the server
+    leaves (never when a client does) and gone with the tier's last pod on the node."""
+    namespace, server_pod = tier_a
     node = _node(plugin)
-    server, client = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(server, "a", "kv", pod=server_pod("kv")))
-    node.NodePublishVolume(publish_request(client, "a", "kv", readonly=True))
+    server, client, other = plugin.target(), plugin.target(), plugin.target()
+    node.NodePublishVolume(CSICluster.request(server, server_pod, "kv"))
+    node.NodePublishVolume(CSICluster.request(client, csi_cluster.pod(namespace, "client"), "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(other, csi_cluster.pod(namespace, "other"), "kv", readonly=True))
     with pytest.raises(OSError) as full:
         (server / "big").write_bytes(b"x" * (4 << 20))
     assert full.value.errno == errno.ENOSPC
@@ -123,27 +119,41 @@ def test_what_a_server_pod_may_write_is_bounded_and_goes_with_the_tiers_last_pod
     assert full.value.errno == errno.ENOSPC, "the inode count is bounded too"
     assert len(list(client.iterdir())) > 0, "the client sees what the server made"
 
+    _unpublish(node, other)
+    assert len(list(client.iterdir())) > 0, "a client's unpublish never empties the directory"
     _unpublish(node, server)
     assert list(client.iterdir()) == [], "the server's unpublish empties the directory; the client keeps it"
-    assert (plugin.state_dir / "a" / "kv").is_dir()
+    assert (plugin.state_dir / namespace / "kv").is_dir()
     _unpublish(node, client)
-    assert not (plugin.state_dir / "a").exists(), "the tier's last unpublish removes its directory"
+    assert not (plugin.state_dir / namespace).exists(), "the tier's last unpublish removes its directory"
     assert mounts_under(plugin.root) == []
 
 
-def test_the_number_of_tier_directories_is_bounded(root):
-    with running_csi_plugin("--max-tier-dirs", "3") as small:
+def test_tier_directories_are_bounded_on_the_node_and_for_each_namespace(csi_cluster):
+    """Real tiers: namespace A holds its share (2) and is refused a third; B still gets one, until the node's
+    bound (3) is reached; one that goes makes room."""
+    a, b = csi_cluster.namespace(), csi_cluster.namespace()
+    for namespace, tiers in ((a, ("t0", "t1", "t2")), (b, ("u0", "u1"))):
+        for tier in tiers:
+            csi_cluster.tier(namespace, tier)
+    client_a, client_b = csi_cluster.pod(a, "client"), csi_cluster.pod(b, "client")
+    with csi_cluster.plugin("--max-tier-dirs", "3", "--max-tier-dirs-per-namespace", "2") as small:
         node = _node(small)
-        targets = [small.target() for _ in range(4)]
-        for i, target in enumerate(targets[:3]):
-            node.NodePublishVolume(publish_request(target, "a", f"t{i}", readonly=True))
-        with pytest.raises(grpc.RpcError) as refused:
-            node.NodePublishVolume(publish_request(targets[3], "a", "t3", readonly=True))
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "--max-tier-dirs" in refused.value.details(), refused.value.details()
-        node.NodePublishVolume(publish_request(small.target(), "a", "t0", readonly=True))  # an existing one: fine
-        _unpublish(node, targets[1])  # t1's only pod goes: room for one more
-        node.NodePublishVolume(publish_request(targets[3], "a", "t3", readonly=True))
+        held = [small.target() for _ in range(2)]
+        for target, tier in zip(held, ("t0", "t1"), strict=True):
+            node.NodePublishVolume(CSICluster.request(target, client_a, tier, readonly=True))
+        with pytest.raises(grpc.RpcError) as share:
+            node.NodePublishVolume(CSICluster.request(small.target(), client_a, "t2", readonly=True))
+        assert share.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-tier-dirs-per-namespace 2" in share.value.details(), share.value.details()
+        node.NodePublishVolume(CSICluster.request(small.target(), client_a, "t0", readonly=True))  # one it holds
+        node.NodePublishVolume(CSICluster.request(small.target(), client_b, "u0", readonly=True))
+        with pytest.raises(grpc.RpcError) as full:
+            node.NodePublishVolume(CSICluster.request(small.target(), client_b, "u1", readonly=True))
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-tier-dirs 3" in full.value.details(), full.value.details()
+        _unpublish(node, held[1])  # t1's only pod goes: room for one more
+        node.NodePublishVolume(CSICluster.request(small.target(), client_b, "u1", readonly=True))
 
 
 # A tenant's pod holding the socket group tries what the issue's attacker did: unlink the server's socket and
@@ -176,50 +186,125 @@ with KVClient(unix_socket=sys.argv[1], token=sys.argv[2], timeout=20) as kv:
 """
 
 
-@pytest.mark.parametrize("pod", ["tenant-0", "kv", "kv-x2b4c-0", "other-x2b4c", "kv-xaeio"])
-def test_only_the_tiers_server_pod_gets_its_directory_writable(plugin, pod):
+@pytest.mark.parametrize("name", ["kv-ttrn7", "kv-x2b4c", "tenant-0", "kv"])
+def test_a_pod_named_like_the_tiers_server_gets_nothing_writable(plugin, csi_cluster, tier_a, name):
+    """The issue's attack: a tenant names its pod as the tier's DaemonSet names its own. The API server says
+    whose pod it is: no DaemonSet of the tier controls it, so it is refused the directory writable."""
+    namespace, _ = tier_a
+    tenant = csi_cluster.pod(namespace, name)
     node = _node(plugin)
     target = plugin.target()
     with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(publish_request(target, "a", "kv", pod=pod))
+        node.NodePublishVolume(CSICluster.request(target, tenant, "kv"))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert refused.value.details().startswith("readOnly:"), refused.value.details()
-    assert "kv-" in refused.value.details(), "the message names the server pods' names"
+    assert refused.value.details().startswith("readOnly: false is only for KVCacheTier kv's server pods")
+    assert "not controlled by a DaemonSet" in refused.value.details(), refused.value.details()
     assert mounts_under(plugin.root) == [] and not plugin.state_dir.exists()
 
 
-def test_a_tenant_pod_cannot_take_the_tiers_socket(plugin, tmp_path):
+def test_the_kubelets_word_for_the_pod_must_match_the_api_servers(plugin, csi_cluster, tier_a):
+    """A request naming the server pod with another uid (a pod deleted and made again under the same name, or a
+    made-up request) and one for a pod that does not exist are refused."""
+    namespace, server = tier_a
+    node = _node(plugin)
+    for request, said in (
+        (CSICluster.request(plugin.target(), {**server, "metadata": {**server["metadata"], "uid": "0"}}, "kv"), "uid"),
+        (CSICluster.request(plugin.target(), {"metadata": {"namespace": namespace, "name": "gone", "uid": "1"}}, "kv"),
+         "does not exist"),
+    ):  # fmt: skip
+        with pytest.raises(grpc.RpcError) as refused:
+            node.NodePublishVolume(request)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert said in refused.value.details(), refused.value.details()
+    assert mounts_under(plugin.root) == []
+
+
+def test_a_tenant_pod_cannot_take_the_tiers_socket(plugin, csi_cluster, tier_a, tmp_path):
+    """The issue's attack to its end: a pod named `kv-ttrn7` is refused the directory writable, cannot unlink or
+    replace the server's socket through its read-only one, and when it goes the socket stays: the next client
+    still reaches the real server with its token."""
+    namespace, server_pod = tier_a
     node = _node(plugin)
     server, attacker, client = plugin.target(), plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(server, "a", "kv", pod=server_pod("kv")))
+    tenant = csi_cluster.pod(namespace, "kv-ttrn7")
+    node.NodePublishVolume(CSICluster.request(server, server_pod, "kv"))
     with pytest.raises(grpc.RpcError) as refused:
-        node.NodePublishVolume(publish_request(attacker, "a", "kv", pod="attacker"))
+        node.NodePublishVolume(CSICluster.request(attacker, tenant, "kv"))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    node.NodePublishVolume(publish_request(attacker, "a", "kv", pod="attacker", readonly=True))
-    node.NodePublishVolume(publish_request(client, "a", "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(attacker, tenant, "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(client, csi_cluster.pod(namespace, "client"), "kv", readonly=True))
     token = "t0ken-for-the-tier"
     (tmp_path / "token").write_text(token)
     config = {"listen": {"unix_socket": str(server / "kv.sock")}, "auth": {"token_file": str(tmp_path / "token")}}
     with running_kv_server(tmp_path / "kv", config, l2_fs=False):
         tried = _as(1000, [SOCKET_GROUP], TAKE_THE_SOCKET, str(attacker)).strip()
         assert tried == "Read-only file system,Address already in use,Read-only file system", tried
+        _unpublish(node, attacker)  # the tenant's pod goes
+        assert (client / "kv.sock").is_socket(), "a client's unpublish leaves the server's socket"
         reached = _as(1000, [SOCKET_GROUP], CLIENT, str(client / "kv.sock"), token).strip()
         assert reached == "from-the-client", "the client reached the real server"
 
 
-def test_a_restarted_plugin_tears_down_what_the_last_one_mounted(plugin):
+def test_a_restarted_plugin_tears_down_what_the_last_one_mounted(plugin, csi_cluster, tier_a):
     """The plugin keeps no state but the mount table, so a restart between publish and unpublish still
     leaves nothing behind."""
+    namespace, server_pod = tier_a
+    client_pod = csi_cluster.pod(namespace, "client")
     node = _node(plugin)
     server, client = plugin.target(), plugin.target()
-    node.NodePublishVolume(publish_request(server, "a", "kv", pod=server_pod("kv")))
-    node.NodePublishVolume(publish_request(client, "a", "kv", readonly=True))
+    node.NodePublishVolume(CSICluster.request(server, server_pod, "kv"))
+    node.NodePublishVolume(CSICluster.request(client, client_pod, "kv", readonly=True))
     (server / "kv.sock").write_bytes(b"")
     assert plugin.stop() == 0
     plugin.start()
     node = _node(plugin)
-    node.NodePublishVolume(publish_request(plugin.target(), "a", "kv", readonly=True))
-    assert (plugin.state_dir / "a" / "kv" / "kv.sock").exists(), "the same directory, not a new one"
+    node.NodePublishVolume(CSICluster.request(plugin.target(), client_pod, "kv", readonly=True))
+    assert (plugin.state_dir / namespace / "kv" / "kv.sock").exists(), "the same directory, not a new one"
     for target in (server, client, *plugin.kubelet_dir.glob("pods/*/volumes/*/*/mount")):
         _unpublish(node, target)
-    assert not (plugin.state_dir / "a").exists() and mounts_under(plugin.root) == []
+    assert not (plugin.state_dir / namespace).exists() and mounts_under(plugin.root) == []
+
+
+def _linked(plugin, tmp_path, where: str) -> tuple[Path, Path]:
+    """A target whose component `where` (`pod`, `volumes` or `mount`) is a link to a directory outside the
+    kubelet's pods directory, laid out so that following the link would reach a directory to mount on."""
+    outside = tmp_path / "outside"
+    (outside / "volumes" / "kubernetes.io~csi" / "kv" / "mount").mkdir(parents=True)
+    pod = plugin.kubelet_dir / "pods" / os.urandom(4).hex()
+    if where == "pod":
+        pod.parent.mkdir(parents=True, exist_ok=True)
+        pod.symlink_to(outside)
+    elif where == "volumes":
+        pod.mkdir(parents=True)
+        (pod / "volumes").symlink_to(outside / "volumes")
+    else:
+        (pod / "volumes" / "kubernetes.io~csi" / "kv").mkdir(parents=True)
+        (pod / "volumes" / "kubernetes.io~csi" / "kv" / "mount").symlink_to(
+            outside / "volumes" / "kubernetes.io~csi" / "kv" / "mount"
+        )
+    return pod / "volumes" / "kubernetes.io~csi" / "kv" / "mount", outside
+
+
+@pytest.mark.parametrize("where", ["pod", "volumes", "mount"])
+def test_a_link_under_the_pods_directory_is_never_followed(plugin, tier_a, tmp_path, where):
+    """The issue's attack: a directory under <kubelet>/pods that is a link. The server's (writable) publish
+    through it is refused naming the target, nothing is mounted outside, and unpublish follows no link either
+    (a link in the target's place is removed, not what it points to)."""
+    _, server = tier_a
+    node = _node(plugin)
+    target, outside = _linked(plugin, tmp_path, where)
+    with pytest.raises(grpc.RpcError) as refused:
+        node.NodePublishVolume(CSICluster.request(target, server, "kv"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("target_path:") and "symbolic link" in refused.value.details()
+    assert mounts_under(tmp_path) == [] and mounts_under(plugin.root) == []
+    assert not plugin.state_dir.exists() or not any(plugin.state_dir.iterdir()), "no tier directory stays"
+    if where == "mount":
+        _unpublish(node, target)
+        assert not target.is_symlink(), "the link in the target's place is gone"
+    else:
+        with pytest.raises(grpc.RpcError) as refused:
+            _unpublish(node, target)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (outside / "volumes" / "kubernetes.io~csi" / "kv" / "mount").is_dir(), "what the link names is untouched"
+    assert mounts_under(tmp_path) == []
