@@ -10,7 +10,7 @@ HANDLERS_MODULE = "strata_operator.routes"
 
 
 def write_crds(directory: Path) -> list[Path]:
-    from strata_operator.api.registry import all_crds, crd_file_name, render_yaml
+    from strata_operator.api.kinds import all_crds, crd_file_name, render_yaml
 
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def crds_command(directory: Path, *, check: bool) -> int:
-    from strata_operator.api.registry import all_crds, crd_file_name, render_yaml
+    from strata_operator.api.kinds import all_crds, crd_file_name, render_yaml
 
     if not check:
         for path in write_crds(directory):

@@ -14,16 +14,14 @@ from __future__ import annotations
 import kopf
 
 from strata_operator.api import GROUP, VERSION
-from strata_operator.handlers import consumers, metrics, process
-from strata_operator.handlers.consumers import KV_TIERS, MODEL_CACHES
+from strata_operator.handlers import metrics, process
+from strata_operator.handlers.controller import KV_TIERS, MODEL_CACHES, consumer_index
 from strata_operator.handlers.kvcachetier import events as tier
 from strata_operator.handlers.modelcache import events as cache
 from strata_operator.handlers.modelcache.events import CACHE_CHILD
-from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.webhook import gates
 
 CACHES, TIERS = "modelcaches", "kvcachetiers"
-CONSUMER_POD = {MODEL_CACHE_LABEL: kopf.PRESENT}
 
 # The process: kopf's settings and ours (first: every other startup hook reads them), login, the probe.
 kopf.on.startup()(process.on_startup)
@@ -32,7 +30,11 @@ kopf.on.probe(id="ready")(process.readiness_probe)
 kopf.on.startup()(metrics.start_metrics)
 kopf.on.cleanup()(metrics.stop_metrics)
 
-# ModelCache: one daemon per cache; its own changes, its children, its pods and the nodes wake it.
+# The live consumer pods of both kinds, indexed: each daemon counts them into status.consumers.
+kopf.index("", "v1", "pods", id=MODEL_CACHES.index, labels=MODEL_CACHES.selector)(consumer_index(MODEL_CACHES))
+kopf.index("", "v1", "pods", id=KV_TIERS.index, labels=KV_TIERS.selector)(consumer_index(KV_TIERS))
+
+# ModelCache: one daemon per cache; its own changes, its children, its pods, its consumers and the nodes wake it.
 kopf.on.startup()(cache.remember)
 kopf.daemon(GROUP, VERSION, CACHES, cancellation_timeout=10)(cache.modelcache_daemon)
 kopf.on.event(GROUP, VERSION, CACHES)(cache.modelcache_changed)
@@ -40,11 +42,11 @@ kopf.on.event("apps", "v1", "daemonsets", labels=CACHE_CHILD)(cache.child_change
 kopf.on.event("batch", "v1", "jobs", labels=CACHE_CHILD)(cache.child_changed)
 kopf.on.event("", "v1", "persistentvolumeclaims", labels=CACHE_CHILD)(cache.child_changed)
 kopf.on.event("", "v1", "pods", labels=CACHE_CHILD)(cache.pod_changed)
-kopf.on.event("", "v1", "pods", labels=CONSUMER_POD)(cache.consumer_waiting)
+kopf.on.event("", "v1", "pods", labels=MODEL_CACHES.selector, id="modelcache-consumers")(cache.consumer_changed)
 kopf.on.event("", "v1", "nodes")(cache.node_changed)
 kopf.on.delete(GROUP, VERSION, CACHES)(cache.modelcache_deleted)
 
-# KVCacheTier: one daemon per tier; its own changes and its children wake it.
+# KVCacheTier: one daemon per tier; its own changes, its children and its consumers wake it.
 kopf.on.startup()(tier.remember_tiers)
 kopf.daemon(GROUP, VERSION, TIERS, cancellation_timeout=10)(tier.tier_daemon)
 kopf.on.event(GROUP, VERSION, TIERS)(tier.tier_changed)
@@ -54,19 +56,10 @@ kopf.on.event("", "v1", "services", labels=tier.CHILD_LABELS, id="kvcachetier-se
 kopf.on.event("", "v1", "persistentvolumeclaims", labels=tier.CHILD_LABELS, id="kvcachetier-persistentvolumeclaims")(
     tier.child_changed
 )
-
-# status.consumers of both kinds: an index of live consumer pods, a recount per pod event, a repair per object event.
-kopf.index("", "v1", "pods", id=MODEL_CACHES.index, labels=MODEL_CACHES.selector)(consumers.index_of(MODEL_CACHES))
-kopf.on.event("", "v1", "pods", id="recount-modelcaches", labels=MODEL_CACHES.selector)(
-    consumers.recount_of(MODEL_CACHES)
-)
-kopf.on.event(GROUP, VERSION, CACHES, id="modelcaches-consumers-repaired")(consumers.repair_of(MODEL_CACHES))
-kopf.index("", "v1", "pods", id=KV_TIERS.index, labels=KV_TIERS.selector)(consumers.index_of(KV_TIERS))
-kopf.on.event("", "v1", "pods", id="recount-kvcachetiers", labels=KV_TIERS.selector)(consumers.recount_of(KV_TIERS))
-kopf.on.event(GROUP, VERSION, TIERS, id="kvcachetiers-consumers-repaired")(consumers.repair_of(KV_TIERS))
+kopf.on.event("", "v1", "pods", labels=KV_TIERS.selector, id="kvcachetier-consumers")(tier.consumer_changed)
 
 # The pod admission webhook (served by every replica) and the model-ready scheduling gate it sets.
 kopf.on.startup()(gates.start_webhook)
 kopf.on.cleanup()(gates.stop_webhook)
-kopf.on.event("", "v1", "pods", labels=CONSUMER_POD)(gates.gated_pod_seen)
+kopf.on.event("", "v1", "pods", labels=MODEL_CACHES.selector)(gates.gated_pod_seen)
 kopf.on.event(GROUP, VERSION, CACHES)(gates.cache_state_for_gated_pods)

@@ -306,7 +306,20 @@ class NodeSocketSpec(CRDModel):
         default=False,
         description="Over that socket, hand values of 1 MiB or more to clients as sealed, read-only memory "
         "(memfd) instead of copying them through the socket. A client that keeps a value mapped holds its "
-        "memory past the L1 bound until it lets go, so it is off by default.",
+        "memory past the L1 bound until it lets go (within sharedMemoryBudget), so it is off by default.",
+    )
+    shared_memory_budget: Annotated[ByteSize, WholeBytes("nodeSocket.sharedMemoryBudget", text=True)] = Field(
+        default=ByteSize("256Mi"),
+        description="With sharedMemory: bytes of handed-over values that clients may still hold, all clients of "
+        "one server together (charged to the server's memory, and added to its derived memory request); past it "
+        "a GET is answered with the bytes instead. Default 256Mi.",
+    )
+    shared_memory_client_budget: Annotated[ByteSize, WholeBytes("nodeSocket.sharedMemoryClientBudget", text=True)] = (
+        Field(
+            default=ByteSize("64Mi"),
+            description="Of sharedMemoryBudget, what one client connection may hold; past it that connection's GETs "
+            "are answered with the bytes. Default 64Mi, at most sharedMemoryBudget.",
+        )
     )
     driver: str = Field(
         default=DRIVER_NAME,
@@ -319,6 +332,7 @@ class NodeSocketSpec(CRDModel):
 
 EVENTS_PORT_CLASH = "events.port must differ from port and metricsPort"
 SHARED_MEMORY_NEEDS_SOCKET = "nodeSocket.sharedMemory hands memory over the node socket: set nodeSocket.enabled"
+SHARED_MEMORY_CLIENT_BUDGET = "nodeSocket.sharedMemoryClientBudget must not exceed nodeSocket.sharedMemoryBudget"
 
 
 class UpdateStrategy(CRDModel):
@@ -492,6 +506,8 @@ class KVCacheTierSpec(CRDModel):
             raise ValueError(EVENTS_PORT_CLASH)
         if self.node_socket.shared_memory and not self.node_socket.enabled:
             raise ValueError(SHARED_MEMORY_NEEDS_SOCKET)
+        if self.node_socket.shared_memory_client_budget > self.node_socket.shared_memory_budget:
+            raise ValueError(SHARED_MEMORY_CLIENT_BUDGET)
         return self
 
 

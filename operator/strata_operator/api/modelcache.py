@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field
+from strata_loader import contract
 from strata_loader.contract import SOURCE_URI_GRAMMAR, VerifyMode
 from strata_units import ByteSize
 
@@ -331,13 +332,16 @@ class Preload(CRDModel):
         default=16, ge=1, le=1024, description="Reads in flight against the source, 1 to 1024. Default 16."
     )
     block_size: Annotated[ByteSize, WholeBytes("preload.blockSize")] = Field(
-        default=ByteSize("16Mi"), description="Bytes per read from the source: " + BYTE_SIZE_UNITS + ". Default 16Mi."
+        default=contract.DEFAULT_BLOCK_SIZE,
+        description="Bytes per read from the source: "
+        + BYTE_SIZE_UNITS
+        + f". Default {contract.DEFAULT_BLOCK_SIZE.spelling}.",
     )
     memory_limit: Annotated[ByteSize, WholeBytes("preload.memoryLimit")] = Field(
-        default=ByteSize("1Gi"),
+        default=contract.DEFAULT_MEMORY_LIMIT,
         description="Bound on the preloader's buffer pool (bytes held in memory at once): "
         + BYTE_SIZE_UNITS
-        + ". Default 1Gi; keep it below the container's memory limit.",
+        + f". Default {contract.DEFAULT_MEMORY_LIMIT.spelling}; keep it below the container's memory limit.",
     )
     verify: VerifyMode = Field(
         default=VerifyMode.SIZES,

@@ -1,5 +1,6 @@
 """KVCacheTier's offload verdict: the settings it is judged with (spec.offloadVerdict) and what it reports
-(status.offload). Kept beside `kvcachetier.py`, which carries one field of each.
+(status.offload). Kept beside `kvcachetier.py`, which carries one field of each. The same concept one layer
+down is `resources/kvcachetier/offload.py`: the pure judgement that fills these models.
 
 Kubernetes APIs avoid floats: times are whole microseconds in the spec, and ratios and seconds are decimal
 strings in the status (`usage.hitRatio` does the same).
@@ -150,7 +151,10 @@ class OffloadStatus(CRDModel):
     suggested_l1_size: str | None = Field(
         default=None,
         description="A larger l1.size that would have answered a notable share of the misses (from the eviction "
-        "policy's ghosts); absent when none would.",
+        "policy's ghosts), as a quantity to paste into l1.size; absent when none would.",
+    )
+    suggested_l1_bytes: int | None = Field(
+        default=None, description="suggestedL1Size in bytes (what the operator's suggested_l1_bytes gauge shows)."
     )
     suggested_hit_ratio: str | None = Field(
         default=None, description="The window's hit ratio had L1 been suggestedL1Size."

@@ -210,13 +210,16 @@ class GeneratedToken:
         }
 
 
-WRITTEN_ELSEWHERE = ("consumers",)
-"""Status keys another handler owns (`handlers/consumers.py`): a reconcile never drops them."""
+def with_consumers(status: dict[str, Any], previous: Mapping[str, Any], consumers: int | None) -> dict[str, Any]:
+    """`status` with status.consumers: the live pods that name the object in their opt-in label, as the daemon's
+    pod index counts them; None (a reconcile run outside the daemon: a test, the benchmark) keeps the stored one."""
+    count = previous.get("consumers") if consumers is None else consumers
+    return status if count is None else {**status, "consumers": count}
 
 
 def status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """A JSON merge patch from the stored status to the one a reconcile rendered (None for keys to drop), or None
     when nothing changed: a reconcile that changes nothing writes nothing."""
     patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
-    patch.update({k: None for k in previous if k not in desired and k not in WRITTEN_ELSEWHERE})
+    patch.update({k: None for k in previous if k not in desired})
     return patch or None

@@ -109,9 +109,8 @@ def release_gate(pod: Mapping[str, Any]) -> bool:
 
 
 def gated_pods(namespace: str, cache: str) -> list[dict[str, Any]]:
-    pods = kube.dynamic_client().resources.get(api_version="v1", kind="Pod")
-    found = pods.get(namespace=namespace, label_selector=f"{MODEL_CACHE_LABEL}={cache}").to_dict()
-    return [{"apiVersion": "v1", "kind": "Pod", **p} for p in found["items"] if gated(p)]
+    found = kube.list_objects("v1", "Pod", namespace=namespace, label_selector=f"{MODEL_CACHE_LABEL}={cache}")
+    return [{"apiVersion": "v1", "kind": "Pod", **p} for p in found if gated(p)]
 
 
 async def replace_pod(pod: Mapping[str, Any], cache: Mapping[str, Any], revision: str) -> None:

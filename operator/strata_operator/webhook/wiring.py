@@ -34,14 +34,27 @@ from strata_operator.resources.kvcachetier.namespaces import (
 from strata_operator.resources.kvcachetier.node_socket import SOCKET_GROUP, node_socket_mount, node_socket_volume
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.volume import build_volume_snippet
+from strata_operator.resources.modelcache.plan import MODES
+from strata_operator.webhook.vllm_command import (
+    LOAD_FORMAT_FLAG,
+    LOAD_FORMAT_VALUE,
+    MODEL_FLAG,
+    flag_value,
+    requests_gpu,
+    serve_positional,
+    vllm_form,
+)
 
 MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
 CONTAINERS_ANNOTATION = f"{GROUP}/containers"
 """Comma-separated container names to wire; all of `spec.containers` when absent."""
 KV_ARGS_ANNOTATION = f"{GROUP}/kv-transfer-config-args"
 """`"true"`: append `--kv-transfer-config $(KV_TRANSFER_CONFIG)` and `--prefix-caching-hash-algo
-$(PREFIX_CACHING_HASH_ALGO)` to the wired containers' args (vLLM)."""
+$(PREFIX_CACHING_HASH_ALGO)` to every wired container's args, vLLM or not; `"false"`: to none. Absent: to the
+containers that run vLLM (`vllm_command.vllm_form`)."""
+VLLM_ARGS_ANNOTATION = f"{GROUP}/vllm-args"
+"""`"false"`: opt out of every flag Strata adds to vLLM's command line (model path, `--load-format strata`, KV
+transfer flags); the pod still gets its volumes, env and ConfigMap."""
 KV_ENGINE_ANNOTATION = f"{GROUP}/kv-engine"
 """`cpu` or `gpu`: the `--kv-transfer-config` appended is the connection ConfigMap's variant for engines there
 (vLLM's own offloading refuses the CPU platform; Strata's CPU spec serves it); absent: the tier's
@@ -139,7 +152,7 @@ def model_volume_snippet(cache: Mapping[str, Any]) -> dict[str, Any]:
     except ValidationError as error:
         raise WiringConflict(f"ModelCache {meta['name']} has an invalid spec: {error}") from None
     owner = CacheRef(meta["name"], meta["namespace"], meta.get("uid", ""))
-    return build_volume_snippet(owner, spec)
+    return MODES[spec.storage.mode].volume(owner, spec)
 
 
 def build_pod_patch(
@@ -222,6 +235,9 @@ def _wire_model(
         if kv_linked:
             revision_env = {"name": REVISION_ENV, "value": link[REVISION_ANNOTATION]}
             _add_named(container, "env", revision_env, f"{field}.env", whose)
+    if annotations.get(VLLM_ARGS_ANNOTATION, "").lower() != "false":
+        for container in containers:
+            _add_model_args(container, f"spec.containers[{container.get('name')}]", whose)
     for secret in snippet.get("imagePullSecrets") or []:  # ImageVolume: the registry's pull Secret
         _add_named(spec, "imagePullSecrets", dict(secret), "spec.imagePullSecrets", whose)
     if _mode(cache) == StorageMode.NODE_LOCAL:
@@ -266,9 +282,62 @@ def _wire_kv_tier(
             # The tier's AUTH token, for Strata's vLLM tier (it reads TOKEN_ENV); the value never enters the spec.
             secret_env = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}
             _add_named(container, "env", secret_env, f"{field}.env", whose)
-        if annotations.get(KV_ARGS_ANNOTATION, "").lower() == "true":
-            for flag, value in _kv_args(tier_spec, annotations.get(KV_ENGINE_ANNOTATION), whose):
+        if _wants_kv_args(container, annotations):
+            engine = annotations.get(KV_ENGINE_ANNOTATION)
+            if engine is None and KV_ARGS_ANNOTATION not in annotations:
+                engine = _engine_for(container, tier)
+            for flag, value in _kv_args(tier_spec, engine, whose):
                 _append_flag(container, flag, value, field, whose)
+
+
+def _wants_kv_args(container: Mapping[str, Any], annotations: Mapping[str, str]) -> bool:
+    """The explicit annotation decides; without it, every container that runs vLLM (unless opted out)."""
+    explicit = annotations.get(KV_ARGS_ANNOTATION, "").lower()
+    if explicit in ("true", "false"):
+        return explicit == "true"
+    return annotations.get(VLLM_ARGS_ANNOTATION, "").lower() != "false" and vllm_form(container) is not None
+
+
+def _engine_for(container: Mapping[str, Any], tier: Mapping[str, Any]) -> str | None:
+    """Without either annotation: GPU when the container requests `nvidia.com/gpu` (it computes there, whatever
+    the tier's default), else None: KV_TRANSFER_CONFIG, which follows the tier's `connector.engine` (a tier for
+    CPU engines says `cpu`; one whose pods get GPUs another way keeps `gpu`). Another connector: None."""
+    connector = (tier.get("spec") or {}).get("connector") or {}
+    if connector.get("type", "vllm") != "vllm":
+        return None
+    return "gpu" if requests_gpu(container) else None
+
+
+def _add_model_args(container: dict[str, Any], field: str, whose: str) -> None:
+    """A vLLM container gets the mounted model and Strata's load format; a model or format the user wrote that
+    differs is refused with the field named (the engine would otherwise load something else than the cache)."""
+    form = vllm_form(container)
+    if form is None:
+        return
+    model = f"$({MODEL_DIR_ENV})"
+    given_flag, given_model = flag_value(container, MODEL_FLAG)
+    positional = serve_positional(container) if form == "serve" else None
+    if positional is not None and positional[1] is not None:
+        given_flag, given_model = True, positional[1]
+    if given_flag and given_model != model:
+        raise WiringConflict(
+            f"{field} runs vLLM with model {given_model!r}; {whose} mounts it at {model}: remove the model from "
+            f'the args (Strata adds it), or the annotation {VLLM_ARGS_ANNOTATION}: "false"'
+        )
+    args = container.setdefault("args", [])
+    if not given_flag:
+        if positional is not None:
+            args.insert(positional[0], model)
+        else:
+            args.extend([MODEL_FLAG, model])
+    given_flag, given_format = flag_value(container, LOAD_FORMAT_FLAG)
+    if given_flag and given_format != LOAD_FORMAT_VALUE:
+        raise WiringConflict(
+            f"{field}.args passes {LOAD_FORMAT_FLAG} {given_format!r}; {whose} loads with {LOAD_FORMAT_VALUE!r}: "
+            f'remove it, or the annotation {VLLM_ARGS_ANNOTATION}: "false"'
+        )
+    if not given_flag:
+        args.extend([LOAD_FORMAT_FLAG, LOAD_FORMAT_VALUE])
 
 
 def _kv_args(tier_spec: KVCacheTierSpec, engine: str | None, whose: str) -> tuple[tuple[str, str], ...]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.handlers.kvcachetier.usage import scrape, scrape_all
+from strata_operator.handlers.kvcachetier.io import scrape, scrape_all
 from strata_operator.resources.kvcachetier.config import build_server_config
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.usage import summarize

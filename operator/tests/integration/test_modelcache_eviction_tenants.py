@@ -1,8 +1,16 @@
-"""Eviction between tenants on the real control plane: a NodeCachePolicy decides whose copies a namespace's new
-copy may evict (its own, by default), who is pinned, and each namespace's budget; an evicted copy comes back
-when one of its cache's pods waits for it, with no hand work on the node. Nodes are fake (kwok) and the Jobs'
-results are reported by the test, as in test_modelcache_capacity.py; the eviction itself on a real filesystem is
-tested in loader/tests/integration/test_node_capacity.py."""
+"""Eviction between tenants, as the operator decides it: a NodeCachePolicy decides whose copies a namespace's
+new copy may evict (its own, by default), who is pinned, and each namespace's budget; an evicted copy comes back
+when one of its cache's pods waits for it, with no hand work on the node.
+
+What is real here: the API server (the policy's schema and CEL rules), kube-controller-manager's Job controller,
+and the operator's handlers end to end: the budget and candidates it gives each preload Job (read back from the
+Job it created), the status, Events and node labels it writes from what a Job reports, and the Job it runs again
+for a waiting pod. What is not: the nodes are kwok's (no kubelet, no disk; the test also writes their Ready
+heartbeat), and no loader runs in the Jobs' pods: the test ends each pod as a kubelet would, with the
+termination message a fetch would leave, including the capacity report of what it evicted (`finish_job`). So
+nothing is evicted from any disk here: the loader's eviction on a real filesystem is tested in
+loader/tests/integration/test_node_capacity.py, and budgets with real preloader Jobs on the real node in
+realnode/tests/test_node_capacity.py."""
 
 from __future__ import annotations
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException
 from strata_operator.api import API_VERSION
@@ -180,3 +182,72 @@ def test_conflicts_and_missing_caches_are_refused_by_name(
     with pytest.raises(ApiException) as missing:
         create_pod(k8s, namespace, pod_body("typo", {"strata.dev/model-cache": "no-such-cache"}))
     assert "ModelCache 'no-such-cache' (label strata.dev/model-cache) does not exist" in refusal(missing.value)
+
+
+def test_vllm_containers_get_their_flags_and_others_are_left_alone(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    """Through the API server's admission: each vLLM command form gets the model, `--load-format strata` and the
+    KV flags of its engine (the tier's, or GPU for a container that requests one); a sidecar is untouched; a
+    model the user wrote that is not the cache's is refused with the field named; the opt-out adds nothing."""
+    cache, tier = ready_shared_cache(k8s, namespace), kv_tier(k8s, namespace, {"connector": {"engine": "cpu"}})
+    labels = {"strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": tier}
+    kv = ["--prefix-caching-hash-algo", "$(PREFIX_CACHING_HASH_ALGO)"]
+    body = pod_body("serve", labels, command=["vllm", "serve"], args=["--enforce-eager"])
+    body["spec"]["containers"].append({"name": "proxy", "image": "envoy", "args": ["-c", "/etc/envoy.yaml"]})
+    serve = create_pod(k8s, namespace, body)["spec"]["containers"]
+    assert serve[0]["args"] == [
+        "$(STRATA_MODEL_DIR)",
+        "--enforce-eager",
+        *("--load-format", "strata", "--kv-transfer-config", "$(KV_TRANSFER_CONFIG)", *kv),
+    ]
+    assert serve[1]["args"] == ["-c", "/etc/envoy.yaml"], "a container that does not run vLLM is left alone"
+
+    gpu = {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    module = pod_body("module", labels, command=["python3", "-m", "vllm.entrypoints.openai.api_server"], resources=gpu)
+    assert create_pod(k8s, namespace, module)["spec"]["containers"][0]["args"] == [
+        *("--model", "$(STRATA_MODEL_DIR)", "--load-format", "strata"),
+        *("--kv-transfer-config", "$(KV_TRANSFER_CONFIG_GPU)", *kv),
+    ]
+
+    with pytest.raises(ApiException) as refused:
+        create_pod(k8s, namespace, pod_body("theirs", labels, command=["vllm", "serve"], args=["facebook/opt-125m"]))
+    assert refused.value.status == 403
+    assert "spec.containers[vllm] runs vLLM with model 'facebook/opt-125m'" in refusal(refused.value)
+
+    out = pod_body("out", labels, command=["vllm", "serve"], args=["facebook/opt-125m"])
+    out["metadata"]["annotations"] = {"strata.dev/vllm-args": "false"}
+    assert create_pod(k8s, namespace, out)["spec"]["containers"][0]["args"] == ["facebook/opt-125m"]
+
+
+SAMPLES = Path(__file__).resolve().parents[3] / "samples"
+HASH_ALGO = ["--prefix-caching-hash-algo", "$(PREFIX_CACHING_HASH_ALGO)"]
+SERVING_SAMPLES = sorted(SAMPLES.glob("vllm-*.yaml"))
+
+
+def sample(name: str) -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all((SAMPLES / name).read_text()) if doc}
+
+
+@pytest.mark.parametrize("path", SERVING_SAMPLES, ids=[p.name for p in SERVING_SAMPLES])
+def test_serving_samples_are_accepted_and_their_pods_admitted_wired(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook, path: Path
+) -> None:
+    """The Deployments and Services in samples/ as a user applies them; their pod template, labelled with a Ready
+    cache and the CPU sample's tier (or a default one), comes out of admission with the flags Strata adds."""
+    docs = sample(path.name)
+    cpu = "cpu" in path.name
+    tier_doc = sample("kvcachetier-cpu.yaml")
+    for kind, version in (("Secret", "v1"), ("KVCacheTier", API_VERSION)):
+        resource(k8s, version, kind).create(body=tier_doc[kind], namespace=namespace, dry_run="All")
+    cache = ready_shared_cache(k8s, namespace)
+    tier = kv_tier(k8s, namespace, tier_doc["KVCacheTier"]["spec"] if cpu else None)
+    for kind, version in (("Deployment", "apps/v1"), ("Service", "v1")):
+        resource(k8s, version, kind).create(body=docs[kind], namespace=namespace, dry_run="All")
+    template = copy.deepcopy(docs["Deployment"]["spec"]["template"])
+    template["metadata"]["labels"] |= {"strata.dev/model-cache": cache, "strata.dev/kv-cache-tier": tier}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sample", **template["metadata"]}}
+    (vllm,) = create_pod(k8s, namespace, body | {"spec": template["spec"]}, dry_run="All")["spec"]["containers"]
+    config = "$(KV_TRANSFER_CONFIG)" if cpu else "$(KV_TRANSFER_CONFIG_GPU)"
+    assert "$(STRATA_MODEL_DIR)" in vllm["args"]
+    assert vllm["args"][-6:] == ["--load-format", "strata", "--kv-transfer-config", config, *HASH_ALGO]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from strata_operator.api.crdgen import CRDSpec, build_crd
-from strata_operator.api.registry import KINDS
+from strata_operator.api.kinds import KINDS
 
 
 def properties(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:

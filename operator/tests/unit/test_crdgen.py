@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 from strata_operator.api.base import CRDModel, cel
 from strata_operator.api.crdgen import CRDSpec, PrinterColumn, build_crd, model_schema
-from strata_operator.api.registry import all_crds
+from strata_operator.api.kinds import all_crds
 
 
 class Inner(CRDModel):

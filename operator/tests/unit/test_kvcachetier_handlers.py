@@ -60,3 +60,26 @@ def test_unforeseen_failures_back_off_instead_of_retrying_every_five_seconds() -
     """Both controllers' daemons wait this long after consecutive failures (a wake-up ends the wait)."""
     delays = [controller.backoff_seconds(n) for n in range(1, 13)]
     assert delays[0] == 2 and delays == sorted(delays) and delays[-1] == controller.MAX_BACKOFF_SECONDS
+
+
+def test_a_consumer_pod_event_wakes_the_daemon_only_when_the_count_moved() -> None:
+    """The daemon counts its live consumers from kopf's pod index into status.consumers; a pod event (the index
+    already updated) wakes it only when that count differs from what its last reconcile read."""
+    index: dict[tuple[str, str], list[str]] = {("ns", "kv"): ["a", "b"]}
+    waker, key = controller.Waker(), ("ns", "kv")
+    assert controller.consumers_moved(index, waker, key), "never counted: the first reconcile writes it"  # type: ignore[arg-type]
+    assert controller.count_consumers(index, waker, key) == 2  # type: ignore[arg-type]
+    assert not controller.consumers_moved(index, waker, key)  # type: ignore[arg-type]
+    index[key] = ["a"]
+    assert controller.consumers_moved(index, waker, key)  # type: ignore[arg-type]
+    del index[key]
+    assert controller.count_consumers(index, waker, key) == 0  # type: ignore[arg-type]
+
+
+def test_the_consumer_index_leaves_out_pods_that_ended_or_are_going() -> None:
+    index = controller.consumer_index(controller.KV_TIERS)
+    labels = {controller.KV_TIERS.label: "kv"}
+    assert index(namespace="ns", name="p", labels=labels, status={"phase": "Running"}, meta={}) == {("ns", "kv"): "p"}
+    assert index(namespace="ns", name="p", labels=labels, status={"phase": "Succeeded"}, meta={}) is None
+    going = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+    assert index(namespace="ns", name="p", labels=labels, status={"phase": "Running"}, meta=going) is None

@@ -71,7 +71,11 @@ def test_engine_overhead_per_lookup_moves_the_break_even() -> None:
 def test_a_larger_l1_is_suggested_when_the_ghosts_say_it_would_have_hit() -> None:
     gi = 1024**3
     ghosts = {"ghost_1.25": 10, "ghost_1.5": 40, "ghost_2": 190, "ghost_3": 200, "ghost_4": 200}
-    assert suggest_l1(ghosts, 1000, 300, 4 * gi) == {"suggestedL1Size": "8Gi", "suggestedHitRatio": "0.490"}
+    assert suggest_l1(ghosts, 1000, 300, 4 * gi) == {
+        "suggestedL1Size": "8Gi",
+        "suggestedL1Bytes": 8 * gi,
+        "suggestedHitRatio": "0.490",
+    }
     assert suggest_l1({"ghost_4": 9}, 1000, 300, 4 * gi) == {}, "under 1% of the lookups: no suggestion"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from strata_kv.config import CONFIG_FILE_NAME, KVServerConfig
+from strata_kv.csi.identity import check_server
 from strata_kv.csi.volume import NodeDirectory
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.kvcachetier.children import build_children
@@ -83,6 +85,20 @@ def test_memory_request_is_l1_plus_headroom() -> None:
     assert resources["requests"]["memory"] == "9Gi"
     assert resources["limits"]["memory"] == "11520Mi"
     assert memory_request_bytes(spec) == 9 * GiB
+
+
+def test_shared_memory_budgets_reach_the_server_and_its_memory_request() -> None:
+    """What clients may hold of handed-over memory is charged to the server's cgroup: the budget is part of the
+    derived request; both budgets go to the server's config, and a client share above the total is refused."""
+    socket = {"enabled": True, "sharedMemory": True, "sharedMemoryBudget": "512Mi", "sharedMemoryClientBudget": "32Mi"}
+    spec = spec_of(l1={"size": "8Gi"}, memoryHeadroom="1Gi", nodeSocket=socket)
+    assert memory_request_bytes(spec) == 9 * GiB + 512 * 2**20
+    config = KVServerConfig.model_validate(yaml.safe_load(build_config_map(spec, TIER)["data"][CONFIG_FILE_NAME]))
+    assert (config.listen.shared_memory_budget, config.listen.shared_memory_client_budget) == (512 * 2**20, 32 * 2**20)
+    defaults = spec_of(nodeSocket={"enabled": True, "sharedMemory": True})
+    assert memory_request_bytes(defaults) == memory_request_bytes(spec_of()) + 256 * 2**20
+    with pytest.raises(ValueError, match="sharedMemoryClientBudget must not exceed"):
+        spec_of(nodeSocket={**socket, "sharedMemoryClientBudget": "1Gi"})
 
 
 def test_resources_override_wins_and_derived_memory_fills_the_gap() -> None:
@@ -328,9 +344,27 @@ def test_a_cpu_engine_gets_strata_cpu_offloading_spec_and_both_variants_are_rend
     assert "KV_TRANSFER_CONFIG_CPU" not in lmcache
 
 
+def class_defined_behind(module: str, name: str) -> ast.ClassDef:
+    """The class `name` that importing strata_kv's `module` gives, following the relative re-exports of entry
+    modules (`strata_kv.vllm_tier` names `StrataTier` from `strata_kv.vllm.tier`), read from source: the operator's
+    environment has no vLLM to import it with."""
+    parts = module.split(".")
+    assert parts[0] == "strata_kv", module
+    tree = ast.parse(KVSERVER_PACKAGE.joinpath(*parts[1:]).with_suffix(".py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+        if isinstance(node, ast.ImportFrom) and node.level and any(a.name == name for a in node.names):
+            base = parts[: len(parts) - node.level] + (node.module.split(".") if node.module else [])
+            return class_defined_behind(".".join(base), name)
+    raise AssertionError(f"{module} gives no class {name}")
+
+
 def test_the_cpu_spec_class_vllm_is_told_to_load_exists() -> None:
-    source = (KVSERVER_PACKAGE / "vllm_cpu_offload.py").read_text()
-    assert "\nclass StrataCPUOffloadingSpec(TieringOffloadingSpec):" in source
+    data = build_connection_config_map(spec_of(connector={"engine": "cpu"}), TIER)["data"]
+    extra = json.loads(data["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]
+    spec = class_defined_behind(extra["spec_module_path"], extra["spec_name"])
+    assert [ast.unparse(b) for b in spec.bases] == ["TieringOffloadingSpec"]
 
 
 def test_vllm_gets_pythonhashseed_only_where_the_hash_needs_one() -> None:
@@ -352,8 +386,11 @@ def test_vllm_tier_without_auth_names_no_token() -> None:
 def test_the_tier_class_vllm_is_told_to_load_exists() -> None:
     """vLLM imports `module_path` and takes `type` from it; the operator cannot import it (it needs vLLM), so
     the name is checked in the source here and the vLLM tests load it for real."""
-    source = (KVSERVER_PACKAGE / "vllm_tier.py").read_text()
-    assert "\nclass StrataTier(SecondaryTierManager):" in source
+    data = build_connection_config_map(spec_of(), TIER)["data"]
+    (tier,) = json.loads(data["KV_TRANSFER_CONFIG"])["kv_connector_extra_config"]["secondary_tiers"]
+    assert [ast.unparse(b) for b in class_defined_behind(tier["module_path"], tier["type"]).bases] == [
+        "SecondaryTierManager"
+    ]
 
 
 def test_connection_keys_are_environment_variable_names() -> None:
@@ -447,14 +484,26 @@ def test_the_node_socket_reaches_the_server_its_config_and_the_clients_connectio
 
 @pytest.mark.parametrize("name", ["kv", "t" * 57, "t" * 63])
 def test_the_driver_takes_the_daemonsets_pods_for_the_tiers_server(name: str) -> None:
-    """kv.strata.dev gives the directory writable only to pods named as the tier's DaemonSet names its pods
-    (`<daemonset>-` cut to 58 characters, then 5 generated characters): the DaemonSet must be the tier's name."""
+    """kv.strata.dev gives the directory writable only to a pod its DaemonSet made, the DaemonSet controlled by
+    the tier and named after it (strata_kv.csi.identity): the rendered DaemonSet must pass that check."""
     tier = TierRef(name, "serving", "0000-uid", 3)
     daemonset = build_children(spec_of(nodeSocket={"enabled": True}), tier, RUNTIME).daemonset
     (volume,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "strata-kv-socket"]
     assert "readOnly" not in volume["csi"], "the server's own volume is writable"
-    generated = f"{daemonset['metadata']['name']}-"[:58] + "x2b4c"
-    assert NodeDirectory("serving", volume["csi"]["volumeAttributes"]["tier"], pod=generated).from_server
+    live = {**daemonset, "metadata": {**daemonset["metadata"], "uid": "ds-uid"}}
+    template = daemonset["spec"]["template"]
+    pod = {
+        "metadata": {
+            "name": f"{name}-"[:58] + "x2b4c",
+            "labels": template["metadata"]["labels"],
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": "ds-uid", "controller": True}
+            ],
+        },
+        "spec": template["spec"],
+    }
+    wanted = NodeDirectory("serving", volume["csi"]["volumeAttributes"]["tier"], pod=pod["metadata"]["name"])
+    check_server(pod, live, {"metadata": {"uid": "0000-uid"}}, wanted)
 
 
 def test_a_node_socket_driver_of_the_users_choice_is_rendered() -> None:

@@ -14,10 +14,10 @@ from strata_operator.resources.kvcachetier.children import build_children
 from strata_operator.resources.kvcachetier.names import TierRef
 from strata_operator.resources.kvcachetier.observed import Observed as TierObserved
 from strata_operator.resources.kvcachetier.plan import plan as tier_plan
+from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import RuntimeImage
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)

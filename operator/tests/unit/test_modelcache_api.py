@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from strata_loader import contract
 from strata_operator.api import modelcache
 from strata_operator.api.crdgen import build_crd
+from strata_operator.api.kinds import render_yaml
 from strata_operator.api.modelcache import SOURCE_URI_PATTERN, ModelCacheSpec, StorageMode, VerifyMode
-from strata_operator.api.registry import render_yaml
 
 
 def schema() -> dict:

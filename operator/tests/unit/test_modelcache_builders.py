@@ -10,7 +10,8 @@ from strata_loader.contract import FetchRequest
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache.owner import CacheRef
-from strata_operator.resources.modelcache.volume import build_volume_snippet, volume_name
+from strata_operator.resources.modelcache.plan import MODES
+from strata_operator.resources.modelcache.volume import volume_name
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -164,6 +165,10 @@ def test_prepull_job_mounts_the_image_volume() -> None:
         "reference": "registry.example/models/llama:1",
         "pullPolicy": "IfNotPresent",
     }
+
+
+def build_volume_snippet(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
+    return MODES[spec.storage.mode].volume(owner, spec)
 
 
 def test_volume_snippet_per_mode() -> None:

@@ -15,10 +15,10 @@ from strata_loader.contract import FetchResult
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.api.nodecachepolicy import NodeCachePolicySpec
 from strata_operator.resources.modelcache import capacity, names, storage
+from strata_operator.resources.modelcache.draft import LabelChange, Plan
 from strata_operator.resources.modelcache.jobs import CONTAINER
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import LabelChange, Plan
 
 from .test_modelcache_plan import NOW, OWNER, SOURCE, condition, deleted, ended, observe, pod_with_result
 

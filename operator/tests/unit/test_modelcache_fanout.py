@@ -11,11 +11,11 @@ from strata_loader.contract import FetchRequest, FetchResult, VerifyMode
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import fanout, names, storage
 from strata_operator.resources.modelcache import peers as peer_objects
+from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.runtime_image import default_runtime
 
 from .test_modelcache_plan import ended, pod_with_result

@@ -8,6 +8,7 @@ from typing import Any
 
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import names
+from strata_operator.resources.modelcache.draft import LabelChange, Plan
 from strata_operator.resources.modelcache.image import (
     ImageLookup,
     lookup_due,
@@ -17,7 +18,6 @@ from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import LabelChange, Plan
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="cache-uid", generation=3)
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import storage
+from strata_operator.resources.modelcache.draft import RECREATE_MAX_SECONDS, TIME_FORMAT
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import RECREATE_MAX_SECONDS, TIME_FORMAT
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="uid-1", generation=1)
 NODES = {n: NodeInfo(n, f"uid-{n}", True) for n in ("gpu-a", "gpu-b", "gpu-c")}

@@ -13,12 +13,12 @@ from strata_loader.contract import FetchResult
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import names, storage
+from strata_operator.resources.modelcache.draft import LabelChange, Plan
 from strata_operator.resources.modelcache.jobs import CONTAINER
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import LabelChange, Plan
 
 OWNER = CacheRef(name="llama", namespace="serving", uid="cache-uid", generation=3)
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -261,3 +261,12 @@ def test_a_spec_problem_found_while_gathering_is_all_the_plan_reports() -> None:
     observed = Observed(owner=OWNER, previous={}, now=NOW, spec_problem=Problem("InvalidSpec", "spec.x: bad"))
     result = plan(observed)
     assert result.actions == [] and condition(result, "Ready")["reason"] == "InvalidSpec"
+
+
+def test_consumers_come_from_the_daemons_count_and_an_unknown_count_keeps_the_stored_one() -> None:
+    """status.consumers has one writer, the reconcile: the plan puts the count the daemon's pod index gave."""
+    spec = spec_of({"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}})
+    assert plan(observe(spec, claim=our_claim(), consumers=4)).status["consumers"] == 4
+    assert plan(observe(spec, claim=our_claim(), consumers=0, previous={"consumers": 4})).status["consumers"] == 0
+    assert plan(observe(spec, claim=our_claim(), previous={"consumers": 2})).status["consumers"] == 2
+    assert "consumers" not in plan(observe(spec, claim=our_claim())).status

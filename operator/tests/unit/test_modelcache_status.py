@@ -117,11 +117,6 @@ def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> Non
     assert status_patch(previous, {"phase": "Ready", "job": "new"}) == {"job": "new", "size": None}
 
 
-def test_status_patch_keeps_what_another_handler_writes() -> None:
-    """status.consumers is counted by its own handler: a daemon starting from the stored status keeps it."""
-    assert status_patch({"phase": "Ready", "consumers": 3}, {"phase": "Ready"}) is None
-
-
 def events(previous: dict[str, Any], desired: dict[str, Any]) -> list[tuple[str, str, str]]:
     return transition_events("ModelCache", previous["conditions"], desired["conditions"])
 

@@ -16,12 +16,12 @@ from strata_operator.api.base import NON_ZERO_PATTERN
 from strata_operator.api.crdgen import build_crd
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import invalid_spec, status_patch
+from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
-from strata_operator.resources.modelcache.planner import Plan
 from strata_operator.resources.modelcache.status import SpecError
 from strata_units import BYTE_SIZE_PATTERN, parse_bytes
 

@@ -24,13 +24,12 @@ print("\\n".join(sorted(ids)))
 """
 
 TRIGGERS = {
-    "cache_state_for_gated_pods", "child_changed", "consumer_waiting", "gated_pod_seen", "kv_tier_consumers",
-    "kvcachetier-configmaps", "kvcachetier-daemonsets", "kvcachetier-persistentvolumeclaims",
-    "kvcachetier-services", "kvcachetiers-consumers-repaired", "login", "login_via_client", "model_cache_consumers",
-    "modelcache_changed", "modelcache_daemon", "modelcache_deleted", "modelcaches-consumers-repaired",
-    "node_changed", "on_startup", "pod_changed", "ready", "recount-kvcachetiers", "recount-modelcaches",
-    "remember", "remember_tiers", "start_metrics", "start_webhook", "stop_metrics", "stop_webhook",
-    "tier_changed", "tier_daemon",
+    "cache_state_for_gated_pods", "child_changed", "gated_pod_seen", "kv_tier_consumers",
+    "kvcachetier-configmaps", "kvcachetier-consumers", "kvcachetier-daemonsets",
+    "kvcachetier-persistentvolumeclaims", "kvcachetier-services", "login", "login_via_client",
+    "model_cache_consumers", "modelcache-consumers", "modelcache_changed", "modelcache_daemon",
+    "modelcache_deleted", "node_changed", "on_startup", "pod_changed", "ready", "remember", "remember_tiers",
+    "start_metrics", "start_webhook", "stop_metrics", "stop_webhook", "tier_changed", "tier_daemon",
 }  # fmt: skip
 
 

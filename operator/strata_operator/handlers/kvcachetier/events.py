@@ -4,6 +4,7 @@ runs its level-based reconcile (`controller`, the same for both kinds); watches 
 - the tier itself: a new generation (a spec change) asks for a full reconcile;
 - its children (DaemonSet, ConfigMaps, Service, PVC): a hand edit or deletion is put back (full), a DaemonSet
   status change (pods becoming ready) only refreshes the status, our own writes wake nobody;
+- its consumer pods: a status refresh when their live count moved (status.consumers);
 - the resync: the safety net for anything a missed watch event would leave behind, and the time to scrape
   the servers' usage.
 """
@@ -21,7 +22,7 @@ from strata_operator.api import GROUP
 from strata_operator.handlers import controller
 from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.handlers.process import settings_of
-from strata_operator.resources.core import MANAGED_BY, MANAGED_BY_LABEL
+from strata_operator.resources.core import KV_TIER_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from strata_operator.resources.kvcachetier.names import APP_NAME, KIND, NAME_LABEL
 
 PLURAL = "kvcachetiers"
@@ -50,18 +51,22 @@ def memory(memo: kopf.Memo) -> TierMemory:
 
 
 async def tier_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     """The tier's reconcile loop; its Events are posted on kopf's loop (`controller.run_daemon`)."""
     mine, process = memory(memo), settings_of(memo)
     scraped = 0.0
+    index = kwargs[controller.KV_TIERS.index]
 
-    def reconcile_once(snapshot: dict[str, Any], _waker: controller.Waker, full: bool) -> list[Any]:
+    def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, full: bool) -> list[Any]:
         nonlocal scraped
         scrape = time.monotonic() - scraped >= USAGE_INTERVAL_SECONDS
         if scrape:
             scraped = time.monotonic()
-        outcome = reconciler.reconcile(snapshot, full=full, settings=process, applied=mine.applied, scrape=scrape)
+        consumers = controller.count_consumers(index, waker, key)
+        outcome = reconciler.reconcile(
+            snapshot, full=full, settings=process, applied=mine.applied, scrape=scrape, consumers=consumers
+        )
         if outcome is not None and outcome.status.get("offload"):
             mine.offload[key] = outcome.status["offload"]
         return outcome.events if outcome is not None else []
@@ -77,6 +82,14 @@ async def tier_changed(meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **
     """A spec change (new generation) wakes the daemon; our own status writes do not."""
     if meta.get("generation") != status.get("observedGeneration"):
         memory(memo).wake(meta.get("namespace"), meta.get("name"))
+
+
+async def consumer_changed(meta: kopf.Meta, labels: Mapping[str, str], memo: kopf.Memo, **kwargs: Any) -> None:
+    """A consumer pod's event: a status refresh of its tier when the count of live consumers moved."""
+    key = (meta.get("namespace") or "", labels[KV_TIER_LABEL])
+    waker = memory(memo).wakers.get(key)
+    if waker is not None and controller.consumers_moved(kwargs[controller.KV_TIERS.index], waker, key):
+        waker.wake(full=False)
 
 
 def owning_tier(body: Mapping[str, Any]) -> str | None:

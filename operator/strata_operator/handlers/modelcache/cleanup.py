@@ -20,7 +20,7 @@ from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_operator import kube
 from strata_operator.api.modelcache import DeletionPolicy, ModelCacheSpec
 from strata_operator.handlers.modelcache.io import delete_job, list_children
-from strata_operator.handlers.modelcache.nodes import NodeCache, patch_node_annotation, patch_node_label
+from strata_operator.handlers.modelcache.node_cache import NodeCache, patch_node_annotation, patch_node_label
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.owner import CacheRef

@@ -1,7 +1,7 @@
 """What kopf calls for ModelCache (the triggers are listed in `strata_operator.routes`).
 
-One daemon per ModelCache runs the level-based reconcile (`controller`, the same for both kinds). Watches on
-the cache, its children (Jobs, their pods, claims) and on nodes only wake it.
+One daemon per ModelCache runs the level-based reconcile (`controller`, the daemon and loop both kinds share).
+Watches on the cache, its children (Jobs, their pods, claims), its consumer pods and on nodes only wake it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.handlers import controller
 from strata_operator.handlers.modelcache.cleanup import cleanup_node_copies, finish_cleanup, unlabel_nodes
-from strata_operator.handlers.modelcache.nodes import NodeCache
+from strata_operator.handlers.modelcache.node_cache import NodeCache
 from strata_operator.handlers.modelcache.reconcile import reconcile
 from strata_operator.handlers.process import runtime_of, settings_of
 from strata_operator.resources.core import MODEL_CACHE_LABEL
@@ -58,16 +58,21 @@ def uses_nodes(spec: Mapping[str, Any]) -> bool:
 
 
 async def modelcache_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     """The cache's reconcile loop (`controller.run_daemon`); the status it last wrote is carried between runs."""
     mine, process = memory(memo), settings_of(memo)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+    index = kwargs[controller.MODEL_CACHES.index]
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
 
     def reconcile_once(snapshot: dict[str, Any], waker: controller.Waker, _full: bool) -> list[Any]:
         nonlocal previous
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
-        previous, events = reconcile(snapshot, previous, mine.nodes, runtime_of(process), wake=waker.wake)
+        consumers = controller.count_consumers(index, waker, key)
+        previous, events = reconcile(
+            snapshot, previous, mine.nodes, runtime_of(process), wake=waker.wake, consumers=consumers
+        )
         waker.tags["evicted"] = any(n.get("phase") == PHASE_EVICTED for n in previous.get("nodes") or [])
         return events
 
@@ -107,15 +112,20 @@ async def pod_changed(
         memory(memo).wake(meta.get("namespace"), labels.get(CACHE_LABEL))
 
 
-async def consumer_waiting(
-    meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+async def consumer_changed(
+    meta: kopf.Meta, status: kopf.Status, labels: Mapping[str, str], memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """A consumer pod that has not started wakes its cache when the cache has an evicted copy: the pod may need
-    it back (`resources/modelcache/demand.py`). Caches with every copy in place are not woken."""
-    if status.get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp"):
+    """A consumer pod's event wakes its cache when the count of live consumers moved (status.consumers), or when
+    the pod has not started and the cache has an evicted copy: the pod may need it back
+    (`resources/modelcache/demand.py`). Other pod events (a running pod's status) wake nobody."""
+    key = (meta.get("namespace") or "", labels[MODEL_CACHE_LABEL])
+    waker = memory(memo).wakers.get(key)
+    if waker is None:
         return
-    waker = memory(memo).wakers.get((meta.get("namespace") or "", labels[MODEL_CACHE_LABEL]))
-    if waker is not None and waker.tags.get("evicted"):
+    waiting = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
+    if controller.consumers_moved(kwargs[controller.MODEL_CACHES.index], waker, key) or (
+        waiting and waker.tags.get("evicted")
+    ):
         waker.wake()
 
 

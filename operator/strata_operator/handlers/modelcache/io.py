@@ -1,7 +1,15 @@
-"""Every API read and write of the ModelCache controller: `gather` (what a plan looks at) and the writes.
+"""Every API read and write of the ModelCache controller: `gather` (what a plan looks at), `execute` (a plan's
+writes) and `write_status`; the registry's answer for ImageVolume is `image_lookup`, called from `gather`.
 
 Everything here runs in a worker thread (the kubernetes client blocks); Events are collected and posted by
 the caller on kopf's event loop.
+
+NodeLocal's capacity reads (`resources/modelcache/capacity.py` decides with them): every reconcile, this cache's
+own consumer pods, per node (its copies' lastUsed) and those not started yet (an evicted copy they need comes
+back); only when a preload Job is about to be created (the plan's `needs_inputs` round), the NodeCachePolicies,
+every ModelCache (their status says which copies are Ready where) and every pod that opts into a model cache
+(which copies are consumed on which node). A namespaced install cannot list other namespaces: then only the
+cache's own namespace is read, and the node's message says so.
 """
 
 from __future__ import annotations
@@ -10,22 +18,26 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.dynamic.exceptions import ApiException, NotFoundError, ResourceNotFoundError
 from strata_loader import contract
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
-from strata_operator.handlers.modelcache import registry
-from strata_operator.handlers.modelcache.capacity import consumer_pods, gather_capacity
-from strata_operator.handlers.modelcache.nodes import NodeCache
-from strata_operator.resources.core import Problem, label_selector, parse_spec
-from strata_operator.resources.modelcache import fanout, image, peers, planner, storage
+from strata_operator.handlers.common import ensure_token_secret
+from strata_operator.handlers.modelcache import image_lookup
+from strata_operator.handlers.modelcache.node_cache import NodeCache, patch_node_label
+from strata_operator.resources.core import MODEL_CACHE_LABEL, Event, Problem, label_selector, parse_spec
+from strata_operator.resources.modelcache import capacity, demand, draft, fanout, image, peers, storage
 from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.status import SpecError
 from strata_operator.resources.runtime_image import RuntimeImage
+
+FORBIDDEN = 403
 
 
 def gather(
@@ -36,11 +48,17 @@ def gather(
     *,
     inputs: bool = False,
     now: datetime.datetime | None = None,
+    consumers: int | None = None,
 ) -> Observed:
-    """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use."""
+    """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use.
+    `consumers`: the live pods naming the cache (the daemon's pod index), passed through to status.consumers."""
     owner = CacheRef.from_body(body)
     observed = Observed(
-        owner=owner, previous=dict(previous), now=now or datetime.datetime.now(datetime.UTC), runtime=runtime
+        owner=owner,
+        previous=dict(previous),
+        now=now or datetime.datetime.now(datetime.UTC),
+        runtime=runtime,
+        consumers=consumers,
     )
     spec, observed.spec_problem = parse_spec(ModelCacheSpec, body)
     if spec is None:
@@ -57,7 +75,7 @@ def gather(
     except SpecError as error:
         observed.spec_problem = error.problem()
         return observed
-    role = planner.job_role(spec)
+    role = draft.job_role(spec)
     if mode != StorageMode.SHARED_PVC:  # ImageVolume without pre-pulls too: its platform, stale labels
         observed.nodes = nodes.snapshot()
     if mode == StorageMode.IMAGE_VOLUME:
@@ -65,12 +83,12 @@ def gather(
         if image.lookup_due(spec, previous, observed.resolve_request, owner.generation, observed.now):
             selector = storage.image_volume(spec).node_selector
             platform = image.lookup_platform(observed.nodes, selector)
-            observed.image = registry.look_up(spec, owner.namespace, platform)
+            observed.image = image_lookup.look_up(spec, owner.namespace, platform)
     if mode == StorageMode.NODE_LOCAL:
         observed.peers = peer_objects(owner)
     if role is not None:
         observed.jobs = {j["metadata"]["name"]: j for j in list_children(owner, "batch/v1", "Job", role)}
-    settled = planner.settled_jobs(previous)
+    settled = draft.settled_jobs(previous)
     # A pre-pull's pod is read while its Job runs too: the kubelet's pull error is only in the pod's status.
     ended = (st.JOB_SUCCEEDED, st.JOB_FAILED) if role != storage.ROLE_PREPULL else tuple(st.JOB_PHASES)
     observed.pods = {
@@ -86,6 +104,42 @@ def gather(
         if mode == StorageMode.NODE_LOCAL:
             observed.capacity = gather_capacity(owner)
     return observed
+
+
+def consumer_pods(owner: CacheRef) -> tuple[dict[str, int], list[demand.WaitingPod]]:
+    """This cache's live consumer pods per node (its copies' lastUsed), and those that have not started yet
+    (they may need an evicted copy back)."""
+    pods = kube.list_objects("v1", "Pod", namespace=owner.namespace, label_selector=f"{MODEL_CACHE_LABEL}={owner.name}")
+    found: dict[str, int] = {}
+    waiting = []
+    for pod in pods:
+        if (pending := demand.WaitingPod.from_body(pod)) is not None:
+            waiting.append(pending)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in capacity.ENDED_POD_PHASES:
+            found[node] = found.get(node, 0) + 1
+    return found, waiting
+
+
+def gather_capacity(owner: CacheRef) -> capacity.CapacityView:
+    try:
+        bodies = kube.list_objects(API_VERSION, "NodeCachePolicy")
+    except ResourceNotFoundError:  # the CRD is not installed: no budgets anywhere
+        return capacity.CapacityView()
+    policies = [p for p in (capacity.NodePolicy.from_body(b) for b in bodies) if p is not None]
+    if not policies:
+        return capacity.CapacityView()
+    partial = None
+    try:
+        caches = kube.list_objects(API_VERSION, "ModelCache")
+        pods = kube.list_objects("v1", "Pod", label_selector=MODEL_CACHE_LABEL)
+    except ApiException as error:
+        if error.status != FORBIDDEN:
+            raise
+        partial = f"only namespace {owner.namespace} is readable by the operator"
+        caches = kube.list_objects(API_VERSION, "ModelCache", namespace=owner.namespace)
+        pods = kube.list_objects("v1", "Pod", namespace=owner.namespace, label_selector=MODEL_CACHE_LABEL)
+    return capacity.CapacityView(policies, capacity.copies_from(caches, pods), partial)
 
 
 def peer_objects(owner: CacheRef) -> fanout.PeerObjects:
@@ -146,5 +200,40 @@ def delete_job(namespace: str, name: str) -> bool:
     return kube.delete("batch/v1", "Job", name, namespace)
 
 
-def patch_status(owner: CacheRef, patch: Mapping[str, Any]) -> None:
+def execute(plan: Plan, owner: CacheRef, nodes: NodeCache, events: list[Event]) -> dict[tuple[str, str], str]:
+    """Carry out a plan's writes in order (the token Secret, the objects, the Jobs to delete, the node labels),
+    appending the Event of each one done to `events`; returns what the API server refused, by (kind, name)."""
+    rejected: dict[tuple[str, str], str] = {}
+    skip: set[tuple[str, str]] = set()
+    if plan.token_secret and (conflict := ensure_token_secret(owner, plan.token_secret)[1]):
+        peer = peers.peer_name(owner)
+        rejected[("DaemonSet", peer)] = conflict.message  # the peers need their token; everything else goes on
+        skip = {("DaemonSet", peer), ("Service", peer), ("NetworkPolicy", peer)}
+    for action in plan.actions:
+        if action.key in skip:
+            continue
+        if action.verb == "delete":
+            if delete_job(owner.namespace, action.key[1]) and action.event:
+                events.append(action.event)
+            continue
+        try:
+            kube.apply(action.body)
+        except ApiException as error:
+            rejected[action.key] = kube.api_error_message(error)
+            continue
+        if action.event:
+            events.append(action.event)
+    for change in plan.labels:
+        try:
+            if change.foreign:  # another cache's label: the node watch sees it and wakes that cache
+                kube.merge_patch("v1", "Node", change.node, None, {"metadata": {"labels": {change.key: change.value}}})
+                continue
+            patch_node_label(nodes, change.node, change.key, change.value)
+        except NotFoundError:
+            continue
+    return rejected
+
+
+def write_status(owner: CacheRef, patch: Mapping[str, Any]) -> None:
+    """The one writer of a cache's status."""
     kube.patch_status(API_VERSION, "ModelCache", owner.name, owner.namespace, patch)

@@ -103,6 +103,8 @@ def _listen_config(spec: KVCacheTierSpec) -> ListenConfig:
         unix_socket=NODE_SOCKET_PATH,
         unix_socket_mode=NODE_SOCKET_MODE,
         shared_memory=spec.node_socket.shared_memory,
+        shared_memory_budget=spec.node_socket.shared_memory_budget,
+        shared_memory_client_budget=spec.node_socket.shared_memory_client_budget,
     )
 
 
@@ -118,7 +120,7 @@ def build_server_config(spec: KVCacheTierSpec, tier: TierRef) -> KVServerConfig:
         chunk_tokens=spec.chunk_tokens,
         # The configured namespace (`default_<digest>`) holds LMCache's and other RESP keys only: the vLLM
         # connector's keys name their own `<model>_<digest12>_r<rank>` (vLLM's FileMapper), and the server files
-        # them there, where a vLLM `fs` tier on the same directory looks (strata_kv.blockfile.locate).
+        # them there, where a vLLM `fs` tier on the same directory looks (strata_kv.store.blockfile.locate).
         namespace=NamespaceConfig(hash_algorithm=spec.hash.algorithm.value, hash_seed=hash_seed(spec, tier)),
         tenancy=TenancyConfig(require_salt=spec.tenancy.require_salt),
         auth=AuthConfig(token_file=f"{AUTH_DIR}/{AUTH_FILE}" if token_secret(spec, tier) else None),

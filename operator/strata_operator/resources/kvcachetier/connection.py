@@ -33,7 +33,8 @@ TRANSFER_CONFIG_ENV = {EngineDevice.GPU: "KV_TRANSFER_CONFIG_GPU", EngineDevice.
 """The per-engine variants of KV_TRANSFER_CONFIG (vllm connector), which a pod picks with strata.dev/kv-engine."""
 VLLM_TIER_CLASS = "StrataTier"
 VLLM_TIER_MODULE = "strata_kv.vllm_tier"
-"""Where vLLM imports the tier from (`module_path`): in `pip install strata`, importable without extras."""
+"""Where vLLM imports the tier from (`module_path`): in `pip install strata`, importable without extras. Both module
+paths are strata_kv's entry modules, kept where they are whatever release the serving image holds."""
 TOKEN_ENV = "STRATA_KV_TOKEN"
 """The variable the tier reads its AUTH token from; the webhook sets it from the tier's token Secret."""
 SHM_HEADROOM_BYTES = 1024**3

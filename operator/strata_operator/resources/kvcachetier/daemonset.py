@@ -37,8 +37,10 @@ TERMINATION_GRACE_SECONDS = 45
 
 
 def derived_memory_request(spec: KVCacheTierSpec) -> int:
-    """L1 plus headroom for the process and the write-behind queue, in bytes."""
-    return spec.l1.size + spec.memory_headroom
+    """L1 plus headroom for the process and the write-behind queue, in bytes, plus what clients may hold of the
+    memory handed over to them (charged to the server's cgroup) when it hands memory over."""
+    shared = spec.node_socket.shared_memory_budget if spec.node_socket.enabled and spec.node_socket.shared_memory else 0
+    return spec.l1.size + spec.memory_headroom + shared
 
 
 def build_resources(spec: KVCacheTierSpec) -> dict[str, Any]:

@@ -11,7 +11,10 @@ quantization settings. So the webhook mounts a ModelCache at `<mountPath>/rev-<r
 The webhook records the revision and that model name on the pod (annotations); the tier lists its wired pods,
 remembers each (cache, revision, model) in status.namespaces, and once a revision is no longer the cache's and no
 pod has served it for `namespaceCollection.gracePeriodSeconds`, drops its namespaces from every server. Everything
-here is pure; the reads and the RESP calls are in `handlers/kvcachetier/namespaces.py`.
+here is pure: the tier's gather reads the wired pods and the caches' revisions, its plan (`resources/kvcachetier/
+plan.py`) turns each due record into a `Drop`, its execute sends them (`STRATA.NAMESPACES`, then `STRATA.DROPNS`
+per namespace, through `strata_kv.client`), and its settle folds the answers into status (`settle_collection`).
+This is the operator's side of KV namespaces; the server's own bookkeeping of them is `strata_kv`'s.
 """
 
 from __future__ import annotations
@@ -220,6 +223,45 @@ def plan_collection(spec: KVCacheTierSpec, previous: Mapping[str, Any], seen: Na
 
 
 @dataclass(frozen=True)
+class Drop:
+    """A plan's action: drop every KV namespace of `model` from each server (the due record `key`)."""
+
+    key: tuple[str, str, str]
+    """The record's (modelCache, revision, model)."""
+    model: str
+    servers: tuple[tuple[str, str | None], ...]
+    """(pod name, host; None when it cannot be asked now) of every server; ("(no server)", None) when there is none:
+    a shared L2 keeps the namespaces until a server can drop them."""
+    port: int
+    token: tuple[str, str] | None = None
+    """The Secret and key holding the servers' token; None when the tier's auth is disabled."""
+
+
+def record_key(record: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (record["modelCache"], record["revision"], record["model"])
+
+
+def servers_of(pods: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str | None], ...]:
+    """(pod name, host or None when not ready) of every server pod that is not terminating."""
+    servers = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        servers.append((str(meta.get("name")), status.get("podIP") if ready else None))
+    return tuple(servers) or (("(no server)", None),)
+
+
+def drops(
+    collection: Collection, server_pods: Sequence[Mapping[str, Any]], port: int, token: tuple[str, str] | None
+) -> list[Drop]:
+    """One `Drop` per record due."""
+    servers = servers_of(server_pods)
+    return [Drop(record_key(r), r["model"], servers, port, token) for r in collection.due]
+
+
+@dataclass(frozen=True)
 class ServerDrops:
     """What one server answered for one record: namespace -> (blocks, bytes freed); or why it could not."""
 
@@ -242,8 +284,7 @@ def settle_collection(
     events: list[Event] = []
     records = []
     for record in collection.records:
-        key = (record["modelCache"], record["revision"], record["model"])
-        answers = results.get(key)
+        answers = results.get(record_key(record))
         if answers is None:
             records.append(record)
             continue

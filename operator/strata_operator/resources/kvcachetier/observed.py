@@ -13,6 +13,7 @@ from typing import Any
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.kvcachetier.names import TierRef
+from strata_operator.resources.kvcachetier.namespaces import ServerDrops
 from strata_operator.resources.kvcachetier.usage import ServerUsage
 from strata_operator.resources.kvcachetier.validation import ClusterFacts
 from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
@@ -50,7 +51,16 @@ class Observed:
     engines: Sequence[tuple[str, Mapping[str, float] | None]] | None = None
     """The tier's consumer engines at the same scrape (pod and restart count, vLLM's prefill sums or None), for the
     recompute time a hit saves; None: not asked."""
+    wired: Sequence[Mapping[str, Any]] = ()
+    """The pods wired to the tier (its label): the engines the namespaces are recorded from (and scraped)."""
+    revisions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """ModelCache name → the revisions it serves now (`namespaces.current_revisions`; empty when deleted), for every
+    cache a wired pod or a status.namespaces record names."""
+    consumers: int | None = None
+    """The live pods naming the tier (the daemon's pod index); None: not known, the stored count stays."""
     written: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     """(kind, name) → what an earlier round of this reconcile wrote, as the API server stored it."""
     rejected: Problem | None = None
     """A write of an earlier round the API server refused (or a token Secret's name taken): the plan says why."""
+    dropped: Mapping[tuple[str, str, str], Sequence[ServerDrops]] = field(default_factory=dict)
+    """A namespace record's key → what each server answered to this reconcile's drops."""

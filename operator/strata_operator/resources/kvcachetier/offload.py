@@ -1,4 +1,5 @@
-"""Does offloading pay? status.offload and the OffloadEffective condition, from the servers' counters.
+"""Does offloading pay? status.offload and the OffloadEffective condition, from the servers' counters (the
+models this fills, the same concept one layer up, are `api/offload.py`).
 
 Pure: `sample` sums one scrape's counters, `advance` keeps the window's two starts (so the verdict is over
 deltas, not since the servers started), `judge` applies the break-even rule to a delta. The rule: offloading pays
@@ -26,7 +27,7 @@ from strata_operator.resources.kvcachetier.engines import engine_sample, measure
 from strata_operator.resources.kvcachetier.usage import TIERS, ServerUsage
 
 GHOST_FACTORS = ("1.25", "1.5", "2", "3", "4")
-"""The servers' `l1_size_factor` labels (strata_kv.offload_stats.GHOST_FACTORS)."""
+"""The servers' `l1_size_factor` labels (strata_kv.store.offload_stats.GHOST_FACTORS)."""
 SUGGEST_MIN_LIFT = 0.01
 """A larger L1 is suggested only when it would have answered at least this share of the window's lookups..."""
 SUGGEST_SHARE_OF_BEST = 0.8
@@ -180,8 +181,11 @@ def judge(
     return status, message
 
 
-def suggest_l1(delta: Mapping[str, int], lookups: int, hits: int, l1_size: int) -> dict[str, str]:
-    """A larger l1.size where the policy's ghosts say it would have lifted the hit ratio notably; else nothing."""
+def suggest_l1(delta: Mapping[str, int], lookups: int, hits: int, l1_size: int) -> dict[str, str | int]:
+    """A larger l1.size where the policy's ghosts say it would have lifted the hit ratio notably; else nothing.
+
+    The size goes out twice, made once here: a quantity for the person who pastes it into l1.size, and the byte
+    count the metrics read (so nothing parses the quantity back)."""
     lifts = [(float(f), delta.get(f"ghost_{f}", 0)) for f in GHOST_FACTORS]
     best = max((extra for _, extra in lifts), default=0)
     if not lookups or best < SUGGEST_MIN_LIFT * lookups:
@@ -191,6 +195,7 @@ def suggest_l1(delta: Mapping[str, int], lookups: int, hits: int, l1_size: int) 
     size = math.ceil(factor * l1_size / mib) * mib
     return {
         "suggestedL1Size": format_bytes(size, quantity=True),
+        "suggestedL1Bytes": size,
         "suggestedHitRatio": _ratio(hits + extra, lookups),
     }
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strata_units import parse_bytes
-
 from strata_operator.api.offload import Verdict
 
 PREFIX = "strata_kvcachetier_offload_"
@@ -59,7 +57,7 @@ def render(offloads: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
     family(
         PREFIX + "suggested_l1_bytes",
         "A larger l1.size that would have lifted the hit ratio (absent: none would)",
-        [(who(k), float(parse_bytes(o["suggestedL1Size"]))) for k, o in tiers if o.get("suggestedL1Size")],
+        [(who(k), float(o["suggestedL1Bytes"])) for k, o in tiers if o.get("suggestedL1Bytes") is not None],
     )
     family(
         PREFIX + "verdict",

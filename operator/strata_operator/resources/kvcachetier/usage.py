@@ -1,6 +1,6 @@
 """Capacity used and hit ratios per tier, summed over the servers' Prometheus metrics.
 
-Pure: parsing and summing are tested on real server output; the scraping lives in the handler. The
+Pure: parsing and summing are tested on real server output; the scraping is the tier's `handlers/kvcachetier/io.py`. The
 text format is read here rather than with prometheus_client, which the operator image leaves out.
 """
 

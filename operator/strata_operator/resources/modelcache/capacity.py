@@ -1,5 +1,7 @@
 """The node budget's operator side: which policy covers a node path, which copies a node's Job may evict, and what
-its result means for the other caches (pure: plain data in, plain data out).
+its result means for the other caches (pure: plain data in, plain data out). The same concept on the node is
+`strata_loader.capacity` (the request the Job gets and the report it returns); the reads are
+`handlers/modelcache/io.py`.
 
 The split (the README's "Node capacity for NodeLocal copies"): the operator cannot see a node's filesystem, so it
 decides *which* copies may go and in what order, and the Job on the node decides *whether* any must go

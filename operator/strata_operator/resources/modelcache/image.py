@@ -6,7 +6,7 @@ annotation `strata.dev/resolve-image` set to a new value (e.g. a timestamp) foll
 resolution is tried again with back-off (30 s doubling, at most 10 min), and at once on a spec change or a new
 annotation value (a Secret fixed meanwhile is seen at the next attempt).
 
-The lookup itself is a read made by gather (`handlers/modelcache/registry.py`), whose answer arrives here as
+The lookup itself is a read made by gather (`handlers/modelcache/image_lookup.py`), whose answer arrives here as
 an `ImageLookup`; everything else is decided here, on plain data.
 """
 
@@ -22,6 +22,7 @@ from strata_units import format_bytes
 from strata_operator.api import GROUP
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache.nodes import NodeInfo
+from strata_operator.resources.modelcache.storage import image_reference
 
 RESOLVE_ANNOTATION = f"{GROUP}/resolve-image"
 RETRY_BASE_SECONDS = 30
@@ -61,11 +62,6 @@ class ImageLookup:
     transient: bool = False
 
 
-def wanted_reference(spec: ModelCacheSpec) -> str:
-    """The reference the spec names, without the scheme (a tag, or already a digest)."""
-    return spec.source.uri.removeprefix("oci://")
-
-
 def lookup_platform(nodes: Mapping[str, NodeInfo], selector: Mapping[str, str]) -> str:
     """The platform whose manifest a node pulls: that of the selected Ready nodes (the first by name), or
     linux/amd64 when none says."""
@@ -85,7 +81,7 @@ def lookup_due(
     """Whether gather asks the registry now: no pin for this reference and annotation value yet, or a failed
     attempt whose back-off ended (or whose spec or annotation changed since)."""
     image = previous.get("image") or {}
-    same_ask = image.get("resolvedFrom") == wanted_reference(spec) and (image.get("resolveRequest") or "") == request
+    same_ask = image.get("resolvedFrom") == image_reference(spec) and (image.get("resolveRequest") or "") == request
     if not same_ask:
         return True
     if image.get("digest") and not image.get("failures"):

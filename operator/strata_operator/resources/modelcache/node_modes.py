@@ -11,6 +11,7 @@ from strata_units import format_bytes
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import fanout, image, names, storage
 from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache.draft import Planner
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
 from strata_operator.resources.modelcache.node_states import (
     label_changes,
@@ -18,9 +19,8 @@ from strata_operator.resources.modelcache.node_states import (
     node_states,
     selected_nodes,
 )
-from strata_operator.resources.modelcache.planner import Planner
 from strata_operator.resources.modelcache.status import Outcome
-from strata_operator.resources.modelcache.volume import build_volume_snippet
+from strata_operator.resources.modelcache.volume import image_volume_snippet, node_local_snippet
 
 
 def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
@@ -94,7 +94,7 @@ def _node_fields(planner: Planner, spec: ModelCacheSpec, states: list[dict[str, 
         "readyNodes": sum(1 for s in states if s["phase"] == st.PHASE_READY),
         "desiredNodes": len(states),
         "preloadHash": request_hash(spec, fetch_request(spec, MODEL_MOUNT), runtime=planner.observed.runtime),
-        "volume": build_volume_snippet(planner.observed.owner, spec),
+        "volume": node_local_snippet(planner.observed.owner, spec),
     }
 
 
@@ -122,7 +122,7 @@ def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
             (True, reason, message),
             fields=fields,
         )
-    fields.update(volume=build_volume_snippet(owner, spec, pinned), **image.size_fields(pinned_image))
+    fields.update(volume=image_volume_snippet(owner, spec, pinned), **image.size_fields(pinned_image))
     message = f"pods mount {pinned} as an image volume"
     pull = storage.image_volume(spec)
     if not pull.pre_pull:

@@ -14,8 +14,7 @@ from strata_loader.contract import FetchResult
 from strata_operator.resources.core import Event
 from strata_operator.resources.modelcache import capacity, demand, names, storage
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache.nodes import NodeInfo
-from strata_operator.resources.modelcache.planner import (
+from strata_operator.resources.modelcache.draft import (
     INSUFFICIENT_RETRY_SECONDS,
     RECREATE_BASE_SECONDS,
     RECREATE_MAX_SECONDS,
@@ -26,6 +25,7 @@ from strata_operator.resources.modelcache.planner import (
     job_result,
     parse_time,
 )
+from strata_operator.resources.modelcache.nodes import NodeInfo
 
 
 def selected_nodes(nodes: Mapping[str, NodeInfo], selector: Mapping[str, str]) -> dict[str, NodeInfo]:

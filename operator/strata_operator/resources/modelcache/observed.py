@@ -55,5 +55,7 @@ class Observed:
     """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
     image: ImageLookup | None = None
     """ImageVolume: the registry's answer when gather looked the reference up now (`image.lookup_due`)."""
+    consumers: int | None = None
+    """The live pods that name the cache (the daemon's pod index); None: not known, the stored count stays."""
     resolve_request: str = ""
     """ImageVolume: the value of the annotation strata.dev/resolve-image (a new value resolves again)."""

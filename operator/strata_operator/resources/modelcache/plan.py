@@ -1,11 +1,11 @@
 """A ModelCache reconcile's decisions: one pure function from what was observed to what to do.
 
-The controller runs gather → plan → execute → write status if it changed (the shape of KVCacheTier's
-`resources/kvcachetier/plan.py`): `handlers/modelcache/io.py` makes every read (`gather`) and fills an `Observed`;
-`plan` turns it into the objects to apply, the Jobs to delete, the node labels to set, the status and the Events,
-without touching the cluster (each storage mode decides in its own module: `shared_pvc`, `node_modes`, with
-`node_states` per node); `handlers/modelcache/reconcile.py` carries the plan out. So every storage mode's
-behaviour is a unit test on plain data (`operator/tests/unit/test_modelcache_plan.py`).
+The controller runs the loop both kinds share (`handlers/controller.converge`: gather → plan → execute → settle,
+then the status if it changed): `handlers/modelcache/io.py` makes every read (`gather`) and fills an `Observed`;
+`plan` turns it into the objects to apply, the Jobs to delete, the node labels to set, the status (status.consumers
+included, from the daemon's pod index) and the Events, without touching the cluster (each storage mode decides in
+its own module: `shared_pvc`, `node_modes`, with `node_states` per node); `io.execute` carries the plan out. So
+every storage mode's behaviour is a unit test on plain data (`operator/tests/unit/test_modelcache_plan.py`).
 
 Two facts a plan cannot always have up front, and how it asks for them:
 - whether a Job's references (Secret, ServiceAccount, source claim) exist is read only when a Job is about to be
@@ -18,15 +18,18 @@ An object the API server refuses comes back as `Observed.rejected`, and the plan
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.conditions import transition_events
-from strata_operator.resources.core import SPEC_INVALID, Problem
+from strata_operator.resources.core import SPEC_INVALID, Problem, with_consumers
 from strata_operator.resources.modelcache import status as st
+from strata_operator.resources.modelcache import volume
+from strata_operator.resources.modelcache.draft import TIME_FORMAT, Plan, Planner
 from strata_operator.resources.modelcache.node_modes import plan_image_volume, plan_node_local
 from strata_operator.resources.modelcache.observed import Observed
-from strata_operator.resources.modelcache.planner import TIME_FORMAT, Plan, Planner
+from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.shared_pvc import plan_shared_pvc
 from strata_operator.resources.modelcache.status import Outcome, SpecError
 
@@ -39,12 +42,13 @@ def plan(observed: Observed) -> Plan:
         outcome = st.blocked_outcome(observed.spec_problem or Problem(SPEC_INVALID, "no spec"), {})
     else:
         try:
-            outcome = MODES[spec.storage.mode](planner, spec)
+            outcome = MODES[spec.storage.mode].plan(planner, spec)
         except SpecError as error:  # the builders refuse what the CRD let through: a person must change it
             planner = Planner(observed)
             outcome = st.blocked_outcome(error.problem(), {})
     previous = observed.previous
     desired = st.render_status(previous, outcome, observed.owner.generation, now=observed.now.strftime(TIME_FORMAT))
+    desired = with_consumers(desired, previous, observed.consumers)
     return Plan(
         status=desired,
         actions=planner.actions,
@@ -63,8 +67,18 @@ def with_rejections(observed: Observed, rejected: Mapping[tuple[str, str], str])
     return replace(observed, rejected={**observed.rejected, **rejected})
 
 
-MODES: dict[StorageMode, Callable[[Planner, ModelCacheSpec], Outcome]] = {
-    StorageMode.SHARED_PVC: plan_shared_pvc,
-    StorageMode.NODE_LOCAL: plan_node_local,
-    StorageMode.IMAGE_VOLUME: plan_image_volume,
+@dataclass(frozen=True)
+class Mode:
+    """What a storage mode decides: its plan, and the consumption contract (status.volume) as its plan writes it,
+    which the webhook builds itself for a pod created before the status has it."""
+
+    plan: Callable[[Planner, ModelCacheSpec], Outcome]
+    volume: Callable[[CacheRef, ModelCacheSpec], dict[str, Any]]
+
+
+MODES: dict[StorageMode, Mode] = {
+    StorageMode.SHARED_PVC: Mode(plan_shared_pvc, volume.shared_pvc_snippet),
+    StorageMode.NODE_LOCAL: Mode(plan_node_local, volume.node_local_snippet),
+    StorageMode.IMAGE_VOLUME: Mode(plan_image_volume, volume.image_volume_snippet),
 }
+"""The one place the storage mode is dispatched."""

@@ -9,9 +9,9 @@ from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Event, Problem, is_subset, name_conflict
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache import storage
-from strata_operator.resources.modelcache.planner import Planner, job_result
+from strata_operator.resources.modelcache.draft import Planner, job_result
 from strata_operator.resources.modelcache.status import Outcome
-from strata_operator.resources.modelcache.volume import build_volume_snippet
+from strata_operator.resources.modelcache.volume import shared_pvc_snippet
 
 CARRIED = ("totalBytes", "totalFiles", "size", "seconds", "resolvedRevision", "manifestSha256", "claimUid")
 """What a settled SharedPVC cache keeps from the result it recorded (its Job may be gone by now)."""
@@ -22,7 +22,7 @@ def plan_shared_pvc(planner: Planner, spec: ModelCacheSpec) -> Outcome:
     owner, previous = observed.owner, observed.previous
     fields: dict[str, Any] = {
         "claimName": storage.claim_name(owner, spec),
-        "volume": build_volume_snippet(owner, spec),
+        "volume": shared_pvc_snippet(owner, spec),
     }
     claim, problem = _claim(planner, spec)
     if problem is not None:

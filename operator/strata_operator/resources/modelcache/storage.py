@@ -173,7 +173,8 @@ def node_cleanup(
 
 
 def image_reference(spec: ModelCacheSpec) -> str:
-    """The reference the spec names (a tag, or a digest); what nodes pull is the pinned one in status.image."""
+    """The reference the spec names, without the scheme (a tag, or already a digest): what is looked up in the
+    registry; what nodes pull is the pinned one in status.image."""
     return spec.source.uri.removeprefix("oci://")
 
 

@@ -1,10 +1,11 @@
-"""The consumption contract: the exact volume and mount a serving pod pastes in, kept in status.volume."""
+"""The consumption contract: the exact volume and mount a serving pod pastes in, kept in status.volume; one
+builder per storage mode, which that mode's plan calls (the mode is dispatched once, `plan.MODES`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
+from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import names, storage
 from strata_operator.resources.modelcache.owner import CacheRef
 
@@ -14,26 +15,31 @@ def volume_name(owner: CacheRef) -> str:
     return names.dns_label("model", owner.name)
 
 
-def build_volume_snippet(owner: CacheRef, spec: ModelCacheSpec, pinned: str | None = None) -> dict[str, Any]:
-    """`volume` goes in `spec.volumes`, `volumeMount` in the container; NodeLocal adds a `nodeSelector`
-    so pods land only where a verified copy is; ImageVolume mounts `pinned` (the resolved digest) and adds
-    the pull Secret as `imagePullSecrets`."""
+def _snippet(owner: CacheRef, spec: ModelCacheSpec, source: dict[str, Any]) -> dict[str, Any]:
+    """`volume` goes in `spec.volumes`, `volumeMount` in the container."""
     name = volume_name(owner)
-    mode = spec.storage.mode
-    if mode == StorageMode.SHARED_PVC:
-        source: dict[str, Any] = {
-            "persistentVolumeClaim": {"claimName": storage.claim_name(owner, spec), "readOnly": True}
-        }
-    elif mode == StorageMode.NODE_LOCAL:
-        source = {"hostPath": {"path": storage.node_copy_path(owner, spec), "type": "Directory"}}
-    else:
-        source = storage.image_volume_source(spec, pinned)
-    snippet: dict[str, Any] = {
+    return {
         "volume": {"name": name, **source},
         "volumeMount": {"name": name, "mountPath": spec.mount_path, "readOnly": True},
     }
-    if mode == StorageMode.IMAGE_VOLUME and (secrets := storage.image_pull_secrets(spec)):
+
+
+def shared_pvc_snippet(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
+    """The claim the preload filled, read-only."""
+    claim = {"claimName": storage.claim_name(owner, spec), "readOnly": True}
+    return _snippet(owner, spec, {"persistentVolumeClaim": claim})
+
+
+def node_local_snippet(owner: CacheRef, spec: ModelCacheSpec) -> dict[str, Any]:
+    """The node's copy, and a `nodeSelector` so pods land only where a verified copy is."""
+    snippet = _snippet(owner, spec, {"hostPath": {"path": storage.node_copy_path(owner, spec), "type": "Directory"}})
+    snippet["nodeSelector"] = {names.node_label_key(owner.namespace, owner.name): names.NODE_LABEL_READY}
+    return snippet
+
+
+def image_volume_snippet(owner: CacheRef, spec: ModelCacheSpec, pinned: str | None = None) -> dict[str, Any]:
+    """The image at `pinned` (the resolved digest), and the pull Secret as `imagePullSecrets`."""
+    snippet = _snippet(owner, spec, storage.image_volume_source(spec, pinned))
+    if secrets := storage.image_pull_secrets(spec):
         snippet["imagePullSecrets"] = secrets
-    if mode == StorageMode.NODE_LOCAL:
-        snippet["nodeSelector"] = {names.node_label_key(owner.namespace, owner.name): names.NODE_LABEL_READY}
     return snippet

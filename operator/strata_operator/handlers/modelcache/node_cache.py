@@ -1,4 +1,5 @@
-"""What the operator knows about nodes, kept current by a watch instead of a LIST per reconcile.
+"""The node cache: what the operator knows about nodes (each a `resources/modelcache/nodes.NodeInfo`), kept
+current by a watch instead of a LIST per reconcile.
 
 With hundreds of caches a LIST of every node on every reconcile would dominate the API traffic; one watch
 feeds this cache, and only changes that matter to placement (existence, uid, readiness, labels) wake caches.

@@ -16,7 +16,7 @@ from strata_loader import registry
 from strata_operator import kube
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.modelcache import storage
-from strata_operator.resources.modelcache.image import ImageLookup, wanted_reference
+from strata_operator.resources.modelcache.image import ImageLookup
 
 TIMEOUT_SECONDS = 20.0
 DOCKER_CONFIG_TYPE = "kubernetes.io/dockerconfigjson"
@@ -33,7 +33,7 @@ class _Unusable(Exception):
 
 def look_up(spec: ModelCacheSpec, namespace: str, platform: str) -> ImageLookup:
     """Resolve the spec's reference in its registry (blocking, bounded by TIMEOUT_SECONDS per request)."""
-    wanted = wanted_reference(spec)
+    wanted = storage.image_reference(spec)
 
     def failed(failure: str, message: str, transient: bool = False) -> ImageLookup:
         return ImageLookup(wanted, platform, failure=failure, message=message, transient=transient)

@@ -1,5 +1,6 @@
-"""The vocabulary every ModelCache mode plans in: the `Plan` value, the `Planner` that collects one plan's writes
-while a mode decides, and what gather asks of a spec (`job_role`, `settled_jobs`).
+"""A ModelCache plan while it is drafted: the `Plan` value, the `Planner` that collects one plan's writes while a
+storage mode decides (`shared_pvc`, `node_modes`, `node_states`), and what gather asks of a spec (`job_role`,
+`settled_jobs`). `plan.py` picks the mode and turns the draft into the final `Plan`.
 """
 
 from __future__ import annotations
