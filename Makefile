@@ -9,13 +9,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help setup venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check csi-protos bench images e2e clean
+.PHONY: help setup venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check csi-protos bench images kind-image e2e clean
 
 help:
 	@echo "make demo    set up (first run: ~35 min of builds, cached after) and run the demo (~10 min)"
 	@echo "make test    set up and run unit + integration tests"
 	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
-	@echo "make bench   run the benchmarks in bench/;  make e2e  kind + GPU end-to-end suite"
+	@echo "make bench   run the benchmarks in bench/;  make e2e  kind end-to-end suite (make kind-image: its offline node image)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ bench: setup
 images:
 	bash images/build.sh
 
+# The kind CLI and a kind node image built here with no pull (hack/kind/build-node-image.sh; e2e/README.md).
+kind-image: controlplane node
+	bash hack/kind/build-node-image.sh
+
+# The kind suite. Offline (this project's machines) it runs on the node image above, which it builds on first use;
+# E2E_NODE_IMAGE=stock runs it on kind's own kindest/node (needs internet).
 e2e: venv
 	$(PY) -m pytest e2e -v
 

@@ -1,7 +1,13 @@
-"""End-to-end fixtures: a kind cluster with a GPU worker, Strata's images built and loaded, the chart installed.
+"""End-to-end fixtures: a kind cluster (a control plane and two workers), Strata's images loaded, the chart installed.
 
-Needs Docker, kind and an NVIDIA GPU with the NVIDIA container toolkit on the host; without them every test
-skips and says what is missing. Not part of `make test`; `make e2e` runs it. Environment:
+Needs Docker (a daemon is started for the session when none answers and `dockerd` is installed) and kind (KIND, on
+PATH, or built from its Go module by hack/build-kind.sh). The node image is chosen by E2E_NODE_IMAGE:
+  local (the default as root with debootstrap)  built here with no pull by hack/kind/build-node-image.sh
+  stock (the default otherwise)                 kind's own kindest/node image, which kind pulls (needs internet)
+  any other value                               that image reference
+Tests that need a GPU keep their condition: a GPU worker (e2e/kind-config-gpu.yaml) is used when the host has an
+NVIDIA GPU with the NVIDIA container toolkit, or E2E_GPU=1; elsewhere those tests skip and say what they need.
+Not part of `make test`; `make e2e` runs it. Environment:
   E2E_KEEP_CLUSTER=1   leave the kind cluster running afterwards (and reuse one that exists)
   E2E_SKIP_BUILD=1     do not rebuild the images (they must already be loaded into the cluster)
 """
@@ -11,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,29 +48,39 @@ def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) 
     return result.stdout or ""
 
 
+def missing_gpu() -> list[str]:
+    """What this host lacks to hand a GPU to a kind worker (nvkind's way; e2e/kind-config-gpu.yaml)."""
+    if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
+        return ["an NVIDIA GPU (nvidia-smi -L)"]
+    missing = []
+    runtime = subprocess.run(["docker", "info", "--format", "{{.DefaultRuntime}}"], capture_output=True, text=True)
+    if runtime.stdout.strip() != "nvidia":
+        missing.append("Docker's default runtime set to nvidia (`nvidia-ctk runtime configure --set-as-default`)")
+    config = Path("/etc/nvidia-container-runtime/config.toml")
+    if not config.exists() or "accept-nvidia-visible-devices-as-volume-mounts = true" not in config.read_text():
+        missing.append(
+            "accept-nvidia-visible-devices-as-volume-mounts = true in /etc/nvidia-container-runtime/config.toml"
+        )
+    return missing
+
+
+def use_gpu() -> bool:
+    return os.environ.get("E2E_GPU") == "1" or not missing_gpu()
+
+
+def docker_answers() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
 def missing_prerequisites() -> list[str]:
     """Everything this machine lacks for the suite, so one skip message names all of it."""
     missing = []
-    docker = shutil.which("docker")
-    if docker is None:
+    if shutil.which("docker") is None:
         missing.append("docker CLI")
-    elif subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+    elif not docker_answers() and not (shutil.which("dockerd") and os.geteuid() == 0):
         missing.append("a running Docker daemon")
-    if shutil.which("kind") is None:
-        missing.append("kind (sigs.k8s.io/kind)")
-    if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
-        missing.append("an NVIDIA GPU (nvidia-smi -L)")
-    if docker and not missing:
-        runtime = subprocess.run(
-            [docker, "info", "--format", "{{.DefaultRuntime}}"], capture_output=True, text=True
-        ).stdout.strip()
-        if runtime != "nvidia":
-            missing.append("Docker's default runtime set to nvidia (`nvidia-ctk runtime configure --set-as-default`)")
-        config = Path("/etc/nvidia-container-runtime/config.toml")
-        if not config.exists() or "accept-nvidia-visible-devices-as-volume-mounts = true" not in config.read_text():
-            missing.append(
-                "accept-nvidia-visible-devices-as-volume-mounts = true in /etc/nvidia-container-runtime/config.toml"
-            )
+    if not os.environ.get("KIND") and shutil.which("kind") is None and shutil.which("go") is None:
+        missing.append("kind (sigs.k8s.io/kind) on PATH, KIND=/path/to/kind, or Go to build it")
     if shutil.which("go") is None and not os.environ.get("HELM"):
         missing.append("Go (to build Helm with hack/build-helm.sh) or HELM=/path/to/helm")
     return missing
@@ -75,26 +93,91 @@ def prerequisites() -> None:
         pytest.skip("end-to-end suite needs: " + "; ".join(missing))
 
 
+LIB = REPO / "hack" / "images" / "lib.sh"
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(prerequisites: None) -> Iterator[None]:
+    """A Docker daemon for the session: the one running, or one started by hack/images/lib.sh's ensure_dockerd (as
+    the image builds start theirs: no default bridge, no iptables rules of its own, and runc-bounded where this
+    host cannot grant every capability to kind's privileged nodes), stopped at the end."""
+    started = None
+    if not docker_answers():
+        log = E2E / ".cache" / "dockerd.log"
+        log.parent.mkdir(exist_ok=True)
+        script = f'source "{LIB}"; ensure_dockerd "{log}"; echo "$started_dockerd"'
+        started = int(run("bash", "-c", script).split()[-1])
+    host_ok = subprocess.run(["bash", "-c", f'source "{LIB}"; host_grants_all_capabilities']).returncode == 0
+    runtime = run("docker", "info", "--format", "{{.DefaultRuntime}}").strip()
+    if not host_ok and runtime != "runc-bounded":
+        pytest.fail(
+            "this host cannot grant every capability, and the running Docker daemon's default runtime is "
+            f"{runtime!r}: kind's privileged nodes would not start. Stop it and let the suite start one "
+            "(hack/images/lib.sh ensure_dockerd), or give it --add-runtime runc-bounded=hack/images/runc-bounded "
+            "--default-runtime runc-bounded",
+            pytrace=False,
+        )
+    try:
+        yield
+    finally:
+        if started:
+            os.kill(started, signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def kind_binary(prerequisites: None) -> str:
+    """kind: KIND, the one on PATH, or the one hack/build-kind.sh builds from the version hack/kind/go.mod pins."""
+    found = os.environ.get("KIND") or shutil.which("kind")
+    if found:
+        return found
+    return run("bash", str(REPO / "hack" / "build-kind.sh")).strip().splitlines()[-1]
+
+
+def node_image_choice() -> str:
+    """E2E_NODE_IMAGE, or the default: build the node image here when this machine can (root, debootstrap)."""
+    choice = os.environ.get("E2E_NODE_IMAGE", "")
+    if choice:
+        return choice
+    return "local" if os.geteuid() == 0 and shutil.which("debootstrap") else "stock"
+
+
+@pytest.fixture(scope="session")
+def node_image(docker_daemon: None) -> str | None:
+    """The node image for `kind create cluster --image`, or None for kind's stock image."""
+    choice = node_image_choice()
+    if choice == "stock":
+        return None
+    if choice == "local":
+        return run("bash", str(REPO / "hack" / "kind" / "build-node-image.sh"), timeout=3600).strip().splitlines()[-1]
+    return choice
+
+
 @pytest.fixture(scope="session")
 def helm_binary() -> str:
     return run("bash", str(REPO / "hack" / "build-helm.sh")).strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="session")
-def kind_cluster(prerequisites: None) -> Iterator[Path]:
-    """The kind cluster's kubeconfig; the GPU worker is set up and advertises nvidia.com/gpu."""
+def kind_cluster(kind_binary: str, node_image: str | None) -> Iterator[Path]:
+    """The kind cluster's kubeconfig: a control plane and two CPU workers, or one GPU worker where there is a GPU."""
     keep = os.environ.get("E2E_KEEP_CLUSTER") == "1"
-    existing = run("kind", "get", "clusters").split()
-    if CLUSTER not in existing:
-        run("kind", "create", "cluster", "--name", CLUSTER, "--config", str(E2E / "kind-config.yaml"), "--wait", "5m")
+    config = E2E / ("kind-config-gpu.yaml" if use_gpu() else "kind-config.yaml")
     kubeconfig = E2E / ".cache" / "kubeconfig"
     kubeconfig.parent.mkdir(exist_ok=True)
-    kubeconfig.write_text(run("kind", "get", "kubeconfig", "--name", CLUSTER))
+    existing = run(kind_binary, "get", "clusters").split()
+    if CLUSTER not in existing:
+        # Its own kubeconfig file: kind leaves the user's ~/.kube/config alone.
+        create = [kind_binary, "create", "cluster", "--name", CLUSTER, "--config", str(config), "--wait", "5m"]
+        create += ["--kubeconfig", str(kubeconfig)]
+        if node_image:
+            create += ["--image", node_image]
+        run(*create)
+    kubeconfig.write_text(run(kind_binary, "get", "kubeconfig", "--name", CLUSTER))
     try:
         yield kubeconfig
     finally:
         if not keep:
-            subprocess.run(["kind", "delete", "cluster", "--name", CLUSTER], timeout=600)
+            subprocess.run([kind_binary, "delete", "cluster", "--name", CLUSTER], timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +199,9 @@ def gpu_node(k8s_e2e: Any) -> str:
     """The worker, with containerd on the NVIDIA runtime and NVIDIA's device plugin advertising its GPUs."""
     from strata_testsupport.kube import wait_for
 
+    missing = missing_gpu()
+    if missing:
+        pytest.skip("needs a GPU worker: " + "; ".join(missing))
     (node,) = gpu_nodes(k8s_e2e)
     name = node.metadata.name
     with (E2E / "gpu-node-setup.sh").open() as script:
@@ -131,9 +217,19 @@ def gpu_node(k8s_e2e: Any) -> str:
 
 
 @pytest.fixture(scope="session")
-def images(kind_cluster: Path) -> None:
-    """Strata's images from images/build.sh (the same script as `make images`) and the S3 server's."""
+def images(kind_cluster: Path, kind_binary: str) -> None:
+    """Strata's images loaded into every node with `kind load docker-image`. With a GPU: built by images/build.sh
+    (the same script as `make images`) with torch for the GPU load test, and the S3 server's. On CPU: the operator
+    and runtime images hack/node/build-images.sh builds with no pull (the real node's), tagged for this suite."""
     if os.environ.get("E2E_SKIP_BUILD") == "1":
+        return
+    if not use_gpu():
+        archive = run("bash", str(REPO / "hack" / "node" / "build-images.sh"), timeout=3600).strip().splitlines()[-1]
+        run("docker", "load", "--input", archive)
+        version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        for name in ("strata-operator", "strata-runtime"):
+            run("docker", "tag", f"{PREFIX}{name}:{version}", f"{PREFIX}{name}:{TAG}")
+            run(kind_binary, "load", "docker-image", "--name", CLUSTER, f"{PREFIX}{name}:{TAG}")
         return
     # The GPU load test imports torch in the runtime image: build it with the tensor extra.
     env = {
@@ -145,7 +241,7 @@ def images(kind_cluster: Path) -> None:
     }
     run("bash", str(REPO / "images" / "build.sh"), env=env, capture=False)
     run("docker", "build", "--tag", S3_IMAGE, str(E2E / "s3"), capture=False)
-    run("kind", "load", "docker-image", "--name", CLUSTER, S3_IMAGE)
+    run(kind_binary, "load", "docker-image", "--name", CLUSTER, S3_IMAGE)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ source "$here/go-build.sh"
 stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
 build controlplane kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$stamp"
+# A coredns cached before the plugins kubeadm's Corefile names were added (hack/coredns/main.go) is built again.
+if [[ -x "$bin_dir/coredns" ]] && ! "$bin_dir/coredns" -plugins | grep -q 'dns.forward'; then rm -f "$bin_dir/coredns"; fi
 build coredns coredns .
 bash "$here/build-containerd.sh" >/dev/null
 bash "$here/build-registry.sh" >/dev/null

@@ -1,5 +1,6 @@
-"""The end-to-end suite cannot run here (no Docker daemon, kind or GPU); what can be checked without them is:
-its kind cluster, device plugin and fixtures agree on the GPU node, and it applies the repo's own chart."""
+"""What can be checked of the end-to-end suite without starting it: its kind clusters (two CPU workers here, one
+GPU worker where the host has a GPU), device plugin and fixtures agree on the nodes, and it applies the repo's own
+chart."""
 
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ def e2e_support() -> Any:
     return module
 
 
-def test_kind_cluster_has_one_gpu_worker_labelled_as_the_suite_expects():
+def test_cpu_kind_cluster_has_a_control_plane_and_two_unlabelled_workers():
     config = yaml.safe_load((E2E / "kind-config.yaml").read_text())
+    assert (config["apiVersion"], config["kind"]) == ("kind.x-k8s.io/v1alpha4", "Cluster")
+    assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker"]
+    assert not any(n.get("labels") for n in config["nodes"]), "no CPU worker may claim the GPU label"
+    assert config["name"] == e2e_support().CLUSTER
+
+
+def test_gpu_kind_cluster_has_one_gpu_worker_labelled_as_the_suite_expects():
+    config = yaml.safe_load((E2E / "kind-config-gpu.yaml").read_text())
     assert (config["apiVersion"], config["kind"]) == ("kind.x-k8s.io/v1alpha4", "Cluster")
     workers = [n for n in config["nodes"] if n["role"] == "worker"]
     (gpu,) = [n for n in workers if n.get("labels")]
