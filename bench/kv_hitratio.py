@@ -17,8 +17,8 @@ import heapq
 import random
 from collections.abc import Callable, Iterable
 
-from strata_kv.memory import MemoryTier
-from strata_kv.policy import LRUPolicy, PrefixLIRSPolicy
+from strata_kv.store.memory import MemoryTier
+from strata_kv.store.policy import LRUPolicy, PrefixLIRSPolicy
 
 Chunk = tuple[int, int]  # (document, position in its chain)
 

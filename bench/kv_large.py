@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
-from strata_kv.shared_memory import get_shared_into
+from strata_kv.wire.shared_memory import get_shared_into
 from strata_testsupport.kvserver import running_kv_server, running_redis_server
 
 MiB = 1024**2

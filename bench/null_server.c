@@ -79,7 +79,7 @@ static char *read_line(struct conn *c) {
 }
 
 /* The socket's low-water mark while `rest` bytes of a value are still to come: the schedule the KV server uses for
- * a value arriving alone (kvserver/strata_kv/intake.py, `wake_at`): at most 4 MiB, and for the last 4 MiB half
+ * a value arriving alone (kvserver/strata_kv/server/intake.py, `wake_at`): at most 4 MiB, and for the last 4 MiB half
  * of what is left, down to 256 KiB. Woken per packet instead (a blocking recv with MSG_WAITALL), this server
  * took 115-129 ms of CPU per GB of one client's 4 MiB SETs against 71-81 with the mark, and the client reached
  * 3.39-3.52 GB/s against 4.03-4.50 in three of four alternations on a quiet stretch (3.16 against 2.76 in the

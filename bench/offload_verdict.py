@@ -3,7 +3,7 @@
 A real `strata-kv serve` takes requests the way an engine sends them (a document is a chain of chunks: GET each
 until the first miss, then SET the rest). Phase 1 reuses a few popular documents (Zipf over `--docs`), phase 2
 sends a new document every request. Every `--scrape-seconds` the operator's own code reads the server's /metrics
-(`handlers/kvcachetier/usage.scrape`) and judges it (`resources/kvcachetier/offload.offload_status`, the function
+(`handlers/kvcachetier/io.scrape`) and judges it (`resources/kvcachetier/offload.offload_status`, the function
 status.offload comes from), exactly as the controller does with its window; the verdicts are written to JSON and
 drawn as a PNG.
 
@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
-from strata_operator.handlers.kvcachetier.usage import scrape
+from strata_operator.handlers.kvcachetier.io import scrape
 from strata_operator.resources.kvcachetier.offload import offload_status, sample
 from strata_testsupport.kvserver import running_kv_server
 

@@ -363,7 +363,7 @@ def peering_peers(client: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata_operator.api.registry import all_crds
+    from strata_operator.api.kinds import all_crds
     from strata_operator.handlers.process import runtime_of
     from strata_operator.settings import Settings, peer_priority
     from strata_testsupport.cluster import install_crds

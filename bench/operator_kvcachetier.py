@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
 
 from strata_operator import kube  # noqa: E402
+from strata_operator.api.kinds import all_crds  # noqa: E402
 from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
-from strata_operator.api.registry import all_crds  # noqa: E402
 from strata_operator.handlers.kvcachetier import io  # noqa: E402
 from strata_operator.handlers.kvcachetier import reconcile as reconciler  # noqa: E402
 from strata_operator.resources.core import label_selector  # noqa: E402

@@ -108,7 +108,7 @@ def count_wakeups(counts: collections.Counter[str], lock: threading.Lock) -> Non
     """Also count what woke the reconcile loops: node changes that matter, and child or spec events. The
     controller's memory is made at startup, so the counting wraps the methods of its classes."""
     from strata_operator.handlers.modelcache import events as modelcache
-    from strata_operator.handlers.modelcache import nodes as modelcache_nodes
+    from strata_operator.handlers.modelcache import node_cache as modelcache_nodes
 
     observe = modelcache_nodes.NodeCache.observe
     wake = modelcache.ModelCacheMemory.wake
@@ -241,7 +241,7 @@ def main() -> int:
 
 def bench(args: argparse.Namespace) -> int:
     import psutil
-    from strata_operator.api.registry import all_crds
+    from strata_operator.api.kinds import all_crds
     from strata_testsupport.cluster import install_crds
     from strata_testsupport.kube import new_dynamic_client, resource
     from strata_testsupport.localcluster import LocalCluster

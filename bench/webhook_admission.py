@@ -52,7 +52,7 @@ def main() -> None:
 
     from strata_operator import kube
     from strata_operator.api import API_VERSION
-    from strata_operator.api.registry import all_crds
+    from strata_operator.api.kinds import all_crds
     from strata_testsupport.cluster import install_crds
     from strata_testsupport.kube import new_dynamic_client, resource
     from strata_testsupport.localcluster import LocalCluster

@@ -15,7 +15,7 @@ import pytest
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers import metrics as operator_metrics
 from strata_operator.handlers.kvcachetier.events import TierMemory
-from strata_operator.handlers.kvcachetier.usage import scrape
+from strata_operator.handlers.kvcachetier.io import scrape
 from strata_operator.resources.kvcachetier import offload_metrics
 from strata_operator.resources.kvcachetier.offload import METRIC_NAMES, offload_status, sample
 from strata_operator.settings import Settings

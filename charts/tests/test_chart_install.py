@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -329,9 +328,40 @@ def chart_operator(k8s, control_plane, namespaced, tmp_path_factory) -> Iterator
         yield operator
 
 
-def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, namespaced, chart_operator):
-    """The operator starts, passes its health probe, joins the chart's peering object, and never hits a 403."""
+def watched_resources() -> set[str]:
+    """Every resource the operator's handlers and indexes watch (as kopf's registry holds them after
+    `strata_operator.routes` registered them), and kopf's own peering object."""
+    import kopf
+    import strata_operator.routes  # noqa: F401 -- registers the handlers
+
+    registry = kopf.get_default_registry()
+    kinds = (registry._indexing, registry._watching, registry._spawning, registry._changing)
+    plurals = {s.plural or s.any_name for kind in kinds for s in kind.get_all_selectors()}
+    assert None not in plurals, "every route names its resource (by its plural)"
+    return {str(p) for p in plurals} | {"kopfpeerings"}
+
+
+def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, control_plane, namespaced, chart_operator):
+    """The operator starts, passes its health probe, joins the chart's peering object, starts a watch on every
+    resource it watches (the API server's audit log shows each one answered), and never hits a 403."""
     peering = resource(k8s, "kopf.dev/v1", "KopfPeering")
+    user = f"system:serviceaccount:{namespaced.namespace}:{namespaced.service_account}"
+    wanted = watched_resources()
+
+    def watching() -> bool:
+        events = control_plane.audit_events(user)
+        refused = [e for e in events if (e.get("responseStatus") or {}).get("code") == 403]
+        assert not refused, f"the API server refused the operator's lists or watches: {refused[:5]}"
+        started = {
+            e["objectRef"]["resource"]
+            for e in events
+            if e["verb"] == "watch" and e["stage"] == "ResponseStarted" and e["responseStatus"].get("code") == 200
+        }
+        missing.clear()
+        missing.update(wanted - started)
+        return not missing
+
+    missing: set[str] = set()
 
     def joined() -> bool:
         status = peering.get(name="strata-test", namespace=namespaced.namespace).to_dict().get("status") or {}
@@ -339,9 +369,12 @@ def test_operator_runs_with_the_charts_args_env_and_service_account(k8s, namespa
 
     try:
         wait_for(joined, timeout=30, what="the operator in the KopfPeering's status")
+        # A watch starts only after its list was answered: once every one has, every first call was made.
+        wait_for(watching, timeout=60, what="a watch of every resource the operator watches")
     except AssertionError as error:
-        raise AssertionError(f"{error}\noperator log:\n{chart_operator.output()[-4000:]}") from None
-    time.sleep(2)  # let the first watches list their resources
+        raise AssertionError(
+            f"{error}\nnot watched: {sorted(missing)}\noperator log:\n{chart_operator.output()[-4000:]}"
+        ) from None
     chart_operator.assert_never_forbidden()
 
 

@@ -1,6 +1,7 @@
 """`kvSocketDriver`: the chart's opt-in CSI node plugin kv.strata.dev (strata-kv-csi from the runtime image),
-rendered by the real Helm CLI: nothing by default; when on, the CSIDriver the plugin's security rests on and a
-privileged node DaemonSet with no API access, pointed at the configured kubelet and state directories."""
+rendered by the real Helm CLI: nothing by default; when on, the CSIDriver the plugin's security rests on, a
+privileged node DaemonSet pointed at the configured kubelet and state directories, and its service account,
+which may only `get` pods, DaemonSets and KVCacheTiers (who a pod is, and which tier it serves)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ def test_the_csidriver_passes_pod_info_and_serves_inline_volumes_only(helm, char
     }
 
 
-def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_access(helm, chart_helpers):
+def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_reads_only_what_it_checks(helm, chart_helpers):
     objects = helm.template(ON)
     daemonset = chart_helpers.find(objects, "DaemonSet")
     assert daemonset["metadata"]["namespace"] == "strata-system"
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == "strata-kv-socket-driver"
     assert container["image"] == "ghcr.io/strata-dev/strata-runtime:0.1.0"
     assert container["command"] == [
         "strata-kv-csi",
@@ -44,6 +46,7 @@ def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_a
         "--tier-dir-bytes=65536",
         "--tier-dir-inodes=16",
         "--max-tier-dirs=256",
+        "--max-tier-dirs-per-namespace=16",
     ]
     assert container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
     assert container["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
@@ -61,11 +64,26 @@ def test_the_node_plugin_mounts_the_kubelet_dir_bidirectionally_and_has_no_api_a
         "state-dir": {"path": "/var/run/strata-kv", "type": "DirectoryOrCreate"},
     }
     assert pod["tolerations"] == [{"operator": "Exists"}]
-    # No RBAC of its own: the roles and bindings are the operator's and the webhook's, as without it.
-    rbac = sorted(o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role", "ServiceAccount"))
-    assert rbac == sorted(
-        o["metadata"]["name"] for o in helm.template() if o["kind"] in ("ClusterRole", "Role", "ServiceAccount")
+    # Its own service account and ClusterRole, nothing more: GET of single objects, no list, watch or write.
+    kinds = ("ClusterRole", "Role", "ServiceAccount", "ClusterRoleBinding", "RoleBinding")
+    added = sorted(
+        (o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in kinds and o not in helm.template()
     )
+    assert added == [
+        ("ClusterRole", "strata-kv-socket-driver"),
+        ("ClusterRoleBinding", "strata-kv-socket-driver"),
+        ("ServiceAccount", "strata-kv-socket-driver"),
+    ]
+    role = chart_helpers.find(objects, "ClusterRole", "strata-kv-socket-driver")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
+        {"apiGroups": ["strata.dev"], "resources": ["kvcachetiers"], "verbs": ["get"]},
+    ]
+    binding = chart_helpers.find(objects, "ClusterRoleBinding", "strata-kv-socket-driver")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "strata-kv-socket-driver", "namespace": "strata-system"}
+    ]
 
 
 def test_directories_and_group_are_configurable(helm, chart_helpers):
@@ -78,6 +96,7 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
             "tierDirBytes": 8192,
             "tierDirInodes": 4,
             "maxTierDirs": 10,
+            "maxTierDirsPerNamespace": 3,
             "tolerations": [],
             "nodeSelector": {"nvidia.com/gpu.present": "true"},
         }
@@ -91,6 +110,7 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
         "--tier-dir-bytes=8192",
         "--tier-dir-inodes=4",
         "--max-tier-dirs=10",
+        "--max-tier-dirs-per-namespace=3",
     ]
     assert container["volumeMounts"][0]["mountPath"] == "/var/lib/strata-node/kubelet"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in pod
@@ -104,6 +124,7 @@ def test_directories_and_group_are_configurable(helm, chart_helpers):
         ({"socketGroup": -1}, "socketGroup"),
         ({"tierDirBytes": 0}, "tierDirBytes"),
         ({"maxTierDirs": 0}, "maxTierDirs"),
+        ({"maxTierDirsPerNamespace": 0}, "maxTierDirsPerNamespace"),
         ({"enabled": "yes"}, "enabled"),
         ({"socketDir": "/x"}, "socketDir"),
     ],

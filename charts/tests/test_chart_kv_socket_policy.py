@@ -6,7 +6,6 @@ real API server, where a pod author's hand-made pods and a real DaemonSet contro
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError
 from strata_testsupport.kube import create_fake_node, delete_quietly, new_dynamic_client, resource, wait_for
+from strata_testsupport.pods import admission_refusal
 
 ON = {"kvSocketDriver": {"enabled": True}}
 DRIVER = "kv.strata.dev"
@@ -104,18 +104,6 @@ def _pod(name: str, read_only: bool | None, **metadata: Any) -> dict[str, Any]:
     }
 
 
-def _admitted(client: DynamicClient, namespace: str, pod: dict[str, Any], *, dry_run: bool = False) -> str:
-    """ "" when the API server creates `pod`, else its refusal's message."""
-    params = [("dryRun", "All")] if dry_run else []
-    try:
-        resource(client, "v1", "Pod").create(namespace=namespace, body=pod, query_params=params)
-    except ApiException as error:
-        if error.status != 403:
-            raise
-        return str(json.loads(error.body)["message"])
-    return ""
-
-
 @contextlib.contextmanager
 def policy_in_effect(
     client: DynamicClient, helm: Any, namespace: str, users: list[str] | None = None
@@ -130,7 +118,9 @@ def policy_in_effect(
         resource(client, obj["apiVersion"], obj["kind"]).create(body=obj)
     probe = _pod("kv-probe", None)
     try:
-        wait_for(lambda: _admitted(client, namespace, probe, dry_run=True), timeout=30, what="the policy enforced")
+        wait_for(
+            lambda: admission_refusal(client, namespace, probe, dry_run=True), timeout=30, what="the policy enforced"
+        )
         policy = resource(client, "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
         name = objects[0]["metadata"]["name"]
         checked = wait_for(
@@ -144,7 +134,9 @@ def policy_in_effect(
         for obj in objects:
             with contextlib.suppress(NotFoundError):
                 resource(client, obj["apiVersion"], obj["kind"]).delete(name=obj["metadata"]["name"])
-        wait_for(lambda: not _admitted(client, namespace, probe, dry_run=True), timeout=30, what="the policy gone")
+        wait_for(
+            lambda: not admission_refusal(client, namespace, probe, dry_run=True), timeout=30, what="the policy gone"
+        )
 
 
 def _namespace(client: DynamicClient) -> str:
@@ -173,7 +165,7 @@ def author(control_plane: Any, k8s: DynamicClient, namespace: str) -> DynamicCli
     client = DynamicClient(api_client)
     # The authorizer learns the binding from a watch: wait until a harmless pod passes (dryRun: nothing stays).
     wait_for(
-        lambda: _try(lambda: _admitted(client, namespace, _pod("kv-ready", True), dry_run=True) == ""),
+        lambda: _try(lambda: admission_refusal(client, namespace, _pod("kv-ready", True), dry_run=True) == ""),
         timeout=30,
         what=f"{AUTHOR} may create pods in {namespace}",
     )
@@ -193,7 +185,7 @@ def test_a_pod_author_cannot_name_a_pod_into_the_servers_socket_directory(k8s, h
     false or left out, and with a forged ownerReference to the DaemonSet; admitted read-only."""
     with policy_in_effect(k8s, helm, namespace):
         for read_only in (None, False):
-            refusal = _admitted(author, namespace, _pod("kv-x2b4c", read_only))
+            refusal = admission_refusal(author, namespace, _pod("kv-x2b4c", read_only))
             assert "pod kv-x2b4c: volume kv-socket (csi driver kv.strata.dev) is writable" in refusal, refusal
             assert NOT_READ_ONLY in refusal, refusal
         forged = {
@@ -203,11 +195,11 @@ def test_a_pod_author_cannot_name_a_pod_into_the_servers_socket_directory(k8s, h
             "uid": str(uuid.uuid4()),
             "controller": True,
         }
-        refusal = _admitted(author, namespace, _pod("kv-x2b4d", None, ownerReferences=[forged]))
+        refusal = admission_refusal(author, namespace, _pod("kv-x2b4d", None, ownerReferences=[forged]))
         assert NOT_READ_ONLY in refusal, refusal
-        refusal = _admitted(author, namespace, _pod("", None, generateName="kv-"))
+        refusal = admission_refusal(author, namespace, _pod("", None, generateName="kv-"))
         assert NOT_READ_ONLY in refusal, refusal
-        assert _admitted(author, namespace, _pod("kv-x2b4c", True)) == ""
+        assert admission_refusal(author, namespace, _pod("kv-x2b4c", True)) == ""
     stored = resource(k8s, "v1", "Pod").get(namespace=namespace, name="kv-x2b4c")
     assert stored.spec.volumes[0].csi.readOnly is True
 

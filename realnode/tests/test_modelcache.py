@@ -27,6 +27,7 @@ from strata_testsupport.pods import (
     upload_model,
     wait_phase,
 )
+from strata_testsupport.realnode import held_storage
 from strata_testsupport.scenarios import (
     consumer_reads_every_tensor,
     gated_pod_waits_for_the_cache_then_reads,
@@ -58,7 +59,12 @@ def test_shared_pvc_cache_preloads_from_s3_and_a_consumer_reads_every_tensor(nod
 def test_a_pod_created_before_its_cache_is_ready_waits_at_the_gate_then_starts_and_reads(node_site, node_s3):
     name, bucket = unique("gated"), node_s3.create_bucket()
     digests = upload_model(node_s3, bucket, "tiny")
-    gated_pod_waits_for_the_cache_then_reads(node_site, name, f"s3://{bucket}/tiny", digests)
+    site = held_storage(node_site)  # the cache turns Ready only after the gate states were seen
+
+    def release() -> None:
+        static_volume(site.client, site.namespace, f"{name}-model")
+
+    gated_pod_waits_for_the_cache_then_reads(site, name, f"s3://{bucket}/tiny", digests, release)
 
 
 def test_wrong_s3_credentials_end_degraded_with_the_loaders_reason(

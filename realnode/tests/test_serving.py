@@ -23,7 +23,8 @@ import pytest
 from strata_operator.webhook.wiring import MODEL_READY_GATE
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import WORK_DIR
-from strata_testsupport.pods import API, RUNTIME_UID, kv_token_secret, unique
+from strata_testsupport.pods import API, RUNTIME_UID, kv_token_secret, static_volume, unique
+from strata_testsupport.realnode import held_storage
 from strata_testsupport.scenarios import deleting_leaves_nothing_behind, ready_server, shared_cache_from_s3
 from strata_testsupport.serving import (
     LOADED,
@@ -80,7 +81,9 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
         body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(CHUNK_TOKENS)},
     )
     ready_server(site, tier)
-    shared_cache_from_s3(site, cache, uri)
+    # The cache's volume is made only once the Deployment's pod was admitted: that pod is wired while the cache
+    # preloads (its revision unknown) whatever the preload's and the ReplicaSet controller's speeds.
+    shared_cache_from_s3(held_storage(site), cache, uri)
 
     # -- the Deployment, gated until the cache is Ready; time to the first token ----------------------------
     applied = time.monotonic()
@@ -89,14 +92,17 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     )
     first_pod = wait_for(lambda: engine_pods(site, name), timeout=120, what="the Deployment's pod")[0]
     assert {"name": MODEL_READY_GATE} in (first_pod["spec"].get("schedulingGates") or []), first_pod["spec"]
+    static_volume(site.client, site.namespace, f"{cache}-model")
     engine = ready_engine(site, name, set())
     first = complete(engine, PROMPT)
     print(f"Deployment apply -> first completion: {time.monotonic() - applied:.1f}s")
     spec = engine["spec"]
     args = spec["containers"][0]["args"]
+    # No kv-engine annotation and no GPU requested: the tier's own connector.engine (cpu) decides, so the pod
+    # reads KV_TRANSFER_CONFIG, which for this tier is the CPU offloading spec.
     assert args[-4:] == [
         "--kv-transfer-config",
-        "$(KV_TRANSFER_CONFIG_CPU)",
+        "$(KV_TRANSFER_CONFIG)",
         "--prefix-caching-hash-algo",
         "$(PREFIX_CACHING_HASH_ALGO)",
     ], args

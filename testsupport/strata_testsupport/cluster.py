@@ -71,7 +71,7 @@ def install_crds(client: DynamicClient, crds: list[dict[str, Any]]) -> None:
 @pytest.fixture(scope="session")
 def strata_crds(k8s: DynamicClient) -> list[dict[str, Any]]:
     """Strata's CRDs, generated from the API models and installed for real."""
-    from strata_operator.api.registry import all_crds
+    from strata_operator.api.kinds import all_crds
 
     crds = all_crds()
     install_crds(k8s, crds)

@@ -17,7 +17,7 @@ import zmq
 from strata_testsupport.kvserver import KVServerProcess
 
 NAMESPACE = b"Qwen_Qwen3-0.6B_0123456789ab_r0/"
-"""What `strata_kv.vllm_tier.namespace_prefix` gives for a model `Qwen/Qwen3-0.6B` (digest made up)."""
+"""What `strata_kv.vllm.tier.namespace_prefix` gives for a model `Qwen/Qwen3-0.6B` (digest made up)."""
 
 
 def block_hash(i: int) -> bytes:
@@ -69,7 +69,7 @@ class MediumIndex:
 
 def listed_blocks(server: KVServerProcess, tier: str) -> set[Block]:
     """What the server says `tier` holds (`STRATA.BLOCKS`), keyed as `MediumIndex` keys a block."""
-    from strata_kv.kvevents import parse_block_key
+    from strata_kv.store.kvevents import parse_block_key
 
     r = server.redis()
     try:

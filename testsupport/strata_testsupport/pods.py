@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ApiException
 from strata_operator.resources.security import container_security_context
 
 from strata_testsupport.kube import resource, wait_for
@@ -24,6 +25,20 @@ RUNTIME_UID = 65532
 STATIC_CLASS = "strata-node-static"
 # What the operator renders for its own pods, with the runtime image's user made explicit.
 RESTRICTED_CONTAINER = {**container_security_context(), "runAsUser": RUNTIME_UID}
+
+
+def admission_refusal(client: DynamicClient, namespace: str, pod: dict[str, Any], *, dry_run: bool = False) -> str:
+    """ "" when the API server admits `pod` (created, or only admitted with `dry_run`), else its refusal's message.
+    Admission policies reach the API server through a watch: tests that switch one on or off wait on this."""
+    params = [("dryRun", "All")] if dry_run else []
+    try:
+        resource(client, "v1", "Pod").create(namespace=namespace, body=pod, query_params=params)
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        return str(json.loads(error.body)["message"])
+    return ""
+
 
 # Run inside a consumer pod from the runtime image (no torch there): every tensor's bytes through Strata's own
 # safetensors parser, hashed, so the test compares them with the source bit for bit.

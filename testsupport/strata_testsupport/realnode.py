@@ -8,6 +8,7 @@ reason and the command that fixes it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -198,6 +199,18 @@ def privileged_namespace(node_k8s: DynamicClient) -> Iterator[str]:
 __all__ = ["NODE_IP", "NODE_NAME", "RESTRICTED"]
 
 
+def held_shared_pvc(cache: str) -> dict[str, Any]:
+    """A SharedPVC block whose claim binds only once `static_volume` made its volume: until then the claim is
+    Pending, the preloader's pod unschedulable, and the cache cannot turn Ready (`held_storage`)."""
+    return {"size": "1Gi", "storageClassName": STATIC_CLASS}
+
+
+def held_storage(site: Site) -> Site:
+    """`site` with the cache's volume left for the test to make (`static_volume(..., f"{cache}-model")`): a test
+    that judges what happens before a cache is Ready decides when it may become Ready."""
+    return dataclasses.replace(site, shared_pvc=held_shared_pvc)
+
+
 @pytest.fixture
 def node_site(node_k8s: DynamicClient, node_operator: Any, node_s3: S3Server, restricted_namespace: str) -> Site:
     """The real node as a `Site` for the shared scenarios: S3 on the node address, static RWX volumes."""
@@ -205,7 +218,7 @@ def node_site(node_k8s: DynamicClient, node_operator: Any, node_s3: S3Server, re
 
     def shared_pvc(cache: str) -> dict[str, Any]:
         static_volume(node_k8s, restricted_namespace, f"{cache}-model")
-        return {"size": "1Gi", "storageClassName": STATIC_CLASS}
+        return held_shared_pvc(cache)
 
     return Site(
         client=node_k8s,

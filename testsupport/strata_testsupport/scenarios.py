@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,35 +111,65 @@ def labelled_pod_reads_every_tensor(
     return dict(resource(site.client, "v1", "Pod").get(name=pod, namespace=site.namespace).to_dict())
 
 
-def gated_pod_waits_for_the_cache_then_reads(site: Site, cache: str, uri: str, expected: dict[str, str]) -> None:
+def gated_pod_waits_for_the_cache_then_reads(
+    site: Site, cache: str, uri: str, expected: dict[str, str], release_storage: Callable[[], None]
+) -> None:
     """A labelled pod created while its cache is still preloading is stored with the `strata.dev/model-ready`
     scheduling gate and stays unscheduled (PodScheduled False, SchedulingGated) while the cache is not Ready; the
-    operator lifts the gate once it is, and the same pod then schedules, starts and reads every tensor."""
+    operator lifts the gate once it is, and the same pod then schedules, starts and reads every tensor.
+
+    The site's storage for `cache` must stay unavailable until `release_storage()`: the preload cannot finish
+    before the test has seen each gate state it judges, however fast the preload or slow the scheduler."""
     pods = resource(site.client, "v1", "Pod")
     shared_cache_from_s3(site, cache, uri)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # The preloader Job's own pod has to be scheduled and started first: the cache cannot be Ready yet.
         reading = pool.submit(labelled_pod_reads_every_tensor, site, cache, expected, "gated", 600)
         stored = wait_for(
             lambda: pods.get(name="gated", namespace=site.namespace).to_dict(), interval=0.2, what="the gated pod"
         )
         gates = [g["name"] for g in stored["spec"].get("schedulingGates") or []]
         assert gates == [MODEL_READY_GATE], f"a pod whose cache is not Ready is created gated: {stored['spec']}"
-        said_gated = False
-        while (phase := cache_phase(site, cache)) != "Ready":
-            assert phase not in ("Degraded", "Failed"), f"the cache failed: {phase}"
-            now = pods.get(name="gated", namespace=site.namespace).to_dict()
-            assert now["spec"].get("nodeName") is None, "the pod was scheduled before its cache was Ready"
-            conditions = (now.get("status") or {}).get("conditions") or []
-            said_gated |= any(c["type"] == "PodScheduled" and c.get("reason") == "SchedulingGated" for c in conditions)
-            time.sleep(0.3)
+        held = wait_for(
+            lambda: scheduling_gated(pods.get(name="gated", namespace=site.namespace).to_dict()),
+            what="the scheduler to say the pod is SchedulingGated",
+        )
+        assert held["spec"].get("nodeName") is None, "a gated pod is not scheduled"
+        wait_for(
+            lambda: "WaitingForModelCache" in pod_event_reasons(site, "gated"),
+            what="the operator to say on the pod what it waits for",
+        )
+        assert cache_phase(site, cache) != "Ready", "the cache's storage is held: it cannot be Ready yet"
+        release_storage()
         reading.result()
-    assert said_gated, "while gated, the pod's PodScheduled condition said SchedulingGated"
-    events = resource(site.client, "v1", "Event").get(
-        namespace=site.namespace, field_selector="involvedObject.kind=Pod,involvedObject.name=gated"
+    ready = condition(cache_status_of(site, cache), "Ready")
+    scheduled = next(
+        c
+        for c in pods.get(name="gated", namespace=site.namespace).to_dict()["status"]["conditions"]
+        if c["type"] == "PodScheduled"
     )
-    reasons = {e.reason for e in events.items}
-    assert {"WaitingForModelCache", "ModelCacheReady"} <= reasons, f"the pod says what it waits for: {reasons}"
+    assert scheduled["status"] == "True" and scheduled["lastTransitionTime"] >= ready["lastTransitionTime"], (
+        f"the pod was scheduled ({scheduled}) only once the cache was Ready ({ready})"
+    )
+    assert "ModelCacheReady" in pod_event_reasons(site, "gated"), "the operator says it lifted the gate"
+
+
+def scheduling_gated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod, once its PodScheduled condition says SchedulingGated (the scheduler saw the gate)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    gated = any(c["type"] == "PodScheduled" and c.get("reason") == "SchedulingGated" for c in conditions)
+    return pod if gated else None
+
+
+def pod_event_reasons(site: Site, pod: str) -> set[str]:
+    events = resource(site.client, "v1", "Event").get(
+        namespace=site.namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}"
+    )
+    return {e.reason for e in events.items}
+
+
+def cache_status_of(site: Site, name: str) -> dict[str, Any]:
+    got = resource(site.client, API, "ModelCache").get(name=name, namespace=site.namespace).to_dict()
+    return dict(got.get("status") or {})
 
 
 def cache_phase(site: Site, name: str) -> str | None:

@@ -78,15 +78,18 @@ def tier_spec(chunk_tokens: int, token_secret: str = "kv-token") -> dict[str, An
     }
 
 
-def engine_container(image: str, model_dir: str, load_format: str) -> dict[str, Any]:
-    """The vLLM container both deployments run: only where the model is and how it is loaded differ."""
+def engine_container(image: str, model_dir: str | None = None, load_format: str | None = None) -> dict[str, Any]:
+    """The vLLM container both deployments run: only where the model is and how it is loaded differ. Without a
+    model (Strata's): the webhook adds `--model $(STRATA_MODEL_DIR) --load-format strata` to it."""
+    model = ("--model", model_dir, "--load-format", load_format) if model_dir and load_format else ()
     return {
         "name": "vllm",
         "image": image,
         "imagePullPolicy": "Never",
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": [
-            *("--model", model_dir, "--load-format", load_format, "--served-model-name", SERVED_NAME),
+            *model,
+            *("--served-model-name", SERVED_NAME),
             *("--host", "0.0.0.0", "--port", str(PORT), "--seed", "0", "--enable-prompt-tokens-details"),
             # CPU: no compilation, blocks a multiple of 32, a share of host memory checked free at start.
             *("--enforce-eager", "--block-size", "32", "--max-model-len", "2048", "--max-num-seqs", "4"),
@@ -128,18 +131,16 @@ def _deployment(name: str, labels: dict[str, str], annotations: dict[str, str], 
 
 
 def deployment(name: str, image: str, cache: str, tier: str | None) -> dict[str, Any]:
-    """What a user writes with Strata: the engine's own flags, the labels naming the cache (and the tier) and the
-    annotations that ask for the CPU engine's `--kv-transfer-config`; no Strata wiring by hand."""
+    """What a user writes with Strata: the engine's own tuning flags and the labels naming the cache (and the
+    tier); the webhook adds the model, `--load-format strata` and the tier's (CPU) `--kv-transfer-config`."""
     labels = {"strata.dev/model-cache": cache}
-    annotations = {}
     if tier:
         labels["strata.dev/kv-cache-tier"] = tier
-        annotations = {"strata.dev/kv-transfer-config-args": "true", "strata.dev/kv-engine": "cpu"}
     pod = {
-        "containers": [engine_container(image, "$(STRATA_MODEL_DIR)", "strata")],
+        "containers": [engine_container(image)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
-    return _deployment(name, labels, annotations, pod if tier else with_own_shm(pod))
+    return _deployment(name, labels, {}, pod if tier else with_own_shm(pod))
 
 
 S3_DOWNLOAD = """

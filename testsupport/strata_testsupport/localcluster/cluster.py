@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import ssl
 import tempfile
@@ -19,6 +20,17 @@ from strata_testsupport.processes import free_port
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.0.0.0/24"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"], "verbs": ["list", "watch"]},
+        {"level": "None"},
+    ],
+}
+"""What the API server records (`LocalCluster.audit_events`): which lists and watches service accounts made and
+how they were answered, so a test can wait for an operator's watches to have started instead of sleeping."""
 
 
 def http_ok(url: str) -> bool:
@@ -67,6 +79,7 @@ class LocalCluster(Started):
         self.controller_manager_kubeconfig = self.workdir / "controller-manager.kubeconfig"
         self.service_account_credentials = service_account_credentials
         self.pki: dict[str, Path] = {}
+        self.audit_log = self.workdir / "audit.log"
 
     def controller_user(self, controller: str) -> str:
         """The user the API server sees when `controller` (e.g. `daemon-set-controller`) creates an object."""
@@ -80,6 +93,7 @@ class LocalCluster(Started):
         self._write_kubeconfig(self.kubeconfig, "strata-admin", "admin")
         self._write_kubeconfig(self.controller_manager_kubeconfig, CONTROLLER_MANAGER_USER, "controller_manager")
         self._write_admission_config()
+        (self.workdir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         self._start_etcd()
         self._start_apiserver()
         if self.want_controller_manager:
@@ -149,6 +163,10 @@ class LocalCluster(Started):
                 # A loopback advertise address cannot back the `kubernetes` Service endpoints; any other can.
                 f"--endpoint-reconciler-type={'none' if self.address == '127.0.0.1' else 'lease'}",
                 "--profiling=false",
+                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
                 "--v=1",
             ],
         )
@@ -223,6 +241,20 @@ class LocalCluster(Started):
             return error.code, error.read()
         except (urllib.error.URLError, OSError):
             return 0, b""
+
+    def audit_events(self, user: str) -> list[dict[str, Any]]:
+        """The lists and watches `user` (a service account) made so far, as the API server recorded them
+        (`AUDIT_POLICY`): each with `verb`, `stage`, `objectRef` and `responseStatus.code`."""
+        if not self.audit_log.exists():
+            return []
+        events = []
+        text = self.audit_log.read_text()
+        complete = text[: text.rfind("\n") + 1]  # a line the API server is still writing is read next time
+        for line in complete.splitlines():
+            event = json.loads(line)
+            if (event.get("user") or {}).get("username") == user:
+                events.append(event)
+        return events
 
     def _api_ok(self, path: str) -> bool:
         return self.api_get(path)[0] == 200
