@@ -7,7 +7,8 @@ PATH, or built from its Go module by hack/build-kind.sh). The node image is chos
   any other value                               that image reference
 Tests that need a GPU keep their condition: a GPU worker (e2e/kind-config-gpu.yaml) is used when the host has an
 NVIDIA GPU with the NVIDIA container toolkit, or E2E_GPU=1; elsewhere those tests skip and say what they need.
-Not part of `make test`; `make e2e` runs it. Environment:
+`make test` runs it after the other tiers (under CI=true a missing prerequisite fails it); `make e2e` runs it alone.
+Environment:
   E2E_KEEP_CLUSTER=1   leave the kind cluster running afterwards (and reuse one that exists)
   E2E_SKIP_BUILD=1     do not rebuild the images (they must already be loaded into the cluster)
 """
@@ -37,6 +38,7 @@ S3_IMAGE = f"strata-e2e-s3:{TAG}"
 RELEASE, RELEASE_NAMESPACE = "strata", "strata-system"
 NAMESPACE = "strata-e2e"
 GPU_LABEL = {"strata.dev/e2e-gpu": "true"}
+CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"  # kubeadm's label and taint on the control plane
 
 
 def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) -> str:
@@ -90,7 +92,9 @@ def missing_prerequisites() -> list[str]:
 def prerequisites() -> None:
     missing = missing_prerequisites()
     if missing:
-        pytest.skip("end-to-end suite needs: " + "; ".join(missing))
+        from strata_testsupport.processes import unavailable
+
+        unavailable("the kind suite needs: " + "; ".join(missing))
 
 
 LIB = REPO / "hack" / "images" / "lib.sh"
@@ -120,7 +124,8 @@ def docker_daemon(prerequisites: None) -> Iterator[None]:
     try:
         yield
     finally:
-        if started:
+        # A kept cluster's nodes are this daemon's containers: it stays up with them.
+        if started and os.environ.get("E2E_KEEP_CLUSTER") != "1":
             os.kill(started, signal.SIGTERM)
 
 
@@ -272,6 +277,44 @@ def strata_release(kind_cluster: Path, images: None, helm_binary: str) -> Iterat
     subprocess.run(
         [helm_binary, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"], env=env, timeout=600
     )
+
+
+def kind_gateway() -> str:
+    """The host's IPv4 address on kind's Docker network: the nodes reach the host there, nothing else does."""
+    out = run("docker", "network", "inspect", "kind", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}")
+    return next(address for address in out.split() if ":" not in address)
+
+
+@pytest.fixture(scope="session")
+def kind_s3(kind_cluster: Path) -> Iterator[Any]:
+    """A real S3 server on this host at kind's gateway address: the origin models are read from. Pod traffic leaves
+    the pod network masqueraded as its node, so the server's own access log says which node read what."""
+    from strata_testsupport.s3 import running_s3_server
+
+    with running_s3_server(host=kind_gateway()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def kind_workers(k8s_e2e: Any) -> dict[str, str]:
+    """The CPU workers, name -> InternalIP (the address their pods' traffic carries outside the pod network)."""
+    from strata_testsupport.kube import resource
+
+    workers = {}
+    for node in resource(k8s_e2e, "v1", "Node").get().items:
+        taints = {t.key for t in node.spec.taints or []}
+        if CONTROL_PLANE_ROLE in (node.metadata.labels or {}) or CONTROL_PLANE_ROLE in taints:
+            continue
+        workers[node.metadata.name] = next(a.address for a in node.status.addresses if a.type == "InternalIP")
+    return workers
+
+
+@pytest.fixture
+def hostpath_namespace(k8s_e2e: Any) -> Iterator[str]:
+    """For what the design cannot run restricted: NodeLocal's hostPath (the README says so); deleted after."""
+    from strata_testsupport.realnode import pod_security_namespace
+
+    yield from pod_security_namespace(k8s_e2e, "privileged")
 
 
 def apply_object(k8s: Any, obj: dict[str, Any], namespace: str | None) -> Any:

@@ -16,7 +16,7 @@ import yaml
 
 # The first test sets up the session: a kind cluster, the images (the runtime's torch alone is gigabytes),
 # the GPU node. That can take longer than the project's default per-test timeout.
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.integration, pytest.mark.kind, pytest.mark.timeout(3600)]
 
 MODEL = "e2e-tiny"
 TIER = "e2e-kv"

@@ -104,10 +104,15 @@ libraries_of() {  # libraries_of FILE: the shared libraries FILE loads, as ldd i
 slim_base="$work/slim"
 mkdir -p "$slim_base"/{tmp,etc,usr/sbin,usr/local/bin,var/run}
 chmod 1777 "$slim_base/tmp"
-copy_from_node "$slim_base" /usr/sbin/xtables-nft-multi /usr/sbin/conntrack /usr/lib/x86_64-linux-gnu/xtables \
+xtables_dir="$(cd "$nodefs" && compgen -G 'usr/lib/*-linux-gnu/xtables' | head -n1)"  # the node's architecture's
+copy_from_node "$slim_base" /usr/sbin/xtables-nft-multi /usr/sbin/conntrack "/$xtables_dir" \
   /etc/nsswitch.conf /etc/protocols /etc/services /etc/passwd /etc/group /etc/ssl/certs/ca-certificates.crt
+# iptables loads its match and target extensions with dlopen, so ldd of the binary does not name what they need
+# (libxt_statistic, which kube-proxy uses for every Service with more than one endpoint, needs libm): every
+# extension's libraries come too.
 # shellcheck disable=SC2046  # one path per word
-copy_from_node "$slim_base" $( (libraries_of "$nodefs/usr/sbin/xtables-nft-multi"; libraries_of "$nodefs/usr/sbin/conntrack") | sort -u)
+copy_from_node "$slim_base" $( (libraries_of "$nodefs/usr/sbin/xtables-nft-multi"; libraries_of "$nodefs/usr/sbin/conntrack"
+  for extension in "$nodefs/$xtables_dir"/*.so; do libraries_of "$extension"; done) | sort -u)
 for tool in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
   ln -s xtables-nft-multi "$slim_base/usr/sbin/$tool"
 done

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,21 @@ SECRET_KEY = "strata-test-secret"
 REGION = "us-east-1"
 
 
+ANSI_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+# The server's access log line (werkzeug's): `client - - [date] "METHOD path HTTP/1.1" status size`.
+ACCESS_LINE = re.compile(r'^(\S+) - - \[[^\]]*\] "(\S+) (\S+) [^"]*" (\d{3})', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class S3Request:
+    """One request as the server logged it."""
+
+    client: str  # the address the request came from (for pods: their node's, once masqueraded)
+    method: str
+    path: str  # /bucket/key, with any query string
+    status: int
+
+
 @dataclass
 class S3Server:
     """Where the server listens and how to authenticate; `env()` is what a subprocess under test needs."""
@@ -40,6 +56,15 @@ class S3Server:
     secret_key: str = SECRET_KEY
     region: str = REGION
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    log: Any = field(default=None, repr=False)  # the server's stderr: its own access log
+
+    def requests(self) -> list[S3Request]:
+        """Every request the server logged so far, in order: the server's own account of who read what (a test
+        that must prove an object was read once, or only from one address, counts these)."""
+        if self.log is None:
+            return []
+        text = ANSI_STYLE.sub("", os.pread(self.log.fileno(), os.fstat(self.log.fileno()).st_size, 0).decode())
+        return [S3Request(*m.group(1, 2, 3), int(m.group(4))) for m in ACCESS_LINE.finditer(text)]
 
     def env(self) -> dict[str, str]:
         return {
@@ -114,7 +139,7 @@ def running_s3_server(host: str = "127.0.0.1", *, authenticate: bool = False) ->
         if problem:
             log.seek(0)
             raise RuntimeError(f"{problem}: {log.read()[-2000:].decode(errors='replace')}".strip())
-        server = S3Server(endpoint_url=url, process=proc)
+        server = S3Server(endpoint_url=url, process=proc, log=log)
         yield _with_iam_user(server) if authenticate else server
     finally:
         stop_process(proc, grace=10)
@@ -141,6 +166,7 @@ def _with_iam_user(server: S3Server) -> S3Server:
         secret_key=key["SecretAccessKey"],
         region=server.region,
         process=server.process,
+        log=server.log,
     )
 
 

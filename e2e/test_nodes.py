@@ -1,0 +1,65 @@
+"""Strata across kind's nodes, CPU only (a control plane and two workers; e2e/kind-config.yaml): what one node
+cannot show. The chart is installed as a user installs it; the origin is a real S3 server on this host, whose own
+access log says which node read what (pod traffic leaves the pod network masqueraded as its node)."""
+
+from __future__ import annotations
+
+import pytest
+
+# The first test of the session builds the node image, starts the cluster and loads the images.
+pytestmark = [pytest.mark.integration, pytest.mark.kind, pytest.mark.timeout(3600)]
+
+MODELS_DIR = "/var/lib/strata/models"
+MODELS_LABEL = "strata.dev/e2e-models"
+
+
+def test_a_node_local_model_is_read_from_the_origin_once_and_fanned_out_to_the_other_worker(
+    k8s_e2e, strata_release, kind_s3, kind_workers, hostpath_namespace, e2e
+):
+    """A NodeLocal ModelCache on both workers: one worker's Job reads the source, the other's copy comes from that
+    worker's peer server over the pod network. The S3 server's log shows every read of the model's objects came
+    from one worker's address, and a consumer on the other worker reads every tensor intact."""
+    from strata_testsupport.kube import resource, wait_for
+    from strata_testsupport.pods import API, model_cache, read_model_in_pod, s3_model_spec, s3_secret, upload_model
+
+    namespace, name = hostpath_namespace, "fanout"
+    assert len(kind_workers) == 2, kind_workers
+    nodes = resource(k8s_e2e, "v1", "Node")
+    for worker in kind_workers:
+        # The node's directory, as a platform team prepares its NVMe (the field's description: it must exist).
+        e2e.run("docker", "exec", worker, "install", "-d", "-o", "65532", "-g", "65532", MODELS_DIR)
+        nodes.patch(name=worker, body={"metadata": {"labels": {MODELS_LABEL: "true"}}})
+    bucket = kind_s3.create_bucket()
+    prefix = "tiny"
+    digests = upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
+    s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
+    spec = s3_model_spec(kind_s3, bucket, prefix, "s3")
+    spec["storage"] = {"mode": "NodeLocal", "nodeLocal": {"path": MODELS_DIR, "nodeSelector": {MODELS_LABEL: "true"}}}
+    model_cache(k8s_e2e, namespace, name, spec)
+    caches = resource(k8s_e2e, API, "ModelCache")
+
+    def settled() -> dict | None:
+        status = caches.get(name=name, namespace=namespace).to_dict().get("status") or {}
+        return status if status.get("phase") in {"Ready", "Degraded", "Failed"} else None
+
+    status = wait_for(settled, timeout=900, interval=2, what=f"ModelCache {name} to settle")
+    assert status["phase"] == "Ready", status
+    assert {n["name"]: n["phase"] for n in status["nodes"]} == dict.fromkeys(kind_workers, "Ready"), status["nodes"]
+    assert (status.get("fanOut") or {}).get("phase") == "Done", status.get("fanOut")
+
+    reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}/")]
+    readers = {r.client for r in reads}
+    assert reads and len(readers) == 1, f"the model's objects were read by {readers}: {reads}"
+    (seed,) = (node for node, address in kind_workers.items() if address in readers)
+    (other,) = set(kind_workers) - {seed}
+    print(f"origin reads: {len(reads)} GETs, all from {seed}; {other}'s copy came from its peer")
+
+    snippet = status["volume"]
+    on_other = {"nodeSelector": {**snippet["nodeSelector"], "kubernetes.io/hostname": other}}
+    assert read_model_in_pod(k8s_e2e, namespace, "consumer", snippet, image=e2e.runtime_image, **on_other) == digests
+
+    caches.delete(name=name, namespace=namespace)
+    wait_for(lambda: not caches.get(namespace=namespace).items, timeout=300, interval=2, what="the cache deleted")
+    for worker in kind_workers:
+        left = e2e.run("docker", "exec", worker, "sh", "-c", f"ls -A {MODELS_DIR}/{namespace} 2>/dev/null || true")
+        assert name not in left.split(), f"{worker} still holds the copy: {left}"
