@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from strata_testsupport.layers import layer_violations
+
 PACKAGE = Path(__file__).resolve().parents[2] / "strata_kv"
 CONTRACT = {"config", "__init__"}
 TOP = {"cli", "vllm_tier", "vllm_cpu_offload"}
@@ -85,14 +87,7 @@ def imports_of(source: str, package: tuple[str, ...], exists=is_module) -> set[s
 
 def violations(module: tuple[str, ...], source: str) -> list[str]:
     """Imports of one module (`("server", "connection")`) that go against the layers."""
-    layer = layer_of(".".join(module))
-    if layer == "top":
-        return []
-    return [
-        f"{'.'.join(module)}: imports {target} ({layer} may import {sorted(MAY_IMPORT[layer]) or 'nothing'})"
-        for target in sorted(imports_of(source, module[:-1]))
-        if layer_of(target) != layer and layer_of(target) not in MAY_IMPORT[layer]
-    ]
+    return layer_violations(module, imports_of(source, module[:-1]), layer_of, MAY_IMPORT)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
