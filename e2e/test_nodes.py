@@ -45,9 +45,17 @@ def test_a_node_local_model_is_read_from_the_origin_once_and_fanned_out_to_the_o
     status = wait_for(settled, timeout=900, interval=2, what=f"ModelCache {name} to settle")
     assert status["phase"] == "Ready", status
     assert {n["name"]: n["phase"] for n in status["nodes"]} == dict.fromkeys(kind_workers, "Ready"), status["nodes"]
-    assert (status.get("fanOut") or {}).get("phase") == "Done", status.get("fanOut")
+    # Ready comes first; the next reconcile sees every node Ready and ends the fan-out (its peers removed).
+    wait_for(
+        lambda: (
+            (caches.get(name=name, namespace=namespace).to_dict()["status"].get("fanOut") or {}).get("phase") == "Done"
+        ),
+        timeout=120,
+        interval=1,
+        what="the fan-out Done",
+    )
 
-    reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}/")]
+    reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
     readers = {r.client for r in reads}
     assert reads and len(readers) == 1, f"the model's objects were read by {readers}: {reads}"
     (seed,) = (node for node, address in kind_workers.items() if address in readers)
@@ -63,3 +71,75 @@ def test_a_node_local_model_is_read_from_the_origin_once_and_fanned_out_to_the_o
     for worker in kind_workers:
         left = e2e.run("docker", "exec", worker, "sh", "-c", f"ls -A {MODELS_DIR}/{namespace} 2>/dev/null || true")
         assert name not in left.split(), f"{worker} still holds the copy: {left}"
+
+
+def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_never_the_other_server(
+    k8s_e2e, strata_release, kind_s3, kind_workers, e2e
+):
+    """A KVCacheTier with an S3 L2 runs a server on each worker. A client on one worker writes chunks through the
+    node-local Service (its own node's server, which writes them behind to the bucket); a client on the other
+    worker reads every chunk back through its own node's server, which has them only from the bucket. The S3
+    server's log shows it: each object the reader's server fetched was written by the writer's node, and fetched
+    from the reader's node's address, so the reader never reached the writer's server and its memory."""
+    from strata_testsupport.kube import resource, wait_for
+    from strata_testsupport.pods import API, kv_client_pod, kv_token_secret, s3_secret
+    from strata_testsupport.realnode import pod_security_namespace
+
+    writer, reader = sorted(kind_workers)
+    tier, count, bucket, prefix = "shared-kv", 24, kind_s3.create_bucket(), "kv"
+    namespaces = pod_security_namespace(k8s_e2e, "restricted")
+    namespace = next(namespaces)
+    try:
+        kv_token_secret(k8s_e2e, namespace)
+        s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
+        spec = {
+            "l1": {"size": "64Mi"},
+            "l2": {
+                "s3": {
+                    "bucket": bucket,
+                    "prefix": prefix,
+                    "endpoint": kind_s3.endpoint_url,
+                    "secretRef": {"name": "s3"},
+                }
+            },
+            "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
+            "resources": {"requests": {"cpu": "50m"}},
+        }
+        body = {"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec}
+        resource(k8s_e2e, API, "KVCacheTier").create(namespace=namespace, body=body)
+        pods = resource(k8s_e2e, "v1", "Pod")
+
+        def servers_ready() -> set[str]:
+            listed = pods.get(namespace=namespace, label_selector=f"app.kubernetes.io/instance={tier}").to_dict()
+            ready = {
+                p["spec"].get("nodeName")
+                for p in listed["items"]
+                if all(s["ready"] for s in p.get("status", {}).get("containerStatuses") or [{"ready": False}])
+            }
+            return ready if ready >= set(kind_workers) else set()
+
+        wait_for(servers_ready, timeout=300, interval=2, what=f"a ready server of {tier} on each worker")
+        on = {
+            node: {"image": e2e.runtime_image, "nodeSelector": {"kubernetes.io/hostname": node}}
+            for node in kind_workers
+        }
+        kv_client_pod(k8s_e2e, namespace, tier, "writer", "write", count, **on[writer])
+        objects = kind_s3.client()
+
+        def written_behind() -> bool:
+            listed = objects.list_objects_v2(Bucket=bucket, Prefix=prefix)
+            return listed.get("KeyCount", 0) >= count
+
+        wait_for(written_behind, timeout=120, interval=1, what=f"{count} chunks written behind to the bucket")
+        read = kv_client_pod(k8s_e2e, namespace, tier, "reader", "read", count, **on[reader])
+        assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
+
+        log = [r for r in kind_s3.requests() if r.path.startswith(f"/{bucket}/{prefix}")]
+        put = {r.path for r in log if r.method == "PUT" and r.client == kind_workers[writer]}
+        fetched = {r.path for r in log if r.method == "GET" and r.status in (200, 206)}
+        fetchers = {r.client for r in log if r.method == "GET" and r.status in (200, 206)}
+        assert len(fetched) >= count and fetched <= put, (sorted(fetched), sorted(put))
+        assert fetchers == {kind_workers[reader]}, f"objects fetched from {fetchers}, not only {reader}'s address"
+        print(f"{len(put)} objects PUT from {writer}, {len(fetched)} fetched from {reader}")
+    finally:
+        next(namespaces, None)  # deletes the namespace
