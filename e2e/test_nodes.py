@@ -143,3 +143,55 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
         print(f"{len(put)} objects PUT from {writer}, {len(fetched)} fetched from {reader}")
     finally:
         next(namespaces, None)  # deletes the namespace
+
+
+def test_a_node_that_joins_gets_the_model_from_a_peer_without_reading_the_origin(
+    k8s_e2e, strata_release, kind_s3, kind_workers, hostpath_namespace, e2e
+):
+    """A NodeLocal ModelCache Ready on one worker; the other worker then joins its node selector (as a node added
+    to a node pool does). The newcomer's copy turns Ready with no read of the origin at all: it came from the first
+    worker's peer. A consumer on the newcomer reads every tensor."""
+    from strata_testsupport.kube import resource, wait_for
+    from strata_testsupport.pods import API, model_cache, read_model_in_pod, s3_model_spec, s3_secret, upload_model
+
+    namespace, name, label = hostpath_namespace, "joiner", "strata.dev/e2e-join"
+    first, joiner = sorted(kind_workers)
+    nodes, caches = resource(k8s_e2e, "v1", "Node"), resource(k8s_e2e, API, "ModelCache")
+    for worker in kind_workers:
+        e2e.run("docker", "exec", worker, "install", "-d", "-o", "65532", "-g", "65532", MODELS_DIR)
+    nodes.patch(name=first, body={"metadata": {"labels": {label: "true"}}})
+    bucket, prefix = kind_s3.create_bucket(), "tiny"
+    digests = upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
+    s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
+    spec = s3_model_spec(kind_s3, bucket, prefix, "s3")
+    spec["storage"] = {"mode": "NodeLocal", "nodeLocal": {"path": MODELS_DIR, "nodeSelector": {label: "true"}}}
+    model_cache(k8s_e2e, namespace, name, spec)
+
+    def node_phases() -> dict[str, str]:
+        status = caches.get(name=name, namespace=namespace).to_dict().get("status") or {}
+        return {n["name"]: n["phase"] for n in status.get("nodes") or []}
+
+    wait_for(lambda: node_phases() == {first: "Ready"}, timeout=600, interval=2, what=f"{name} Ready on {first}")
+    origin_reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
+    assert {r.client for r in origin_reads} == {kind_workers[first]}, origin_reads
+
+    nodes.patch(name=joiner, body={"metadata": {"labels": {label: "true"}}})
+    try:
+        wait_for(
+            lambda: node_phases() == {first: "Ready", joiner: "Ready"},
+            timeout=600,
+            interval=2,
+            what=f"{joiner}'s copy of {name} Ready",
+        )
+        later = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
+        assert later == origin_reads, f"the origin was read again after {joiner} joined: {later[len(origin_reads) :]}"
+        snippet = caches.get(name=name, namespace=namespace).to_dict()["status"]["volume"]
+        on_joiner = {"nodeSelector": {**snippet["nodeSelector"], "kubernetes.io/hostname": joiner}}
+        assert (
+            read_model_in_pod(k8s_e2e, namespace, "newcomer", snippet, image=e2e.runtime_image, **on_joiner) == digests
+        )
+    finally:
+        caches.delete(name=name, namespace=namespace)
+        wait_for(lambda: not caches.get(namespace=namespace).items, timeout=300, interval=2, what="the cache deleted")
+        for worker in kind_workers:
+            nodes.patch(name=worker, body={"metadata": {"labels": {label: None}}})
