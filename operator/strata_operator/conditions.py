@@ -52,6 +52,8 @@ class Announced:
     """Only a change into True is news (else every change of status or reason is)."""
     severity: Literal["Normal", "Warning", "WarningWhenFalse"]
     """WarningWhenFalse: a Warning while the condition is False, unless its reason is a step `IN_PROGRESS`."""
+    warning_reasons: tuple[str, ...] = ()
+    """Reasons that are a Warning whatever `severity` says (a server down because its node is)."""
 
 
 IN_PROGRESS = ("RollingOut", "InstancesStarting")
@@ -62,7 +64,9 @@ EVENTS: Mapping[tuple[str, str], Announced] = {
     ("ModelCache", DEGRADED): Announced(into_true_only=True, severity="Warning"),
     ("KVCacheTier", CONFIG_VALID): Announced(into_true_only=False, severity="WarningWhenFalse"),
     ("KVCacheTier", AVAILABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
-    ("KVCacheTier", ALL_INSTANCES_READY): Announced(into_true_only=False, severity="Normal"),
+    ("KVCacheTier", ALL_INSTANCES_READY): Announced(
+        into_true_only=False, severity="Normal", warning_reasons=("NodeNotReady",)
+    ),
     ("KVCacheTier", L2_REACHABLE): Announced(into_true_only=False, severity="WarningWhenFalse"),
     ("KVCacheTier", OFFLOAD_EFFECTIVE): Announced(into_true_only=False, severity="WarningWhenFalse"),
 }
@@ -83,8 +87,10 @@ def transition_events(
             continue
         if rule.into_true_only and status != "True":
             continue
-        warning = rule.severity == "Warning" or (
-            rule.severity == "WarningWhenFalse" and status == "False" and reason not in IN_PROGRESS
+        warning = (
+            rule.severity == "Warning"
+            or reason in rule.warning_reasons
+            or (rule.severity == "WarningWhenFalse" and status == "False" and reason not in IN_PROGRESS)
         )
         events.append(("Warning" if warning else "Normal", str(reason), str(condition.get("message", ""))))
     return events

@@ -25,16 +25,24 @@ _LENGTH = re.compile(rb"^content-length:\s*(\d+)\s*$", re.IGNORECASE | re.MULTIL
 
 
 class CountingProxy:
-    """Listens on 127.0.0.1 (a free port) and forwards to `upstream_port` on 127.0.0.1."""
+    """Listens on `listen_host` (127.0.0.1 unless told; a free port) and forwards to `upstream_port` on
+    `upstream_host`."""
 
     def __init__(
-        self, upstream_port: int, upstream_host: str = "127.0.0.1", hold_ranges_after: int | None = None
+        self,
+        upstream_port: int,
+        upstream_host: str = "127.0.0.1",
+        hold_ranges_after: int | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.listen_host = listen_host
         self._lock = threading.Lock()
         self.hold_ranges_after = hold_ranges_after
         self.holding = threading.Event()
         """Set once a request was held at the gate."""
+        self.held_from: set[str] = set()
+        """The client addresses with a request held at the gate (which readers a test has stopped)."""
         self._released = threading.Event()
         if hold_ranges_after is None:
             self._released.set()
@@ -44,13 +52,13 @@ class CountingProxy:
         self.gets = 0
         self.unranged_gets = 0
         self.range_bytes_by_path: Counter[str] = Counter()
-        self._srv = socket.create_server(("127.0.0.1", 0))
+        self._srv = socket.create_server((listen_host, 0))
         self.port = int(self._srv.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True, name="counting-proxy").start()
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.listen_host}:{self.port}"
 
     def reset(self) -> None:
         with self._lock:
@@ -122,6 +130,8 @@ class CountingProxy:
                     body_left = int(m.group(1)) if m else 0
                     pending = rest
                 if gated and not self._released.is_set():
+                    with self._lock:
+                        self.held_from.add(str(src.getpeername()[0]))
                     self.holding.set()
                     self._released.wait()
                 dst.sendall(chunk)

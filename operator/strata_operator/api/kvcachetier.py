@@ -521,6 +521,11 @@ class NodeEndpoint(CRDModel):
         default=None, description="tcp://host:port of the server's KV event publisher (with events.enabled)."
     )
     ready: bool = Field(default=False, description="Whether the pod is Ready (its probes pass).")
+    node_not_ready: str | None = Field(
+        default=None,
+        description="Why the server's node is not Ready (its Ready condition), when it is not: its node-local "
+        "clients cannot reach it until the node returns.",
+    )
 
 
 class TierUsage(CRDModel):

@@ -402,6 +402,13 @@ class ModelCacheSpec(CRDModel):
     )
 
 
+class NodeStateBeforeLoss(CRDModel):
+    """A node's state as it was when its node stopped being Ready."""
+
+    phase: str = Field(description="The phase it had (Ready, Preloading, ...).")
+    message: str | None = Field(default=None, description="The message it had.")
+
+
 class NodeState(CRDModel):
     """One node's copy (NodeLocal) or pre-pull (ImageVolume)."""
 
@@ -409,7 +416,9 @@ class NodeState(CRDModel):
     phase: str = Field(
         description="Pending, Waiting (fan-out: for the first copy or a ready peer), Preloading, Ready, Failed, "
         "InsufficientStorage (the copy does not fit the node's budget even after eviction; the message has the "
-        "numbers) or Evicted (removed to make room for another cache's copy; the node label reads Evicted)."
+        "numbers), Evicted (removed to make room for another cache's copy; the node label reads Evicted) or "
+        "NodeNotReady (the node stopped being Ready: the message says why; what it was is in beforeNodeLoss and "
+        "comes back when the node does)."
     )
     job: str | None = Field(default=None, description="The Job that copies (or pre-pulls) on this node.")
     bytes: int | None = Field(default=None, description="Bytes of the verified copy on this node.")
@@ -439,6 +448,11 @@ class NodeState(CRDModel):
         default=None,
         description="When the copy was last seen in use on this node (or became Ready): least recently used "
         "copies are evicted first.",
+    )
+    before_node_loss: NodeStateBeforeLoss | None = Field(
+        default=None,
+        description="NodeNotReady: the phase and message this node had when it stopped being Ready; its Job and "
+        "copy are kept, and the node resumes from here when it is Ready again.",
     )
 
 

@@ -115,6 +115,21 @@ def is_subset(desired: Any, live: Any) -> bool:
     return bool(desired == live)
 
 
+def node_not_ready(node: Mapping[str, Any]) -> str | None:
+    """Why a Node is not Ready, from its own Ready condition ("<reason>: <message> (since <time>)"), or None when it
+    is. A node whose kubelet stopped posting status (powered off, partitioned, restarting) reads `NodeStatusUnknown:
+    Kubelet stopped posting node status.`: what status and Events then say about copies and servers on it."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None:
+        return "the node has not reported a Ready condition yet"
+    if ready.get("status") == "True":
+        return None
+    why = ": ".join(str(ready[k]) for k in ("reason", "message") if ready.get(k)) or f"Ready is {ready.get('status')}"
+    since = ready.get("lastTransitionTime")
+    return f"{why} (since {since})" if since else why
+
+
 def label_selector(labels: Mapping[str, str]) -> str | None:
     """`k=v,k2=v2` (sorted, so the same labels give the same string); None for no labels (select all)."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None

@@ -35,6 +35,7 @@ from strata_operator.resources.kvcachetier.node_socket import SOCKET_GROUP, node
 from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import MODES
+from strata_operator.resources.modelcache.status import PHASE_NODE_NOT_READY
 from strata_operator.webhook.vllm_command import (
     LOAD_FORMAT_FLAG,
     LOAD_FORMAT_VALUE,
@@ -123,10 +124,13 @@ def rewire_revision(pod: Mapping[str, Any], cache: Mapping[str, Any]) -> str | N
 
 
 def cache_failure(cache: Mapping[str, Any]) -> str | None:
-    """Why a cache that is not Ready will not become so by itself (its Degraded or Stalled message), if it won't."""
+    """Why a cache that is not Ready will not become so by itself (its Degraded or Stalled message), if it won't.
+    Copies on nodes that are not Ready (reason NodeNotReady) come back with their nodes: not a failure."""
     if cache_is_ready(cache):
         return None
     for condition in (cache.get("status") or {}).get("conditions") or []:
+        if condition.get("reason") == PHASE_NODE_NOT_READY:
+            continue
         if condition.get("type") in ("Degraded", "Stalled") and condition.get("status") == "True":
             return str(condition.get("message") or condition.get("reason") or condition["type"])
     return None

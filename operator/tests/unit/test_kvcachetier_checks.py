@@ -325,3 +325,32 @@ def test_a_node_socket_needs_its_csi_driver_installed_and_fit_for_inline_per_nam
         assert [p.reason for p in validate(spec, facts)] == ["SocketDriverUnsuitable"]
     assert validate(spec, ClusterFacts(nodes=nodes, socket_driver=socket_driver(), socket_driver_checked=True)) == []
     assert validate(spec_of(), ClusterFacts(nodes=nodes, socket_driver_checked=True)) == [], "socket off: no check"
+
+
+def test_a_server_down_with_its_node_names_the_node_and_why_in_a_warning() -> None:
+    why = "NodeStatusUnknown: Kubelet stopped posting node status. (since 2026-01-01T00:00:00Z)"
+    spec = spec_of()
+    pods = [pod("kv-a", "n1", True), pod("kv-b", "n2", False, "10.0.0.2")]
+    before = status_of(spec, daemonset(2, 2), [pod("kv-a", "n1", True), pod("kv-b", "n2", True, "10.0.0.2")])
+    observed = Observed(
+        TIER, previous=before, now=T1, daemonset=daemonset(2, 1), pods=pods, not_ready_nodes={"n2": why}
+    )
+    status = compute_status(spec, observed, Checked())
+    check_status("KVCacheTier", status)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["AllInstancesReady"]["status"], conditions["AllInstancesReady"]["reason"]) == (
+        "False",
+        "NodeNotReady",
+    )
+    assert f"n2: {why}" in conditions["AllInstancesReady"]["message"]
+    assert conditions["Available"]["status"] == "True" and conditions["Reconciling"]["status"] == "True"
+    assert [e.get("nodeNotReady") for e in status["endpoints"]] == [None, why]
+    [event] = [e for e in events_of(before, status) if e[1] == "NodeNotReady"]
+    assert event[0] == "Warning" and "n2: NodeStatusUnknown" in event[2]
+    back = status_of(
+        spec, daemonset(2, 2), [pod("kv-a", "n1", True), pod("kv-b", "n2", True, "10.0.0.2")], previous=status
+    )
+    assert ("Normal", "AllReady") in [e[:2] for e in events_of(status, back)]
+    # A server still starting on a Ready node is progress, not a warning.
+    starting = status_of(spec, daemonset(2, 1), [pod("kv-a", "n1", True), pod("kv-b", "n2", False)], previous=back)
+    assert ("Normal", "InstancesNotReady") in [e[:2] for e in events_of(back, starting)]

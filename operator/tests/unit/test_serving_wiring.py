@@ -291,6 +291,10 @@ def test_readiness_and_failure_of_a_cache() -> None:
     degraded = {"type": "Degraded", "status": "True", "reason": "PreloadFailed", "message": "job failed 3 times"}
     assert cache_failure(cache(conditions=[NOT_READY, degraded])) == "job failed 3 times"
     assert cache_failure(cache(conditions=[NOT_READY])) is None
+    # Every copy's node is down: its pods wait for the nodes to return (NodeNotReady), they are not refused.
+    lost = {"type": "Degraded", "status": "True", "reason": "NodeNotReady", "message": "2 of 2 nodes: gpu-a: ..."}
+    down = {**NOT_READY, "reason": "NodeNotReady"}
+    assert cache_failure(cache("NodeLocal", conditions=[down, lost], readyNodes=0)) is None
 
 
 def test_the_tier_asks_for_a_shm_and_a_pod_annotation_overrides_its_size() -> None:

@@ -30,14 +30,14 @@ from strata_operator import kube
 from strata_operator.api import API_VERSION
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.common import ensure_token_secret
-from strata_operator.resources.core import KV_TIER_LABEL, Problem, label_selector, parse_spec
+from strata_operator.resources.core import KV_TIER_LABEL, Problem, label_selector, node_not_ready, parse_spec
 from strata_operator.resources.kvcachetier import namespaces as ns
 from strata_operator.resources.kvcachetier.children import child_names
 from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
 from strata_operator.resources.kvcachetier.names import KIND, TierRef
 from strata_operator.resources.kvcachetier.observed import Observed
 from strata_operator.resources.kvcachetier.plan import Plan
-from strata_operator.resources.kvcachetier.status import endpoints
+from strata_operator.resources.kvcachetier.status import endpoints, pod_ready
 from strata_operator.resources.kvcachetier.storage import l2_claim_name
 from strata_operator.resources.kvcachetier.usage import ServerUsage, parse_metrics, summarize
 from strata_operator.resources.kvcachetier.validation import ClusterFacts, node_selected
@@ -106,6 +106,7 @@ def gather(
     observed.pods = kube.list_objects(
         "v1", "Pod", namespace=tier.namespace, label_selector=label_selector(tier.selector_labels())
     )
+    observed.not_ready_nodes = not_ready_nodes(observed.pods)
     claim_name = l2_claim_name(spec, tier)
     observed.claim = kube.read("v1", "PersistentVolumeClaim", claim_name, tier.namespace) if claim_name else None
     observed.wired = kube.list_objects(
@@ -123,6 +124,15 @@ def gather(
         except Exception:  # metrics are informative: a failed scrape never fails the reconcile
             log.exception("scraping the KV servers' metrics failed")
     return observed
+
+
+def not_ready_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Why each node of a server that is not ready is not Ready itself (nodes that are Ready left out). Read only
+    for those servers' nodes: usually none, a few while nodes come and go."""
+    nodes = sorted({n for pod in pods if (n := pod.get("spec", {}).get("nodeName")) and not pod_ready(pod)})
+    answers = {name: kube.read("v1", "Node", name, None) for name in nodes}
+    why = {name: node_not_ready(node) if node is not None else "the Node is deleted" for name, node in answers.items()}
+    return {name: reason for name, reason in why.items() if reason is not None}
 
 
 def cache_revisions(

@@ -41,6 +41,8 @@ class Observed:
     """(kind, name) → the object under each of the tier's child names now, None where there is none (`full`)."""
     daemonset: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = ()
+    not_ready_nodes: Mapping[str, str] = field(default_factory=dict)
+    """Node name → why it is not Ready (`core.node_not_ready`), for the nodes of servers that are not ready."""
     claim: Mapping[str, Any] | None = None
     """The L2 claim the servers mount (existing or created), where the spec has one."""
     usage: Mapping[str, Any] | None = None

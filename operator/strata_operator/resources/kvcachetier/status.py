@@ -31,6 +31,9 @@ from strata_operator.resources.kvcachetier.observed import Observed
 from strata_operator.resources.kvcachetier.offload import CONDITION_STATUS, offload_status, sample
 from strata_operator.resources.kvcachetier.storage import l2_claim_name, l2_kinds
 
+NODE_NOT_READY = "NodeNotReady"
+"""AllInstancesReady's reason while servers are down because their nodes are (a Warning Event names them)."""
+
 STARTUP_GRACE_SECONDS = 300
 """How long a tier may have no ready server before that is a Warning: pulling the image and starting take time."""
 
@@ -68,20 +71,28 @@ class Counts:
         )
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def endpoints(pods: Sequence[Mapping[str, Any]], port: int, events_port: int | None = None) -> list[dict[str, Any]]:
+def endpoints(
+    pods: Sequence[Mapping[str, Any]],
+    port: int,
+    events_port: int | None = None,
+    not_ready_nodes: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """One entry per node that runs a (non-terminating) server, sorted by node name; with KV events on, each
-    server's publisher too (a router subscribes to every node's, not to the node-local Service)."""
+    server's publisher too (a router subscribes to every node's, not to the node-local Service); a server whose
+    node is not Ready says why (`not_ready_nodes`)."""
     result = []
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
         if not node or pod.get("metadata", {}).get("deletionTimestamp"):
             continue
-        entry: dict[str, Any] = {"node": node, "pod": pod["metadata"]["name"], "ready": _pod_ready(pod)}
+        entry: dict[str, Any] = {"node": node, "pod": pod["metadata"]["name"], "ready": pod_ready(pod)}
+        if not entry["ready"] and node in (not_ready_nodes or {}):
+            entry["nodeNotReady"] = (not_ready_nodes or {})[node]
         ip = pod.get("status", {}).get("podIP")
         if ip:
             entry["address"] = f"{ip}:{port}"
@@ -91,7 +102,7 @@ def endpoints(pods: Sequence[Mapping[str, Any]], port: int, events_port: int | N
     return sorted(result, key=lambda e: (e["node"], e["pod"]))
 
 
-def _instances(counts: Counts, config_valid: bool) -> tuple[bool, str, str]:
+def _instances(counts: Counts, config_valid: bool, not_ready_nodes: Mapping[str, str]) -> tuple[bool, str, str]:
     if counts.desired == 0 and not config_valid:
         return False, "ConfigInvalid", "no servers run: the configuration is not valid"
     if not counts.settled:
@@ -101,6 +112,10 @@ def _instances(counts: Counts, config_valid: bool) -> tuple[bool, str, str]:
         return False, "NoMatchingNodes", "no node matches nodeSelector/tolerations"
     if counts.updated < counts.desired:
         return False, "RollingOut", f"{counts.updated}/{counts.desired} servers run the current configuration"
+    if counts.ready < counts.desired and not_ready_nodes:
+        lost = "; ".join(f"{node}: {why}" for node, why in sorted(not_ready_nodes.items()))
+        message = f"{counts.ready}/{counts.desired} servers are ready; not Ready node(s): {lost}"
+        return False, NODE_NOT_READY, f"{message} (their node-local clients reach no server until they return)"
     if counts.ready < counts.desired:
         return False, "InstancesNotReady", f"{counts.ready}/{counts.desired} servers are ready"
     return True, "AllReady", f"all {counts.desired} servers are ready"
@@ -164,7 +179,7 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
     tier, previous, now = observed.tier, observed.previous, observed.now
     counts = Counts.of(observed.daemonset)
     valid = _config_valid(checked, previous)
-    all_ready = _instances(counts, valid[0])
+    all_ready = _instances(counts, valid[0], observed.not_ready_nodes)
     available = _available(counts, all_ready[1], previous, now)
     l2 = _l2(spec, tier, observed.claim, counts)
     ready = (True, all_ready[1], all_ready[2]) if valid[0] and all_ready[0] else (False, *_not_ready(valid, all_ready))
@@ -187,7 +202,9 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
         "l2": l2_kinds(spec),
         "connectionConfigMap": tier.connection_config_map,
         "service": tier.service,
-        "endpoints": endpoints(observed.pods, spec.port, spec.events.port if spec.events.enabled else None),
+        "endpoints": endpoints(
+            observed.pods, spec.port, spec.events.port if spec.events.enabled else None, observed.not_ready_nodes
+        ),
         "conditions": conditions,
     }
     config_hash = checked.config_hash or previous.get("configHash")

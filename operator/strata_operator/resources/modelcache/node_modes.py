@@ -9,7 +9,7 @@ from typing import Any
 from strata_units import format_bytes
 
 from strata_operator.api.modelcache import ModelCacheSpec
-from strata_operator.resources.modelcache import fanout, image, names, storage
+from strata_operator.resources.modelcache import fanout, image, names, node_loss, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.draft import Planner
 from strata_operator.resources.modelcache.jobs import MODEL_MOUNT, fetch_request, request_hash
@@ -36,7 +36,8 @@ def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
     planner.build = lambda node: fan.builder(node, wanted[node].uid)[1]
     planner.needed_again = needed_again(planner, wanted)
     starting = {n: info for n, info in wanted.items() if n not in fan.waiting}
-    found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder)
+    lost = node_loss.lost_nodes(observed.nodes, local.node_selector, observed.previous)
+    found = node_states(planner, storage.ROLE_PRELOAD, starting, fan.builder, lost)
     waiting = [{"name": n, "phase": fanout.NODE_WAITING, "message": m} for n, m in fan.waiting.items()]
     states = sorted(found.states + waiting, key=lambda s: str(s["name"]))
     _fan_out_children(planner, fan)
@@ -45,7 +46,7 @@ def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
         s["phase"] == st.PHASE_READY and before.get(s["name"]) != st.PHASE_READY for s in states
     ):
         planner.wake_again = True
-    ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
+    ready = _copies(states)
     planner.labels = label_changes(observed.nodes, key, ready) + planner.labels  # + other caches' evictions
     fields = _node_fields(planner, spec, states)
     fields["nodeLabel"] = key
@@ -62,7 +63,7 @@ def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
             # What the spec asked when that commit was resolved: later nodes copy the same commit (fanout).
             resolvedFrom=(spec.source.revision or "") if revisions else observed.previous.get("resolvedFrom"),
         )
-    if not wanted:
+    if not wanted and not lost:
         message = f"no Ready node matches storage.nodeLocal.nodeSelector {local.node_selector or '{}'}"
         return Outcome(
             st.PHASE_PENDING,
@@ -76,6 +77,12 @@ def plan_node_local(planner: Planner, spec: ModelCacheSpec) -> Outcome:
         ready_message=f"pods select nodes with {key}=Ready",
         fields=fields,
     )
+
+
+def _copies(states: list[dict[str, Any]]) -> set[str]:
+    """The nodes that hold a Ready copy (or pre-pulled image), those that are not Ready now included
+    (`node_loss`): the nodes that carry the cache's `=Ready` label."""
+    return {s["name"] for s in states if st.PHASE_READY in (s["phase"], (s.get(node_loss.BEFORE) or {}).get("phase"))}
 
 
 def _fan_out_children(planner: Planner, fan: fanout.Decision) -> None:
@@ -140,12 +147,12 @@ def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
     def prepull(node: str, node_uid: str) -> tuple[str, dict[str, Any]]:
         return storage.node_prepull(owner, spec, node, node_uid, observed.runtime, pinned=pinned)
 
-    states = node_states(planner, storage.ROLE_PREPULL, wanted, prepull).states
-    ready = {s["name"] for s in states if s["phase"] == st.PHASE_READY}
-    planner.labels = label_changes(observed.nodes, key, ready)
+    lost = node_loss.lost_nodes(observed.nodes, pull.node_selector, observed.previous)
+    states = node_states(planner, storage.ROLE_PREPULL, wanted, prepull, lost).states
+    planner.labels = label_changes(observed.nodes, key, _copies(states))
     fields.update(
         nodes=states,
-        readyNodes=len(ready),
+        readyNodes=sum(1 for s in states if s["phase"] == st.PHASE_READY),
         desiredNodes=len(states),
         nodeLabel=key,
     )

@@ -12,7 +12,7 @@ from typing import Any
 from strata_loader.contract import FetchResult
 
 from strata_operator.resources.core import Event
-from strata_operator.resources.modelcache import capacity, demand, names, storage
+from strata_operator.resources.modelcache import capacity, demand, names, node_loss, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.draft import (
     INSUFFICIENT_RETRY_SECONDS,
@@ -40,8 +40,15 @@ class NodeStates:
     """Per node with a result read now: the revision the preloader resolved (not part of the node's status)."""
 
 
-def node_states(planner: Planner, role: str, wanted: Mapping[str, NodeInfo], build: JobBuilder) -> NodeStates:
-    """One state per wanted node: the Job its request names is created where missing, ours not wanted go.
+def node_states(
+    planner: Planner,
+    role: str,
+    wanted: Mapping[str, NodeInfo],
+    build: JobBuilder,
+    lost: Mapping[str, NodeInfo] | None = None,
+) -> NodeStates:
+    """One state per wanted node: the Job its request names is created where missing, ours not wanted go; and
+    one per `lost` node (selected, not Ready, `node_loss`), whose Job is kept as it is.
 
     Level-based: the wanted set is "selected Ready nodes now"; each gets exactly the Job its current request
     hash names, and anything else of ours is deleted.
@@ -50,6 +57,11 @@ def node_states(planner: Planner, role: str, wanted: Mapping[str, NodeInfo], bui
     before = {n["name"]: n for n in observed.previous.get("nodes") or []}
     result = NodeStates([], {})
     keep: set[str] = set()
+    for name, info in sorted((lost or {}).items()):
+        state = node_loss.lost_state(before[name], info)
+        if state.get("job"):
+            keep.add(str(state["job"]))
+        result.states.append(state)
     for name in sorted(wanted):
         _, job = build(name, wanted[name].uid)
         job_name = job["metadata"]["name"]

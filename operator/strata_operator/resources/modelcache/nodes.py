@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata_operator.resources.core import node_not_ready
 from strata_operator.resources.modelcache.names import MODEL_LABEL_PREFIX
 
 
@@ -16,14 +17,16 @@ class NodeInfo:
     ready: bool
     labels: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    not_ready: str = ""
+    """Why the node is not Ready (`core.node_not_ready`); empty when it is."""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> NodeInfo:
         meta = body.get("metadata") or {}
-        conditions = (body.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        why = node_not_ready(body)
         labels = dict(meta.get("labels") or {})
-        return cls(meta["name"], meta.get("uid", ""), ready, labels, str(meta.get("resourceVersion", "")))
+        resource_version = str(meta.get("resourceVersion", ""))
+        return cls(meta["name"], meta.get("uid", ""), why is None, labels, resource_version, why or "")
 
     def placement_key(self) -> tuple[Any, ...]:
         """What decides where copies go: identity, readiness and labels other than our model labels.

@@ -24,8 +24,8 @@ from typing import Any
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.conditions import transition_events
 from strata_operator.resources.core import SPEC_INVALID, Problem, with_consumers
+from strata_operator.resources.modelcache import node_loss, volume
 from strata_operator.resources.modelcache import status as st
-from strata_operator.resources.modelcache import volume
 from strata_operator.resources.modelcache.draft import TIME_FORMAT, Plan, Planner
 from strata_operator.resources.modelcache.node_modes import plan_image_volume, plan_node_local
 from strata_operator.resources.modelcache.observed import Observed
@@ -35,8 +35,11 @@ from strata_operator.resources.modelcache.status import Outcome, SpecError
 
 
 def plan(observed: Observed) -> Plan:
-    """What to do about one ModelCache, given what was observed."""
-    planner = Planner(observed)
+    """What to do about one ModelCache, given what was observed. The modes plan from the node states with those
+    of nodes Ready again put back as they were before their node was lost (`node_loss`); status transitions and
+    Events compare with the stored status."""
+    resumed = replace(observed, previous=node_loss.with_returned(observed.previous, observed.nodes))
+    planner = Planner(resumed)
     spec = observed.spec
     if observed.spec_problem is not None or spec is None:
         outcome = st.blocked_outcome(observed.spec_problem or Problem(SPEC_INVALID, "no spec"), {})
@@ -44,7 +47,7 @@ def plan(observed: Observed) -> Plan:
         try:
             outcome = MODES[spec.storage.mode].plan(planner, spec)
         except SpecError as error:  # the builders refuse what the CRD let through: a person must change it
-            planner = Planner(observed)
+            planner = Planner(resumed)
             outcome = st.blocked_outcome(error.problem(), {})
     previous = observed.previous
     desired = st.render_status(previous, outcome, observed.owner.generation, now=observed.now.strftime(TIME_FORMAT))

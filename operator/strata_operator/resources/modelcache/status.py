@@ -28,6 +28,9 @@ PHASE_INSUFFICIENT_STORAGE = "InsufficientStorage"
 """A node's copy that does not fit its NodeCachePolicy's budget even after eviction (the loader's reason too)."""
 PHASE_EVICTED = "Evicted"
 """A node's copy another cache's Job evicted to make room; not counted among the nodes that should have one."""
+PHASE_NODE_NOT_READY = "NodeNotReady"
+"""A node that stopped being Ready (its kubelet stopped posting status): its state as it was is kept aside
+(`node_loss`) and comes back when the node does; not counted among the nodes a copy can be used on meanwhile."""
 JOB_MISSING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED = "Missing", "Running", "Succeeded", "Failed"
 JOB_PHASES = (JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED)
 
@@ -184,16 +187,22 @@ NODE_EVENTS = {
     PHASE_FAILED: "NodePreloadFailed",
     PHASE_INSUFFICIENT_STORAGE: "NodeInsufficientStorage",
     PHASE_EVICTED: "NodeCopyEvicted",
+    PHASE_NODE_NOT_READY: "NodeNotReady",
 }
 """The Event reason of each node phase worth one (Ready is Normal, the others Warnings)."""
 
 
 def node_events(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(type, reason, message) for each node whose copy changed to a phase worth an Event (`NODE_EVENTS`); the
-    conditions' Events are `conditions.transition_events`."""
+    """(type, reason, message) for each node whose copy changed to a phase worth an Event (`NODE_EVENTS`), and
+    a Normal `NodeReturned` for each node Ready again after NodeNotReady; the conditions' Events are
+    `conditions.transition_events`."""
     events: list[tuple[str, str, str]] = []
     old_nodes = {n["name"]: n.get("phase") for n in previous.get("nodes") or []}
     for node in desired.get("nodes") or []:
+        if old_nodes.get(node["name"]) == PHASE_NODE_NOT_READY and node["phase"] != PHASE_NODE_NOT_READY:
+            now = f"{node['phase']}: {node['message']}" if node.get("message") else node["phase"]
+            events.append(("Normal", "NodeReturned", f"node {node['name']} is Ready again; its copy: {now}"))
+            continue
         if old_nodes.get(node["name"]) != node["phase"] and node["phase"] in NODE_EVENTS:
             kind = "Normal" if node["phase"] == PHASE_READY else "Warning"
             reason = NODE_EVENTS[node["phase"]]
@@ -243,10 +252,15 @@ def failed_outcome(fields: dict[str, Any], reason: str, message: str) -> Outcome
 def nodes_outcome(
     states: list[dict[str, Any]], *, ready_reason: str, ready_message: str, fields: dict[str, Any]
 ) -> Outcome:
-    """Per-node states rolled up: Ready when every node is, Degraded or Failed when some or all failed."""
+    """Per-node states rolled up: Ready when every node is, Degraded or Failed when some or all failed.
+
+    Nodes that are not Ready (NodeNotReady) are left out of "every node": a copy Ready on all the others is usable
+    (pods land only on Ready nodes), but the cache is Degraded and Reconciling, naming them, until they return or
+    their Node objects are deleted."""
     evicted = sum(1 for s in states if s["phase"] == PHASE_EVICTED)
-    states = [s for s in states if s["phase"] != PHASE_EVICTED]
-    if evicted and not states:
+    lost = [s for s in states if s["phase"] == PHASE_NODE_NOT_READY]
+    states = [s for s in states if s["phase"] not in (PHASE_EVICTED, PHASE_NODE_NOT_READY)]
+    if evicted and not states and not lost:
         message = f"the copy was evicted from all {evicted} node(s) to make room for other caches"
         return Outcome(
             PHASE_DEGRADED,
@@ -255,13 +269,20 @@ def nodes_outcome(
             (True, "Evicted", message),
             fields,
         )
-    total = len(states)
+    total = len(states) + len(lost)
     ready = sum(1 for s in states if s["phase"] == PHASE_READY)
     failed = [s for s in states if s["phase"] in (PHASE_FAILED, PHASE_INSUFFICIENT_STORAGE)]
     blocked = [s for s in states if s["phase"] == PHASE_PENDING]
-    in_flight = total - ready - len(failed) - len(blocked)
+    in_flight = len(states) - ready - len(failed) - len(blocked)
     count = f"{ready}/{total} nodes ready" + (f" ({evicted} evicted)" if evicted else "")
-    reconciling = (True, "Preloading", f"{count}, {in_flight} in progress") if in_flight else (False, "Settled", count)
+    if lost:
+        count += f", not Ready: {', '.join(s['name'] for s in lost)}"
+    if in_flight:
+        reconciling = (True, "Preloading", f"{count}, {in_flight} in progress")
+    elif lost:
+        reconciling = (True, PHASE_NODE_NOT_READY, f"{count}: waiting for them to return or their Nodes to be deleted")
+    else:
+        reconciling = (False, "Settled", count)
     degraded = (False, "AsExpected", "")
     if failed or blocked:
         worst = failed[0] if failed else blocked[0]
@@ -273,9 +294,17 @@ def nodes_outcome(
             reason,
             f"{len(failed) + len(blocked)} of {total} nodes: {worst['name']}: {worst.get('message')}",
         )
-    if ready == total:
-        return Outcome(PHASE_READY, (True, ready_reason, f"{count}; {ready_message}"), reconciling, degraded, fields)
-    phase = PHASE_PRELOADING if in_flight else (PHASE_DEGRADED if ready else PHASE_FAILED)
+    elif lost:
+        first = lost[0]
+        degraded = (
+            True,
+            PHASE_NODE_NOT_READY,
+            f"{len(lost)} of {total} nodes: {first['name']}: {first.get('message')}",
+        )
+    if ready == len(states) and (ready or not lost):  # every node that is Ready has its copy
+        phase = PHASE_DEGRADED if lost else PHASE_READY
+        return Outcome(phase, (True, ready_reason, f"{count}; {ready_message}"), reconciling, degraded, fields)
+    phase = PHASE_PRELOADING if in_flight else (PHASE_DEGRADED if ready or lost else PHASE_FAILED)
     return Outcome(
         phase,
         (False, degraded[1] if degraded[0] and not in_flight else "Preloading", count),
