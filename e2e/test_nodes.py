@@ -195,3 +195,188 @@ def test_a_node_that_joins_gets_the_model_from_a_peer_without_reading_the_origin
         wait_for(lambda: not caches.get(namespace=namespace).items, timeout=300, interval=2, what="the cache deleted")
         for worker in kind_workers:
             nodes.patch(name=worker, body={"metadata": {"labels": {label: None}}})
+
+
+def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_and_resumed(
+    k8s_e2e, strata_release, kind_s3, kind_workers, hostpath_namespace, e2e
+):
+    """A worker stops answering (its node container frozen with `docker pause`: the kubelet stops posting status,
+    as a hung or partitioned node does), first while both workers copy a NodeLocal model, then while pods use it.
+
+    Mid-preload: the origin is reached through a gate that holds both workers' copies partway (so the stop lands
+    mid-copy on any machine, however fast); the stopped worker's state turns NodeNotReady naming it and why, its
+    Job is kept, the other worker's copy completes and the cache is usable there; when the worker returns its copy
+    resumes and the cache is Ready on both. Mid-serving: the ModelCache names the node, a
+    consumer Deployment's pod moves to the worker whose copy is Ready, and when the worker returns its copy is Ready
+    again with no read of the origin; nothing is left behind once the cache is deleted."""
+    from strata_testsupport.counting_proxy import CountingProxy
+    from strata_testsupport.kube import resource, wait_for
+    from strata_testsupport.pods import API, model_cache, s3_model_spec, s3_secret, upload_model
+
+    namespace, name, label = hostpath_namespace, "survivor", "strata.dev/e2e-loss"
+    nodes, caches = resource(k8s_e2e, "v1", "Node"), resource(k8s_e2e, API, "ModelCache")
+    jobs, pods = resource(k8s_e2e, "batch/v1", "Job"), resource(k8s_e2e, "v1", "Pod")
+    # The worker that stops is one the operator does not run on (in a cluster it runs on system nodes; here a
+    # frozen operator would say nothing about anything).
+    operator_nodes = {
+        p["spec"].get("nodeName")
+        for p in pods.get(namespace="strata-system").to_dict()["items"]
+        if any(o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or [])
+    }
+    lost = sorted(set(kind_workers) - operator_nodes)[0]
+    (stable,) = set(kind_workers) - {lost}
+    for worker in kind_workers:
+        e2e.run("docker", "exec", worker, "install", "-d", "-o", "65532", "-g", "65532", MODELS_DIR)
+        nodes.patch(name=worker, body={"metadata": {"labels": {label: "true"}}})
+    bucket, prefix = kind_s3.create_bucket(), "tiny"
+    upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
+    s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
+    host, port = kind_s3.endpoint_url.removeprefix("http://").rsplit(":", 1)
+    gate = CountingProxy(int(port), host, hold_ranges_after=1, listen_host=host)
+    spec = s3_model_spec(kind_s3, bucket, prefix, "s3")
+    spec["source"]["s3"]["endpoint"] = gate.endpoint_url
+    spec["storage"] = {
+        "mode": "NodeLocal",
+        "nodeLocal": {"path": MODELS_DIR, "nodeSelector": {label: "true"}, "fanOut": {"enabled": False}},
+    }
+
+    def status() -> dict:
+        return caches.get(name=name, namespace=namespace).to_dict().get("status") or {}
+
+    def node_states() -> dict[str, dict]:
+        return {n["name"]: n for n in status().get("nodes") or []}
+
+    def cache_events() -> list[tuple[str, str, str]]:
+        listed = resource(k8s_e2e, "v1", "Event").get(
+            namespace=namespace, field_selector=f"involvedObject.kind=ModelCache,involvedObject.name={name}"
+        )
+        return [(e.type, e.reason, e.message) for e in listed.items]
+
+    def not_ready(node: str) -> dict | None:
+        state = node_states().get(node) or {}
+        return state if state.get("phase") == "NodeNotReady" else None
+
+    paused = False
+    try:
+        model_cache(k8s_e2e, namespace, name, spec)
+        # Mid-preload: both workers' copies held at the gate, then one worker stops answering.
+        wait_for(lambda: gate.held_from >= set(kind_workers.values()), timeout=300, interval=1, what="both copies held")
+        job_of_lost = node_states()[lost]["job"]
+        e2e.run("docker", "pause", lost)
+        paused = True
+        gate.release()
+        state = wait_for(lambda: not_ready(lost), timeout=300, interval=2, what=f"{lost} NodeNotReady in status")
+        assert "Kubelet stopped posting node status" in state["message"], state
+        assert state["beforeNodeLoss"]["phase"] == "Preloading" and state["job"] == job_of_lost, state
+        wait_for(lambda: status().get("readyNodes") == 1, timeout=300, interval=2, what=f"{stable}'s copy Ready")
+        during = status()
+        ready = next(c for c in during["conditions"] if c["type"] == "Ready")
+        degraded = next(c for c in during["conditions"] if c["type"] == "Degraded")
+        assert ready["status"] == "True" and during["phase"] == "Degraded", during
+        assert degraded["reason"] == "NodeNotReady" and lost in degraded["message"], degraded
+        assert jobs.get(name=job_of_lost, namespace=namespace), "the stopped worker's Job was deleted"
+        warnings = [m for t, r, m in cache_events() if (t, r) == ("Warning", "NodeNotReady")]
+        assert any(m.startswith(f"node {lost}: ") for m in warnings), cache_events()
+
+        e2e.run("docker", "unpause", lost)
+        paused = False
+        wait_for(lambda: status().get("readyNodes") == 2, timeout=600, interval=2, what=f"{lost}'s copy resumed")
+        assert status()["phase"] == "Ready" and node_states()[lost]["job"] == job_of_lost, status()
+        assert ("Normal", "NodeReturned") in [e[:2] for e in cache_events()], cache_events()
+        reads_before_serving = gate.gets
+
+        # Mid-serving: a consumer on the worker that will stop.
+        deployments = resource(k8s_e2e, "apps/v1", "Deployment")
+        deployments.create(namespace=namespace, body=consumer_deployment(status()["volume"], lost, e2e.runtime_image))
+
+        def consumer_nodes() -> dict[str, str]:
+            listed = pods.get(namespace=namespace, label_selector="app=consumer").to_dict()["items"]
+            running = [
+                p
+                for p in listed
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            ]
+            return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in running}
+
+        wait_for(
+            lambda: list(consumer_nodes().values()) == [lost], timeout=300, interval=2, what="a consumer on " + lost
+        )
+
+        e2e.run("docker", "pause", lost)
+        paused = True
+        state = wait_for(lambda: not_ready(lost), timeout=300, interval=2, what=f"{lost} NodeNotReady while serving")
+        assert state["beforeNodeLoss"]["phase"] == "Ready", state
+        # The taint evicts the pod there; its replacement runs where the model is Ready.
+        wait_for(
+            lambda: list(consumer_nodes().values()) == [stable], timeout=300, interval=2, what="the consumer moved"
+        )
+
+        e2e.run("docker", "unpause", lost)
+        paused = False
+        wait_for(
+            lambda: status().get("phase") == "Ready" and status().get("readyNodes") == 2,
+            timeout=300,
+            interval=2,
+            what="the cache recovered",
+        )
+        assert gate.gets == reads_before_serving, "the returning worker's kept copy was read from the origin again"
+        deployments.delete(name="consumer", namespace=namespace)
+    finally:
+        if paused:
+            e2e.run("docker", "unpause", lost)
+        gate.close()
+        caches.delete(name=name, namespace=namespace)
+        wait_for(lambda: not caches.get(namespace=namespace).items, timeout=300, interval=2, what="the cache deleted")
+        for worker in kind_workers:
+            nodes.patch(name=worker, body={"metadata": {"labels": {label: None}}})
+    # Nothing orphaned: no Job, no preload pod, no copy on either worker.
+    wait_for(lambda: not jobs.get(namespace=namespace).items, timeout=300, interval=2, what="no Job of the cache left")
+    wait_for(
+        lambda: not pods.get(namespace=namespace, label_selector="app.kubernetes.io/managed-by=strata").items,
+        timeout=300,
+        interval=2,
+        what="no pod of the cache left",
+    )
+    for worker in kind_workers:
+        left = e2e.run("docker", "exec", worker, "sh", "-c", f"ls -A {MODELS_DIR}/{namespace} 2>/dev/null || true")
+        assert name not in left.split(), f"{worker} still holds the copy: {left}"
+
+
+def consumer_deployment(snippet: dict, prefer: str, image: str) -> dict:
+    """One replica that mounts the cache (its `status.volume`), placed on `prefer` while it can be, and evicted
+    5 s after its node stops answering (instead of the default 300 s), as serving Deployments often set."""
+    volume, mount = snippet["volume"], snippet["volumeMount"]
+    gone = [
+        {"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
+        for t in ("unreachable", "not-ready")
+    ]
+    preferred = {
+        "weight": 100,
+        "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [prefer]}]},
+    }
+    pod = {
+        "nodeSelector": snippet["nodeSelector"],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [preferred]}},
+        "tolerations": gone,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {
+                "name": "consumer",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "infinity"],
+                "volumeMounts": [mount],
+            }
+        ],
+        "volumes": [volume],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "consumer"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "consumer"}},
+            "template": {"metadata": {"labels": {"app": "consumer"}}, "spec": pod},
+        },
+    }
