@@ -1,5 +1,5 @@
 """Root pytest configuration: loads the shared fixtures for real servers (control plane, S3, Hub, kvserver, OCI
-registry)."""
+registry) and tools (kstatus, the Argo CD health check)."""
 
 pytest_plugins = [
     "strata_testsupport.cluster",
@@ -10,4 +10,5 @@ pytest_plugins = [
     "strata_testsupport.webhook",
     "strata_testsupport.registry",  # after webhook, whose certificates it uses
     "strata_testsupport.realnode",  # after registry, which it starts on the node's address
+    "strata_testsupport.gitops",  # kstatus (Flux) and the Argo CD health check
 ]
