@@ -1,5 +1,20 @@
 """The condition vocabulary of every kind, the Events their transitions emit (one table), and the helper that
-sets a condition: lastTransitionTime moves only when the status flips."""
+sets a condition: lastTransitionTime moves only when the status flips.
+
+GitOps verdicts. Flux judges health with kstatus, which reads, in this order: a deletionTimestamp (Terminating),
+observedGeneration behind metadata.generation (InProgress), then the first of Reconciling=True (InProgress) and
+Stalled=True (Failed) in the list, then Ready (True: Current, else InProgress). The Argo CD health check the chart
+README ships reads them in the same order (Progressing, Progressing, Progressing / Degraded, Healthy /
+Progressing), so both tools say the same of every status. What the operator sets makes the verdict mean this:
+- InProgress: Reconciling, whether or not the resource is usable meanwhile: a preload, a pre-pull, a rollout, a
+  retry after a transient failure, a node that is not Ready (a copy or server waits for it to return or for its
+  Node to be deleted: nothing in the resource for a person to fix; Flux waits, as it does for a DaemonSet whose
+  pod's node is down). Ready=True with Reconciling=True is InProgress: a ModelCache usable on the other nodes
+  while one is lost, or an ImageVolume that pods mount while its pre-pulls run.
+- Failed: Stalled, set whenever something failed and nothing in progress will mend it (ModelCache: Degraded
+  and not Reconciling, even while usable; KVCacheTier: ConfigValid False).
+- Current: Ready and neither of the others.
+Reconciling and Stalled are never both True (kstatus would take whichever was written first)."""
 
 from __future__ import annotations
 
@@ -15,7 +30,8 @@ RECONCILING = "Reconciling"
 STALLED = "Stalled"
 """...and True while it cannot go on until a person changes something. Each kind adds its domain conditions:"""
 DEGRADED = "Degraded"
-"""ModelCache: something failed (a node's copy, the preload), whether or not it is usable."""
+"""ModelCache: something failed (a node's copy, the preload), whether or not it is usable; Stalled too unless
+Reconciling (a node that is not Ready: it comes back or is deleted without a person)."""
 CONFIG_VALID = "ConfigValid"
 """KVCacheTier: the spec passed the checks the API server cannot make, and its children were accepted."""
 AVAILABLE = "Available"

@@ -2,7 +2,7 @@
 rules: kstatus (the Go library Flux judges health with, run by hack/kstatus) and the Argo CD health check in
 charts/strata/README.md (run as Lua). The statuses come from the operator's own builders (`plan`,
 `compute_status`) on observations like the other unit tests', never written by hand. One table, `VERDICTS`,
-says what both tools must conclude; the operator's README (Conditions) says why.
+says what both tools must conclude; `conditions.py` (GitOps verdicts) says why.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ VERDICTS: dict[str, tuple[str, str, str | None]] = {
         "Reconciling",
     ),
     "ModelCache ImageVolume: a pre-pull failed on a node, the volume works (usable, Degraded)": (
-        "Current",
-        "Healthy",
-        None,
+        "Failed",
+        "Degraded",
+        "Stalled",
     ),
     "ModelCache ImageVolume: the registry refuses the tag": ("Failed", "Degraded", "Stalled"),
     "ModelCache ImageVolume: the registry is unreachable, retrying": ("InProgress", "Progressing", "Reconciling"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from strata_loader.contract import FetchResult
 from strata_operator.conditions import transition_events
 from strata_operator.resources.core import Problem, status_patch
@@ -104,11 +105,32 @@ def test_one_vocabulary_with_kvcachetier_stalled_waits_for_a_person() -> None:
         "Stalled": ("True", "SecretNotFound"),
         "Degraded": ("True", "SecretNotFound"),
     }
-    usable = st.nodes_outcome(
-        [{"name": "a", "phase": "Failed", "message": "m"}], ready_reason="R", ready_message="", fields={}
+
+
+@pytest.mark.parametrize("ready", [True, False])
+@pytest.mark.parametrize("reconciling", [True, False])
+@pytest.mark.parametrize("degraded", [True, False])
+def test_stalled_is_degraded_with_nothing_in_progress_usable_or_not(
+    ready: bool, reconciling: bool, degraded: bool
+) -> None:
+    """Flux says Failed when Degraded (kstatus reads Stalled), unless Reconciling: then something in progress may
+    mend it (a node that returns, a retry), and Flux says InProgress. Ready does not enter into it: a cache
+    usable while a pre-pull failed is still a failure for a person to look at. So Reconciling and Stalled are
+    never both True (kstatus would take whichever was written first)."""
+    outcome = st.Outcome(
+        phase="any",
+        ready=(ready, "R", "ready message"),
+        reconciling=(reconciling, "Working", "in progress"),
+        degraded=(degraded, "PrePullFailed", "gpu-a: ErrImagePull") if degraded else (False, "AsExpected", ""),
     )
-    usable.ready = (True, "VolumeAvailable", "the image volume works without its pre-pull")
-    assert st.stalled(usable)[0] is False  # usable: nothing for kstatus to report as failed
+    conditions = {c["type"]: c for c in st.render_status({}, outcome, 1)["conditions"]}
+    expected = degraded and not reconciling
+    assert conditions["Stalled"]["status"] == ("True" if expected else "False")
+    if expected:
+        assert (conditions["Stalled"]["reason"], conditions["Stalled"]["message"]) == (
+            "PrePullFailed",
+            "gpu-a: ErrImagePull",
+        )
 
 
 def test_status_patch_is_none_when_nothing_changed_and_drops_stale_keys() -> None:

@@ -175,9 +175,11 @@ def render_status(
 
 
 def stalled(outcome: Outcome) -> tuple[bool, str, str]:
-    """kstatus' Stalled: not usable, nothing in progress, and something failed: it waits for a person."""
+    """kstatus' Stalled: something failed and nothing is in progress that would mend it, usable or not: it waits
+    for a person, so Flux says Failed (and Argo CD Degraded) whenever Degraded is True and Reconciling is not
+    (`conditions.py`, GitOps verdicts)."""
     flag, reason, message = outcome.degraded
-    if flag and not outcome.reconciling[0] and not outcome.ready[0]:
+    if flag and not outcome.reconciling[0]:
         return True, reason, message
     return False, outcome.reconciling[1] if outcome.reconciling[0] else outcome.ready[1], ""
 
