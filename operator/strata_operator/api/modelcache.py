@@ -492,6 +492,11 @@ class ImageStatus(CRDModel):
     next_attempt: str | None = Field(default=None, description="When a failed resolution is tried again.")
     reason: str | None = Field(default=None, description="Why the last resolution failed, as a condition reason.")
     message: str | None = Field(default=None, description="Why the last resolution failed, from the registry.")
+    transient: bool | None = Field(
+        default=None,
+        description="The last failure may pass by itself (the registry unreachable): the cache is Reconciling "
+        "until the next attempt, not Stalled.",
+    )
 
 
 class ModelCacheStatus(CRDModel):

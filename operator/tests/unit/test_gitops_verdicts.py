@@ -74,6 +74,16 @@ VERDICTS: dict[str, tuple[str, str, str | None]] = {
     ),
     "ModelCache ImageVolume: the registry refuses the tag": ("Failed", "Degraded", "Stalled"),
     "ModelCache ImageVolume: the registry is unreachable, retrying": ("InProgress", "Progressing", "Reconciling"),
+    "ModelCache ImageVolume: the registry is unreachable, waiting for the next attempt": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "ModelCache ImageVolume: the tag is gone on re-resolution, the earlier digest serves (usable, Degraded)": (
+        "Failed",
+        "Degraded",
+        "Stalled",
+    ),
     "ModelCache spec change not observed yet": ("InProgress", "Progressing", None),
     "ModelCache being deleted": ("Terminating", "Progressing", None),
     "KVCacheTier created, no status yet": ("Current", "Progressing", None),
@@ -191,6 +201,20 @@ def image_unreachable() -> Mapping[str, Any]:
     return plan(image.observe(image.image_spec(), nodes=image.NODES, image=unreachable)).status
 
 
+def image_unreachable_waiting() -> Mapping[str, Any]:
+    """Between attempts: nothing was looked up this time, the failure in force is the stored one."""
+    return plan(image.observe(image.image_spec(), nodes=image.NODES, previous=image_unreachable())).status
+
+
+def image_tag_gone() -> Mapping[str, Any]:
+    """Asked to resolve again (the annotation), the registry no longer has the tag; pods keep the pinned digest."""
+    pinned = plan(image.observe(image.image_spec(), nodes=image.NODES, image=image.resolved())).status
+    gone = image.failed("NotFound", "404 MANIFEST_UNKNOWN")
+    return plan(
+        image.observe(image.image_spec(), nodes=image.NODES, previous=pinned, resolve_request="again", image=gone)
+    ).status
+
+
 # -- KVCacheTier: statuses from `compute_status` ---------------------------------------------------------------
 
 
@@ -275,6 +299,12 @@ SITUATIONS: dict[str, Callable[[], dict[str, Any]]] = {
     ),
     "ModelCache ImageVolume: the registry refuses the tag": lambda: cache(image_denied()),
     "ModelCache ImageVolume: the registry is unreachable, retrying": lambda: cache(image_unreachable()),
+    "ModelCache ImageVolume: the registry is unreachable, waiting for the next attempt": lambda: cache(
+        image_unreachable_waiting()
+    ),
+    "ModelCache ImageVolume: the tag is gone on re-resolution, the earlier digest serves (usable, Degraded)": lambda: (
+        cache(image_tag_gone())
+    ),
     "ModelCache spec change not observed yet": lambda: cache(shared_ready(), generation=OWNER.generation + 1),
     "ModelCache being deleted": lambda: cache(shared_ready(), deleting=True),
     "KVCacheTier created, no status yet": lambda: custom_resource("KVCacheTier", None, generation=1),

@@ -130,6 +130,9 @@ def test_failures_are_retried_with_back_off() -> None:
     assert twice.status["image"]["failures"] == 2 and twice.status["image"]["nextAttempt"] == "2026-01-01T00:01:30Z"
     waiting = plan(Observed(owner=OWNER, previous=twice.status, now=later, spec=spec, nodes=NODES))
     assert condition(waiting, "Degraded")["reason"] == "RegistryUnreachable"  # still said while it waits
+    # ...and still retrying on its own: Reconciling (Flux: InProgress), not Stalled, between attempts too.
+    assert condition(waiting, "Reconciling")["status"] == "True" and condition(waiting, "Stalled")["status"] == "False"
+    assert "trying again after 2026-01-01T00:01:30Z" in condition(waiting, "Reconciling")["message"]
     assert lookup_due(spec, twice.status, "", 4, later)  # a spec change tries at once
     fixed = plan(Observed(owner=OWNER, previous=twice.status, now=later, spec=spec, nodes=NODES, image=resolved()))
     assert fixed.status["phase"] == "Ready" and "failures" not in fixed.status["image"]
@@ -149,6 +152,18 @@ def test_a_failed_re_resolution_keeps_the_digest_in_force() -> None:
     assert condition(result, "Ready")["status"] == "True"
     assert result.status["volume"]["volume"]["image"]["reference"] == PINNED
     assert condition(result, "Degraded")["reason"] == "ImageNotFound"
+    assert condition(result, "Stalled")["status"] == "True"  # the tag is gone: a person must look (Flux: Failed)
+    blip = plan(
+        observe(
+            image_spec(),
+            nodes=NODES,
+            previous=pinned,
+            resolve_request="again",
+            image=failed("Unreachable", "connection refused", transient=True),
+        )
+    )
+    assert condition(blip, "Ready")["status"] == "True" and condition(blip, "Reconciling")["status"] == "True"
+    assert condition(blip, "Stalled")["status"] == "False"  # it may pass by itself
 
 
 def prepull_spec() -> ModelCacheSpec:

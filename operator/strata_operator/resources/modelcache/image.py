@@ -125,6 +125,7 @@ def image_status(
         "nextAttempt": (now + datetime.timedelta(seconds=delay)).strftime(TIME_FORMAT),
         "reason": REASONS.get(lookup.failure, "RegistryError"),
         "message": f"resolving {lookup.resolved_from}: {lookup.message}",
+        "transient": lookup.transient or None,  # kept until the next attempt: Reconciling while it waits
     }
 
 

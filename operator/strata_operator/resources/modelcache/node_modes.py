@@ -115,17 +115,18 @@ def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
     key = names.node_label_key(owner.namespace, owner.name)
     fields: dict[str, Any] = {"image": pinned_image or None}
     failure = image.failure_of(observed.image) or _failure_in_force(pinned_image)
+    retrying = bool(failure and pinned_image.get("transient"))  # it may pass by itself: not for a person yet
+    retry = f"; trying again after {pinned_image.get('nextAttempt')}" if pinned_image.get("nextAttempt") else ""
     if pinned is None:
         planner.labels = label_changes(observed.nodes, key, set())
         if failure is None:  # unreachable after a gather: it looks up whatever is not pinned
             message = f"resolving {storage.image_reference(spec)}"
             return Outcome(st.PHASE_PENDING, (False, "Resolving", message), (True, "Resolving", message), fields=fields)
         reason, message = failure
-        retry = f"; trying again after {pinned_image.get('nextAttempt')}" if pinned_image.get("nextAttempt") else ""
         return Outcome(
             st.PHASE_DEGRADED,
             (False, reason, message),
-            (bool(observed.image and observed.image.transient), reason, f"{message}{retry}"),
+            (retrying, reason, f"{message}{retry}"),
             (True, reason, message),
             fields=fields,
         )
@@ -140,7 +141,7 @@ def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
             reconciling=(False, "VolumeAvailable", "nothing to download"),
             fields=fields,
         )
-        return _with_image_failure(outcome, failure)
+        return _with_image_failure(outcome, failure, retry if retrying else None)
     # The volume works without a pre-pull, so the cache is Ready at once; pulls show as Reconciling.
     wanted = selected_nodes(observed.nodes, pull.node_selector)
 
@@ -164,7 +165,7 @@ def plan_image_volume(planner: Planner, spec: ModelCacheSpec) -> Outcome:
             outcome.degraded = (True, "PrePullFailed", outcome.degraded[2])
     else:
         outcome.phase = st.PHASE_READY
-    return _with_image_failure(outcome, failure)
+    return _with_image_failure(outcome, failure, retry if retrying else None)
 
 
 def _failure_in_force(pinned_image: dict[str, Any]) -> tuple[str, str] | None:
@@ -174,11 +175,15 @@ def _failure_in_force(pinned_image: dict[str, Any]) -> tuple[str, str] | None:
     return str(pinned_image.get("reason") or "RegistryError"), str(pinned_image.get("message") or "")
 
 
-def _with_image_failure(outcome: Outcome, failure: tuple[str, str] | None) -> Outcome:
-    """A re-resolution that failed while an earlier pin serves: still Ready (on the old digest), but Degraded."""
+def _with_image_failure(outcome: Outcome, failure: tuple[str, str] | None, retry: str | None) -> Outcome:
+    """A re-resolution that failed while an earlier pin serves: still Ready (on the old digest), but Degraded;
+    Reconciling while a transient failure waits for its next attempt (`retry`, None for any other failure, which
+    is Stalled: a person must look)."""
     if failure is None or outcome.degraded[0]:
         return outcome
     reason, message = failure
     outcome.degraded = (True, reason, f"{message}; pods keep mounting the digest resolved before")
     outcome.phase = st.PHASE_DEGRADED
+    if retry is not None and not outcome.reconciling[0]:
+        outcome.reconciling = (True, reason, f"{message}{retry}")
     return outcome
