@@ -87,6 +87,73 @@ def custom_resource(
     return obj
 
 
+VERDICTS: dict[str, tuple[str, str, str | None]] = {
+    # situation: (kstatus, Argo CD, the condition whose message both tools show; None: they say it their own way)
+    # Known gap: before the operator's first status, kstatus cannot tell an object no controller has seen from
+    # one that has no status to give, and calls it Current; Argo CD waits for the operator.
+    "ModelCache created, no status yet": ("Current", "Progressing", None),
+    "ModelCache preloading": ("InProgress", "Progressing", "Reconciling"),
+    "ModelCache Ready": ("Current", "Healthy", None),
+    "ModelCache preloading a new revision (SharedPVC: the copy is replaced, not Ready meanwhile)": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "ModelCache preload failed": ("Failed", "Degraded", "Stalled"),
+    "ModelCache spec it cannot act on (a Secret missing)": ("Failed", "Degraded", "Stalled"),
+    "ModelCache NodeLocal: one node's copy failed, another's Ready": ("Failed", "Degraded", "Stalled"),
+    "ModelCache NodeLocal: a node lost, its copy Ready on another (usable, Degraded)": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "ModelCache NodeLocal: every node lost": ("InProgress", "Progressing", "Reconciling"),
+    "ModelCache NodeLocal: no node matches yet": ("InProgress", "Progressing", "Ready"),
+    "ModelCache NodeLocal: every copy evicted": ("Failed", "Degraded", "Stalled"),
+    "ModelCache ImageVolume: pods mount it while pre-pulls run (Ready and Reconciling)": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "ModelCache ImageVolume: a pre-pull failed on a node, the volume works (usable, Degraded)": (
+        "Failed",
+        "Degraded",
+        "Stalled",
+    ),
+    "ModelCache ImageVolume: the registry refuses the tag": ("Failed", "Degraded", "Stalled"),
+    "ModelCache ImageVolume: the registry is unreachable, retrying": ("InProgress", "Progressing", "Reconciling"),
+    "ModelCache ImageVolume: the registry is unreachable, waiting for the next attempt": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "ModelCache ImageVolume: the tag is gone on re-resolution, the earlier digest serves (usable, Degraded)": (
+        "Failed",
+        "Degraded",
+        "Stalled",
+    ),
+    "ModelCache spec change not observed yet": ("InProgress", "Progressing", None),
+    "ModelCache being deleted": ("Terminating", "Progressing", None),
+    "KVCacheTier created, no status yet": ("Current", "Progressing", None),
+    "KVCacheTier starting": ("InProgress", "Progressing", "Reconciling"),
+    "KVCacheTier rolling out a new configuration (old servers serve: Available)": (
+        "InProgress",
+        "Progressing",
+        "Reconciling",
+    ),
+    "KVCacheTier all servers ready": ("Current", "Healthy", None),
+    "KVCacheTier a server's node lost": ("InProgress", "Progressing", "Reconciling"),
+    "KVCacheTier servers not ready past the startup grace": ("InProgress", "Progressing", "Reconciling"),
+    "KVCacheTier configuration invalid": ("Failed", "Degraded", "Stalled"),
+    "KVCacheTier no node matches": ("InProgress", "Progressing", "Ready"),
+    "KVCacheTier spec change not observed yet": ("InProgress", "Progressing", None),
+    "KVCacheTier being deleted": ("Terminating", "Progressing", None),
+}
+"""What Flux (kstatus) and Argo CD must conclude of a ModelCache or KVCacheTier in each situation, and which
+condition's message both show. The unit tier renders every situation with the operator's builders
+(operator/tests/unit/test_gitops_verdicts.py); the integration tier reads some back from the API server."""
+
+
 # -- Argo CD --------------------------------------------------------------------------------------------------
 
 

@@ -1,8 +1,9 @@
 """What Flux and Argo CD conclude about a ModelCache or KVCacheTier in each situation, asked of the tools' own
 rules: kstatus (the Go library Flux judges health with, run by hack/kstatus) and the Argo CD health check in
 charts/strata/README.md (run as Lua). The statuses come from the operator's own builders (`plan`,
-`compute_status`) on observations like the other unit tests', never written by hand. One table, `VERDICTS`,
-says what both tools must conclude; `conditions.py` (GitOps verdicts) says why.
+`compute_status`) on observations like the other unit tests', never written by hand. One table,
+`strata_testsupport.gitops.VERDICTS`, says what both tools must conclude (the integration tier reads some of its
+situations back from the API server); `conditions.py` (GitOps verdicts) says why.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from strata_operator.resources.kvcachetier.status import STARTUP_GRACE_SECONDS, 
 from strata_operator.resources.modelcache import capacity, storage
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.plan import plan
-from strata_testsupport.gitops import ArgoHealth, KStatus, custom_resource
+from strata_testsupport.gitops import VERDICTS, ArgoHealth, KStatus, custom_resource
 
 from . import test_modelcache_image_plan as image
 from .test_kvcachetier_checks import T0, TIER, pod, spec_of, status_of
@@ -38,70 +39,6 @@ from .test_modelcache_plan import (
     pod_with_result,
 )
 from .test_modelcache_plan import spec_of as cache_spec_of
-
-VERDICTS: dict[str, tuple[str, str, str | None]] = {
-    # situation: (kstatus, Argo CD, the condition whose message both tools show; None: they say it their own way)
-    # Known gap: before the operator's first status, kstatus cannot tell an object no controller has seen from
-    # one that has no status to give, and calls it Current; Argo CD waits for the operator.
-    "ModelCache created, no status yet": ("Current", "Progressing", None),
-    "ModelCache preloading": ("InProgress", "Progressing", "Reconciling"),
-    "ModelCache Ready": ("Current", "Healthy", None),
-    "ModelCache preloading a new revision (SharedPVC: the copy is replaced, not Ready meanwhile)": (
-        "InProgress",
-        "Progressing",
-        "Reconciling",
-    ),
-    "ModelCache preload failed": ("Failed", "Degraded", "Stalled"),
-    "ModelCache spec it cannot act on (a Secret missing)": ("Failed", "Degraded", "Stalled"),
-    "ModelCache NodeLocal: one node's copy failed, another's Ready": ("Failed", "Degraded", "Stalled"),
-    "ModelCache NodeLocal: a node lost, its copy Ready on another (usable, Degraded)": (
-        "InProgress",
-        "Progressing",
-        "Reconciling",
-    ),
-    "ModelCache NodeLocal: every node lost": ("InProgress", "Progressing", "Reconciling"),
-    "ModelCache NodeLocal: no node matches yet": ("InProgress", "Progressing", "Ready"),
-    "ModelCache NodeLocal: every copy evicted": ("Failed", "Degraded", "Stalled"),
-    "ModelCache ImageVolume: pods mount it while pre-pulls run (Ready and Reconciling)": (
-        "InProgress",
-        "Progressing",
-        "Reconciling",
-    ),
-    "ModelCache ImageVolume: a pre-pull failed on a node, the volume works (usable, Degraded)": (
-        "Failed",
-        "Degraded",
-        "Stalled",
-    ),
-    "ModelCache ImageVolume: the registry refuses the tag": ("Failed", "Degraded", "Stalled"),
-    "ModelCache ImageVolume: the registry is unreachable, retrying": ("InProgress", "Progressing", "Reconciling"),
-    "ModelCache ImageVolume: the registry is unreachable, waiting for the next attempt": (
-        "InProgress",
-        "Progressing",
-        "Reconciling",
-    ),
-    "ModelCache ImageVolume: the tag is gone on re-resolution, the earlier digest serves (usable, Degraded)": (
-        "Failed",
-        "Degraded",
-        "Stalled",
-    ),
-    "ModelCache spec change not observed yet": ("InProgress", "Progressing", None),
-    "ModelCache being deleted": ("Terminating", "Progressing", None),
-    "KVCacheTier created, no status yet": ("Current", "Progressing", None),
-    "KVCacheTier starting": ("InProgress", "Progressing", "Reconciling"),
-    "KVCacheTier rolling out a new configuration (old servers serve: Available)": (
-        "InProgress",
-        "Progressing",
-        "Reconciling",
-    ),
-    "KVCacheTier all servers ready": ("Current", "Healthy", None),
-    "KVCacheTier a server's node lost": ("InProgress", "Progressing", "Reconciling"),
-    "KVCacheTier servers not ready past the startup grace": ("InProgress", "Progressing", "Reconciling"),
-    "KVCacheTier configuration invalid": ("Failed", "Degraded", "Stalled"),
-    "KVCacheTier no node matches": ("InProgress", "Progressing", "Ready"),
-    "KVCacheTier spec change not observed yet": ("InProgress", "Progressing", None),
-    "KVCacheTier being deleted": ("Terminating", "Progressing", None),
-}
-
 
 # -- ModelCache: statuses from `plan` ------------------------------------------------------------------------
 
