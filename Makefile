@@ -31,6 +31,7 @@ system:
 controlplane:
 	@bash hack/build-controlplane.sh
 	@bash hack/build-helm.sh >/dev/null
+	@bash hack/build-kstatus.sh >/dev/null
 
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
 # local Debian base, no pull; rebuilt only when their inputs change). The serving image (vLLM on CPU + Strata,
