@@ -5,7 +5,6 @@ verdicts are `strata_testsupport.gitops.VERDICTS`, the table the unit tier check
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,13 +27,6 @@ from .test_modelcache_support import (
 
 pytestmark = pytest.mark.integration
 SOURCE = "hf://meta-llama/Llama-3.1-8B"
-
-
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
 
 
 def assert_verdicts(situation: str, cache: dict[str, Any], kstatus: KStatus, argo_health: ArgoHealth) -> None:

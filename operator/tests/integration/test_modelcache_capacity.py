@@ -39,13 +39,6 @@ GiB = 2**30
 
 
 @pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
-
-
-@pytest.fixture
 def policy(k8s: DynamicClient) -> Iterator[dict[str, str]]:
     """A NodeCachePolicy covering only this test's nodes (cluster-scoped: other tests must not see it)."""
     pool = {"strata-test/pool": unique("budget")}

@@ -42,13 +42,6 @@ def second_namespace(k8s: DynamicClient) -> Iterator[str]:
     namespaces.delete(name=name)
 
 
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
-
-
 def make_policy(k8s: DynamicClient, **spec: Any) -> tuple[str, dict[str, str]]:
     pool = {"strata-test/pool": unique("tenants")}
     name = unique("ncp")

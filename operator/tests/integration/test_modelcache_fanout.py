@@ -8,7 +8,6 @@ garbage collection) is the real thing."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,13 +29,6 @@ from .test_modelcache_support import (
 
 pytestmark = pytest.mark.integration
 SOURCE = "s3://models/llama"
-
-
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
 
 
 def request_of(job: dict[str, Any]) -> FetchRequest:

@@ -5,7 +5,6 @@ Pre-pulls run per selected node on fake nodes (the real pull is the real-node ti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,6 @@ from .test_modelcache_support import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
 
 
 def push(registry: Registry, tmp_path: Path, repository: str, tag: str, config: bytes) -> tuple[str, int]:

@@ -4,7 +4,6 @@ test keeps them Ready and reports the Jobs' pods as ended (see test_modelcache_s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,13 +23,6 @@ from .test_modelcache_support import (
 
 pytestmark = pytest.mark.integration
 SOURCE = "hf://meta-llama/Llama-3.1-8B"
-
-
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
 
 
 def node_labels(k8s: DynamicClient, name: str) -> dict[str, str]:

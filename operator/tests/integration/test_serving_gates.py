@@ -4,7 +4,6 @@ places it on the node holding the copy; a failed cache keeps the gate and says s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,13 +24,6 @@ from .test_serving_webhook import create_pod, kv_tier, pod_body
 
 pytestmark = pytest.mark.integration
 GATE = {"name": "strata.dev/model-ready"}
-
-
-@pytest.fixture
-def nodes(k8s: DynamicClient) -> Iterator[Heartbeat]:
-    heartbeat = Heartbeat(k8s)
-    yield heartbeat
-    heartbeat.stop()
 
 
 def get_pod(k8s: DynamicClient, namespace: str, name: str) -> dict[str, Any]:
