@@ -24,7 +24,7 @@ from strata_testsupport.gitops import VERDICTS, ArgoHealth, KStatus, custom_reso
 
 from . import test_modelcache_image_plan as image
 from .test_kvcachetier_checks import T0, TIER, pod, spec_of, status_of
-from .test_modelcache_node_loss import B_DOWN, JOB_A, JOB_B, UP, WHY, ready_state
+from .test_modelcache_node_loss import B_DOWN, JOB_A, JOB_B, KEY, UP, WHY, ready_state
 from .test_modelcache_plan import (
     EACH_FROM_SOURCE,
     NODE_LOCAL,
@@ -41,6 +41,14 @@ from .test_modelcache_plan import (
 from .test_modelcache_plan import spec_of as cache_spec_of
 
 # -- ModelCache: statuses from `plan` ------------------------------------------------------------------------
+
+
+def holding(status: Mapping[str, Any], **conditions: tuple[str, str]) -> Mapping[str, Any]:
+    """`status`, once its conditions say (status, reason) as given: the situation is the one its name says, not
+    another that happens to get the same verdict."""
+    found = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert {t: found.get(t) for t in conditions} == conditions
+    return status
 
 
 def cache(status: Mapping[str, Any], *, generation: int = OWNER.generation, deleting: bool = False) -> dict[str, Any]:
@@ -66,7 +74,9 @@ def shared_ready() -> Mapping[str, Any]:
 
 def shared_new_revision() -> Mapping[str, Any]:
     spec = cache_spec_of({"mode": "SharedPVC", "sharedPVC": {"size": "10Gi"}}, revision="v2")
-    return plan(observe(spec, claim=our_claim(), previous=shared_ready(), inputs_checked=True)).status
+    ready = holding(shared_ready(), Ready=("True", "Preloaded"))
+    result = plan(observe(spec, claim=our_claim(), previous=ready, inputs_checked=True))
+    return holding(result.status, Ready=("False", "Preloading"), Reconciling=("True", "Preloading"))
 
 
 def shared_failed() -> Mapping[str, Any]:
@@ -86,12 +96,14 @@ def node_copy_failed() -> Mapping[str, Any]:
     broken = FetchResult(status="Failed", error="no space left on device", source=SOURCE)
     previous = {"nodes": [ready_state("gpu-a", JOB_A), {"name": "gpu-b", "job": JOB_B, "phase": "Preloading"}]}
     jobs, pods = {JOB_B: ended(job_b, succeeded=False)}, {JOB_B: [pod_with_result(broken, phase="Failed")]}
-    return plan(observe(EACH_FROM_SOURCE, nodes=UP, previous=previous, jobs=jobs, pods=pods)).status
+    status = plan(observe(EACH_FROM_SOURCE, nodes=UP, previous=previous, jobs=jobs, pods=pods)).status
+    return holding(status, Ready=("False", "NodePreloadFailed"), Degraded=("True", "NodePreloadFailed"))
 
 
 def node_lost() -> Mapping[str, Any]:
     previous = {"nodes": [ready_state("gpu-a", JOB_A), ready_state("gpu-b", JOB_B)]}
-    return plan(observe(EACH_FROM_SOURCE, nodes=B_DOWN, previous=previous, inputs_checked=True)).status
+    status = plan(observe(EACH_FROM_SOURCE, nodes=B_DOWN, previous=previous, inputs_checked=True)).status
+    return holding(status, Ready=("True", "AllNodesReady"), Degraded=("True", "NodeNotReady"))
 
 
 def every_node_lost() -> Mapping[str, Any]:
@@ -106,14 +118,17 @@ def no_matching_node() -> Mapping[str, Any]:
 
 def every_copy_evicted() -> Mapping[str, Any]:
     """Another cache's Jobs evicted both copies: their node labels say Evicted."""
-    evicted = {n: NodeInfo(n, i.uid, True, {**i.labels, image.KEY: capacity.NODE_LABEL_EVICTED}) for n, i in UP.items()}
+    evicted = {n: NodeInfo(n, i.uid, True, {**i.labels, KEY: capacity.NODE_LABEL_EVICTED}) for n, i in UP.items()}
     previous = {"nodes": [ready_state("gpu-a", JOB_A), ready_state("gpu-b", JOB_B)]}
-    return plan(observe(EACH_FROM_SOURCE, nodes=evicted, previous=previous)).status
+    return holding(
+        plan(observe(EACH_FROM_SOURCE, nodes=evicted, previous=previous)).status, Degraded=("True", "Evicted")
+    )
 
 
 def image_pre_pulling() -> Mapping[str, Any]:
     spec = image.prepull_spec()
-    return plan(image.observe(spec, nodes=image.NODES, image=image.resolved(), inputs_checked=True)).status
+    status = plan(image.observe(spec, nodes=image.NODES, image=image.resolved(), inputs_checked=True)).status
+    return holding(status, Ready=("True", "VolumeAvailable"), Reconciling=("True", "Preloading"))
 
 
 def image_pre_pull_failed() -> Mapping[str, Any]:
@@ -125,7 +140,8 @@ def image_pre_pull_failed() -> Mapping[str, Any]:
     done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     jobs = {a: image.running(bodies[a]), b: {**bodies[b], **done}}
     pods = {a: [image.pulling_pod("ErrImagePull", "403 Forbidden")], b: []}
-    return plan(image.observe(spec, nodes=image.NODES, previous=first.status, jobs=jobs, pods=pods)).status
+    status = plan(image.observe(spec, nodes=image.NODES, previous=first.status, jobs=jobs, pods=pods)).status
+    return holding(status, Ready=("True", "VolumeAvailable"), Degraded=("True", "PrePullFailed"))
 
 
 def image_denied() -> Mapping[str, Any]:
@@ -140,16 +156,18 @@ def image_unreachable() -> Mapping[str, Any]:
 
 def image_unreachable_waiting() -> Mapping[str, Any]:
     """Between attempts: nothing was looked up this time, the failure in force is the stored one."""
-    return plan(image.observe(image.image_spec(), nodes=image.NODES, previous=image_unreachable())).status
+    status = plan(image.observe(image.image_spec(), nodes=image.NODES, previous=image_unreachable())).status
+    return holding(status, Degraded=("True", "RegistryUnreachable"))
 
 
 def image_tag_gone() -> Mapping[str, Any]:
     """Asked to resolve again (the annotation), the registry no longer has the tag; pods keep the pinned digest."""
     pinned = plan(image.observe(image.image_spec(), nodes=image.NODES, image=image.resolved())).status
     gone = image.failed("NotFound", "404 MANIFEST_UNKNOWN")
-    return plan(
+    status = plan(
         image.observe(image.image_spec(), nodes=image.NODES, previous=pinned, resolve_request="again", image=gone)
     ).status
+    return holding(status, Ready=("True", "VolumeAvailable"), Degraded=("True", "ImageNotFound"))
 
 
 # -- KVCacheTier: statuses from `compute_status` ---------------------------------------------------------------
@@ -196,14 +214,16 @@ def tier_node_lost() -> Mapping[str, Any]:
     why = "NodeStatusUnknown: Kubelet stopped posting node status."
     lost = TIER_DAEMONSETS["KVCacheTier a server's node lost"]
     observed = TierObserved(TIER, now=T0, daemonset=lost, pods=servers, not_ready_nodes={"n2": why})
-    return compute_status(spec_of(), observed, Checked(config_hash="abc"))
+    status = compute_status(spec_of(), observed, Checked(config_hash="abc"))
+    return holding(status, Available=("True", "InstancesServing"), AllInstancesReady=("False", "NodeNotReady"))
 
 
 def tier_never_ready() -> Mapping[str, Any]:
     """No server became ready in longer than the startup grace (an image that cannot be pulled, say)."""
     starting = status_of(spec_of(), daemonset(2, 0), now=T0)
     later = f"2026-01-01T00:{STARTUP_GRACE_SECONDS // 60 + 1:02d}:00Z"
-    return status_of(spec_of(), daemonset(2, 0), previous=starting, now=later)
+    status = status_of(spec_of(), daemonset(2, 0), previous=starting, now=later)
+    return holding(status, Available=("False", "NoReadyInstances"))
 
 
 def tier_invalid() -> Mapping[str, Any]:
