@@ -103,6 +103,16 @@ def test_each_image_installs_its_own_extra():
     assert 'pip install --no-compile ".[csi,${STRATA_EXTRAS}]"' in runtime
 
 
+def test_runtime_image_carries_the_vllm_packages_where_the_webhook_copies_them_from():
+    """Built in the build stage under /opt/strata, the venv the final stage copies whole."""
+    from strata_operator.webhook.vllm_packages import RUNTIME_PACKAGES_DIR
+
+    build, final = stages(DOCKERFILES["runtime"])[-2:]
+    assert f"/opt/strata/bin/python -m strata_loader.vllm.packages {RUNTIME_PACKAGES_DIR}" in "\n".join(build)
+    assert RUNTIME_PACKAGES_DIR.startswith("/opt/strata/")
+    assert "COPY --from=build /opt/strata /opt/strata" in final
+
+
 @pytest.mark.parametrize("extra", ["operator", "runtime", "csi"])
 def test_images_carry_no_torch(extra):
     """A preloader Job must start fast on every node, and the operator imports two pydantic models."""

@@ -18,13 +18,17 @@ class WiringConflict(ValueError):
     """The pod already sets something Strata would set, differently; the message names the field and the fix."""
 
 
-def add_named(parent: dict[str, Any], key: str, item: dict[str, Any], field: str, whose: str) -> None:
+def add_named(
+    parent: dict[str, Any], key: str, item: dict[str, Any], field: str, whose: str, *, defaulted: bool = False
+) -> None:
     """Append `item` to the named list `parent[key]`, unless an equal one is there; a different one of that name
-    is a conflict."""
+    is a conflict. `defaulted`: one with more fields is equal when those of `item` match (a container the API
+    server stored has defaults filled in: `terminationMessagePath`, `imagePullPolicy`)."""
     items = parent.setdefault(key, [])
     for existing in items:
         if existing.get("name") == item["name"]:
-            if existing != item:
+            same = all(existing.get(k) == v for k, v in item.items()) if defaulted else existing == item
+            if not same:
                 raise WiringConflict(
                     f"{field}[{item['name']}] is already set to {existing!r}; {whose} needs {item!r}: "
                     "remove it from the pod, or drop the Strata label"

@@ -36,6 +36,7 @@ from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_la
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import MODES
 from strata_operator.resources.modelcache.status import PHASE_NODE_NOT_READY
+from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
 from strata_operator.webhook.pod_edits import WiringConflict, add_mount, add_named, spec_patch
 from strata_operator.webhook.vllm_command import (
     LOAD_FORMAT_FLAG,
@@ -46,6 +47,7 @@ from strata_operator.webhook.vllm_command import (
     serve_positional,
     vllm_form,
 )
+from strata_operator.webhook.vllm_packages import inject_packages
 
 MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
 CONTAINERS_ANNOTATION = f"{GROUP}/containers"
@@ -162,8 +164,11 @@ def build_pod_patch(
     model_cache: Mapping[str, Any] | None = None,
     kv_tier: Mapping[str, Any] | None = None,
     creating: bool = True,
+    runtime: RuntimeImage | None = None,
 ) -> list[dict[str, Any]]:
-    """JSON Patch operations that wire `pod` to the objects its labels name (pass each one the labels name).
+    """JSON Patch operations that wire `pod` to the objects its labels name (pass each one the labels name), and
+    give its vLLM containers Strata's vLLM packages from `runtime` (the operator's runtime image; default: the
+    release's).
 
     Raises `WiringConflict` when the pod's own settings stand in the way. `creating` allows a scheduling gate
     (the API server accepts new gates only at creation).
@@ -177,6 +182,8 @@ def build_pod_patch(
         link = _wire_model(spec, containers, model_cache, annotations, creating, kv_linked=kv_tier is not None)
     if kv_tier is not None:
         _wire_kv_tier(spec, containers, kv_tier, annotations)
+    # Last: the version check copies the engine's envFrom as the wiring leaves it (a re-admission then matches).
+    inject_packages(spec, containers, annotations, runtime or default_runtime())
     ops = spec_patch(pod.get("spec") or {}, spec)
     if any(annotations.get(k) != v for k, v in link.items()):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {**annotations, **link}})
