@@ -68,14 +68,18 @@ def test_final_stage_is_non_root_and_has_no_build_tools(name):
 
 def test_serving_image_runs_the_cpu_test_venvs_install_as_non_root():
     """The engine is the CPU tests' venv (same script, same pins), the GPU variant needs no other file, and every
-    variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins."""
-    engine, gpu, serving = stages(SERVING_DOCKERFILE)
+    variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins, on
+    the stock stage: that engine with nothing of Strata's, as a user's own vLLM image is."""
+    engine, gpu, stock, serving = stages(SERVING_DOCKERFILE)
     engine_text = "\n".join(engine)
     copy = "COPY hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt hack/vllm/cpu/check-kernels.py /tmp/vllm-build/"
     assert copy in engine_text, "the kernel check beside the pins, where the build script runs it"
     assert "STRATA_VLLM_VENV=/opt/vllm bash /tmp/vllm-build/build-vllm-venv.sh" in engine_text
     assert gpu == ["FROM ${VLLM_GPU_IMAGE} AS engine-gpu"]
-    assert serving[0] == "FROM engine-${VARIANT} AS serving"
+    assert stock[0] == "FROM engine-${VARIANT} AS stock"
+    assert not [step for step in stock if step.startswith("COPY") or "pip" in step], "nothing of Strata's in it"
+    assert [step.split(None, 1)[1] for step in stock if step.upper().startswith("USER ")][-1] == "65532:65532"
+    assert serving[0] == "FROM stock AS serving"
     serving_text = "\n".join(serving)
     assert "pip install --quiet --no-cache-dir --no-deps --no-build-isolation /tmp/strata" in serving_text
     assert "operator" not in serving_text.split("COPY", 1)[1].split("RUN", 1)[0], "no operator code in it"
