@@ -18,6 +18,7 @@ before the engine starts, and a mismatch stops the pod with both versions in tha
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -88,7 +89,7 @@ def copy_container(runtime: RuntimeImage) -> dict[str, Any]:
         "image": runtime.image,
         "imagePullPolicy": runtime.pull_policy,
         "command": ["cp", "-R", f"{RUNTIME_PACKAGES_DIR}/.", PACKAGES_PATH],
-        "resources": INIT_RESOURCES,
+        "resources": copy.deepcopy(INIT_RESOURCES),
         "securityContext": {**container_security_context(), "runAsUser": RUNTIME_UID, "runAsGroup": RUNTIME_UID},
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": PACKAGES_VOLUME, "mountPath": PACKAGES_PATH}],
@@ -109,7 +110,7 @@ def check_container(pod_spec: Mapping[str, Any], engine: Mapping[str, Any], engi
         "name": check_name(str(engine.get("name"))),
         "image": engine.get("image"),
         "command": [engine_python(engine), "-I", f"{PACKAGES_PATH}/{CHECK_SCRIPT}"],
-        "resources": INIT_RESOURCES,
+        "resources": copy.deepcopy(INIT_RESOURCES),
         "securityContext": check_security(pod_spec, engine),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": PACKAGES_VOLUME, "mountPath": PACKAGES_PATH, "readOnly": True}],

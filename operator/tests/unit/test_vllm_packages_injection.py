@@ -109,6 +109,16 @@ def test_the_version_check_runs_in_the_engines_image_before_it_starts() -> None:
     assert check["envFrom"] == out["spec"]["containers"][0]["envFrom"], "it sees what the engine's envFrom sets"
 
 
+def test_each_pod_gets_its_own_objects() -> None:
+    """Nothing of the module's constants is shared into a pod, where a later edit would change every pod's."""
+    out = build_pod_patch(pod(), model_cache=cache(), kv_tier=tier(), runtime=RUNTIME)
+    (init_op,) = [op for op in out if op["path"] == "/spec/initContainers"]
+    copy, check = init_op["value"]
+    copy["resources"]["limits"]["memory"] = "1Gi"
+    assert check["resources"]["limits"]["memory"] == "256Mi"
+    assert wired(pod())["spec"]["initContainers"][0]["resources"]["limits"]["memory"] == "256Mi"
+
+
 def test_the_check_script_is_where_the_copied_directory_has_it() -> None:
     from strata_loader.vllm.packages import CHECK_SCRIPT
 
