@@ -120,13 +120,14 @@ def check_container(pod_spec: Mapping[str, Any], engine: Mapping[str, Any], engi
     if engine_path is not None:
         container["env"] = [{"name": support.PACKAGES_PYTHONPATH_ENV, "value": engine_path}]
         if engine.get("envFrom"):
-            container["envFrom"] = [dict(source) for source in engine["envFrom"]]
+            container["envFrom"] = copy.deepcopy(list(engine["envFrom"]))
     return container
 
 
 def check_security(pod_spec: Mapping[str, Any], engine: Mapping[str, Any]) -> dict[str, Any]:
     """Restricted, as the engine's user where it names one (to read what the engine reads); else the pod's, or
-    Strata's non-root user when neither names one (the image's may be root: the check only reads)."""
+    Strata's non-root user when neither names one (the image's may be root: the check only reads). A user 0 is
+    never taken: the check runs non-root wherever the engine may run."""
     context = container_security_context()
     own = engine.get("securityContext") or {}
     if own.get("runAsUser"):
