@@ -244,6 +244,8 @@ def test_the_check_runs_as_the_engines_user_where_the_pod_names_one() -> None:
     check = init(wired(pod(securityContext={"runAsUser": 3000})))[f"{CHECK_PREFIX}vllm"]
     assert "runAsUser" not in check["securityContext"], "the pod's user applies to it as to the engine"
     assert check["securityContext"]["runAsNonRoot"] is True
+    root = {**ENGINE, "securityContext": {"runAsUser": 0}}
+    assert init(wired(pod(root)))[f"{CHECK_PREFIX}vllm"]["securityContext"]["runAsUser"] == 65532
 
 
 @pytest.mark.parametrize(
