@@ -36,11 +36,13 @@ controlplane:
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
 # local Debian base, no pull; rebuilt only when their inputs change). The serving image (vLLM on CPU + Strata,
 # images/vllm-cpu) has archives of its own: vLLM is installed once (~5-6 min, 3 GB downloaded), Strata's layer is
-# redone when its packages change (~3 min).
+# redone when its packages change (~3 min). The stock vLLM image (that engine, nothing of Strata's) is built from
+# the cached engine once.
 node: system controlplane
 	@bash hack/build-node.sh
 	@bash hack/node/build-images.sh >/dev/null
 	@bash hack/node/build-serving-image.sh >/dev/null
+	@bash hack/node/build-serving-image.sh stock >/dev/null
 
 # The Hugging Face Hub server the hf:// tests run against (olah), in its own venv in the cache (first time ~1 min).
 hub:

@@ -32,6 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
 
+from strata_operator.webhook.vllm_packages import INJECT_ANNOTATION  # noqa: E402
 from strata_testsupport.kube import new_dynamic_client, resource  # noqa: E402
 from strata_testsupport.localcluster.node import (  # noqa: E402
     NODE_IP,
@@ -111,7 +112,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     for side in SIDES[round_no % 2 :] + SIDES[: round_no % 2]:
                         name = unique(side.split("-")[0])
                         if side == "strata-claim":
-                            body = deployment(name, SERVING_IMAGE, "llama", None)
+                            # The serving image carries Strata: the same start as before the webhook added
+                            # packages (their copy and check would be time neither side needs here).
+                            opt_out = {INJECT_ANNOTATION: "false"}
+                            body = deployment(name, SERVING_IMAGE, "llama", None, opt_out)
                         else:
                             body = s3_pull_deployment(
                                 name, SERVING_IMAGE, uri, s3.endpoint_url, "s3-credentials", s3.region

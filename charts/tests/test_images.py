@@ -68,14 +68,18 @@ def test_final_stage_is_non_root_and_has_no_build_tools(name):
 
 def test_serving_image_runs_the_cpu_test_venvs_install_as_non_root():
     """The engine is the CPU tests' venv (same script, same pins), the GPU variant needs no other file, and every
-    variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins."""
-    engine, gpu, serving = stages(SERVING_DOCKERFILE)
+    variant ends as the numeric non-root user with Strata's packages installed without touching vLLM's pins, on
+    the stock stage: that engine with nothing of Strata's, as a user's own vLLM image is."""
+    engine, gpu, stock, serving = stages(SERVING_DOCKERFILE)
     engine_text = "\n".join(engine)
     copy = "COPY hack/build-vllm-venv.sh hack/vllm/cpu/requirements.txt hack/vllm/cpu/check-kernels.py /tmp/vllm-build/"
     assert copy in engine_text, "the kernel check beside the pins, where the build script runs it"
     assert "STRATA_VLLM_VENV=/opt/vllm bash /tmp/vllm-build/build-vllm-venv.sh" in engine_text
     assert gpu == ["FROM ${VLLM_GPU_IMAGE} AS engine-gpu"]
-    assert serving[0] == "FROM engine-${VARIANT} AS serving"
+    assert stock[0] == "FROM engine-${VARIANT} AS stock"
+    assert not [step for step in stock if step.startswith("COPY") or "pip" in step], "nothing of Strata's in it"
+    assert [step.split(None, 1)[1] for step in stock if step.upper().startswith("USER ")][-1] == "65532:65532"
+    assert serving[0] == "FROM stock AS serving"
     serving_text = "\n".join(serving)
     assert "pip install --quiet --no-cache-dir --no-deps --no-build-isolation /tmp/strata" in serving_text
     assert "operator" not in serving_text.split("COPY", 1)[1].split("RUN", 1)[0], "no operator code in it"
@@ -101,6 +105,16 @@ def test_each_image_installs_its_own_extra():
     assert "ARG STRATA_EXTRAS=runtime\n" in runtime + "\n"
     # The CSI node plugin (strata-kv-csi) the chart runs from this image comes with every build of it.
     assert 'pip install --no-compile ".[csi,${STRATA_EXTRAS}]"' in runtime
+
+
+def test_runtime_image_carries_the_vllm_packages_where_the_webhook_copies_them_from():
+    """Built in the build stage under /opt/strata, the venv the final stage copies whole."""
+    from strata_operator.webhook.vllm_packages import RUNTIME_PACKAGES_DIR
+
+    build, final = stages(DOCKERFILES["runtime"])[-2:]
+    assert f"/opt/strata/bin/python -m strata_loader.vllm.packages {RUNTIME_PACKAGES_DIR}" in "\n".join(build)
+    assert RUNTIME_PACKAGES_DIR.startswith("/opt/strata/")
+    assert "COPY --from=build /opt/strata /opt/strata" in final
 
 
 @pytest.mark.parametrize("extra", ["operator", "runtime", "csi"])

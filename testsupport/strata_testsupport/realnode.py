@@ -27,12 +27,14 @@ from strata_testsupport.localcluster.node import (
     NODE_IP,
     NODE_NAME,
     SERVING_IMAGE,
+    STOCK_VLLM_IMAGE,
     WORK_DIR,
     NodeUnavailable,
     RealNode,
     find_node_binaries,
     leftovers,
     serving_image_archive,
+    stock_vllm_image_archive,
 )
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
 from strata_testsupport.pods import STATIC_CLASS, s3_secret, static_volume
@@ -100,6 +102,18 @@ def serving_image(real_node: RealNode) -> str:
         missing(str(error))
     real_node.import_images(archive)
     return SERVING_IMAGE
+
+
+@pytest.fixture(scope="session")
+def stock_vllm_image(real_node: RealNode) -> str:
+    """vLLM on CPU with nothing of Strata's, in the node's runtime: what a user's own vLLM image is (built from the
+    serving image's cached engine when missing)."""
+    try:
+        archive = stock_vllm_image_archive()
+    except NodeUnavailable as error:
+        missing(str(error))
+    real_node.import_images(archive)
+    return STOCK_VLLM_IMAGE
 
 
 def helm_cli(real_node: RealNode, *args: str) -> subprocess.CompletedProcess[str]:

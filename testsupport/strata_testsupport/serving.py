@@ -130,9 +130,12 @@ def _deployment(name: str, labels: dict[str, str], annotations: dict[str, str], 
     }
 
 
-def deployment(name: str, image: str, cache: str, tier: str | None) -> dict[str, Any]:
+def deployment(
+    name: str, image: str, cache: str, tier: str | None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     """What a user writes with Strata: the engine's own tuning flags and the labels naming the cache (and the
-    tier); the webhook adds the model, `--load-format strata` and the tier's (CPU) `--kv-transfer-config`."""
+    tier); the webhook adds the model, `--load-format strata`, the tier's (CPU) `--kv-transfer-config` and, unless
+    `annotations` opt out (`strata.dev/inject-packages: "false"`), Strata's vLLM packages."""
     labels = {"strata.dev/model-cache": cache}
     if tier:
         labels["strata.dev/kv-cache-tier"] = tier
@@ -140,7 +143,7 @@ def deployment(name: str, image: str, cache: str, tier: str | None) -> dict[str,
         "containers": [engine_container(image)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
-    return _deployment(name, labels, {}, pod if tier else with_own_shm(pod))
+    return _deployment(name, labels, annotations or {}, pod if tier else with_own_shm(pod))
 
 
 S3_DOWNLOAD = """

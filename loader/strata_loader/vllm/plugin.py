@@ -28,7 +28,9 @@ from .serving import LoaderOptions, Selection, select_files
 
 LOAD_FORMAT = "strata"
 
-log = logging.getLogger(__name__)
+# Under vLLM's logger: vLLM gives it a handler in every process (no other logger has one there), so the line a load
+# writes is in the engine's log, where a serving pod's `kubectl logs` shows which loader read the weights.
+log = logging.getLogger(f"vllm.{__name__}")
 _registered = False
 
 

@@ -193,7 +193,11 @@ def plugins(request: dict[str, Any]) -> dict[str, Any]:
     plugin.register()
     found = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     loader = get_model_loader(LoadConfig(load_format="strata"))
-    return {"entry_points": found, "loader_class": f"{type(loader).__module__}.{type(loader).__qualname__}"}
+    return {
+        "entry_points": found,
+        "loader_class": f"{type(loader).__module__}.{type(loader).__qualname__}",
+        "plugin_file": plugin.__file__,
+    }
 
 
 FILTERED = """

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
+from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
 from strata_operator.settings import DEFAULT_WEBHOOK_PORT, WebhookAccess
 from strata_operator.webhook.wiring import (
     KV_TIER_LABEL,
@@ -95,8 +96,9 @@ def decide_deletion(request: Mapping[str, Any], list_pods: ListPods) -> dict[str
     )
 
 
-def decide(request: Mapping[str, Any], lookup: Lookup) -> dict[str, Any]:
-    """The AdmissionReview response (less its uid) for one request; blocking (it looks objects up)."""
+def decide(request: Mapping[str, Any], lookup: Lookup, runtime: RuntimeImage | None = None) -> dict[str, Any]:
+    """The AdmissionReview response (less its uid) for one request; blocking (it looks objects up). `runtime`: the
+    image whose vLLM packages a vLLM container gets (the operator's configured runtime image)."""
     if request.get("kind", {}).get("kind") != "Pod" or request.get("operation") != "CREATE":
         return {"allowed": True}
     pod = request.get("object") or {}
@@ -120,7 +122,11 @@ def decide(request: Mapping[str, Any], lookup: Lookup) -> dict[str, Any]:
         objects[kind] = found
     try:
         ops = build_pod_patch(
-            pod, model_cache=objects.get("ModelCache"), kv_tier=objects.get("KVCacheTier"), creating=True
+            pod,
+            model_cache=objects.get("ModelCache"),
+            kv_tier=objects.get("KVCacheTier"),
+            creating=True,
+            runtime=runtime,
         )
     except WiringConflict as conflict:
         return deny(str(conflict))
@@ -152,6 +158,8 @@ class AdmissionServer:
     lookup: Lookup = api_lookup
     list_pods: ListPods = api_list_pods
     access: WebhookAccess = field(default_factory=WebhookAccess)
+    runtime: RuntimeImage = field(default_factory=default_runtime)
+    """The runtime image whose vLLM packages the webhook gives vLLM containers (`webhook.vllm_packages`)."""
     requests: int = 0
     """Pod admission requests answered: tests prove with it which pods were sent."""
     deletion_requests: int = 0
@@ -220,7 +228,7 @@ class AdmissionServer:
         return web.Response(text="ok")
 
     async def _review(self, request: web.Request) -> web.Response:
-        return await self._answer(request, lambda admission: decide(admission, self.lookup))
+        return await self._answer(request, lambda admission: decide(admission, self.lookup, self.runtime))
 
     async def _review_deletion(self, request: web.Request) -> web.Response:
         return await self._answer(request, lambda admission: decide_deletion(admission, self.list_pods))

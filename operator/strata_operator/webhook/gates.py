@@ -18,7 +18,7 @@ import kopf
 from kubernetes.dynamic.exceptions import ApiException
 
 from strata_operator import kube
-from strata_operator.handlers.process import settings_of
+from strata_operator.handlers.process import runtime_of, settings_of
 from strata_operator.settings import WEBHOOK_CERT_DIR_ENV, WebhookTLS
 from strata_operator.webhook import certificate_keeper
 from strata_operator.webhook.admission import AdmissionServer, api_lookup
@@ -60,7 +60,9 @@ async def start_webhook(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         except (ApiException, certificate_keeper.SecretMissing) as error:
             raise kopf.TemporaryError(f"webhook certificate not ready: {error}", delay=10) from error
         memory(memo).keeping_tls = asyncio.create_task(keep_tls(process.webhook_tls, cert_dir))
-    server = AdmissionServer(cert_dir, port=process.webhook_port, access=process.webhook_access)
+    server = AdmissionServer(
+        cert_dir, port=process.webhook_port, access=process.webhook_access, runtime=runtime_of(process)
+    )
     await server.start()
     memory(memo).server = server
 

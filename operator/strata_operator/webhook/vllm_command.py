@@ -74,3 +74,17 @@ def requests_gpu(container: Mapping[str, Any]) -> bool:
     return any(
         str((resources.get(part) or {}).get(GPU_RESOURCE, "0")) not in ("0", "") for part in ("requests", "limits")
     )
+
+
+def engine_python(container: Mapping[str, Any]) -> str:
+    """The interpreter that runs vLLM in the container: the one its command names (`python3.12 -m vllm...`, or
+    beside the `vllm` script it starts: `/opt/venv/bin/vllm serve` → `/opt/venv/bin/python3`), else the image's
+    `python3` on PATH."""
+    words = _words(container)
+    for i, word in enumerate(words[:3]):
+        base = posixpath.basename(word)
+        if _PYTHON.match(base) and words[i + 1 : i + 2] == ["-m"]:
+            return word
+        if base == "vllm" and words[i + 1 : i + 2] == ["serve"]:
+            return posixpath.join(posixpath.dirname(word), "python3") if "/" in word else "python3"
+    return "python3"

@@ -36,6 +36,8 @@ from strata_operator.resources.modelcache.names import NODE_LABEL_READY, node_la
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import MODES
 from strata_operator.resources.modelcache.status import PHASE_NODE_NOT_READY
+from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
+from strata_operator.webhook.pod_edits import WiringConflict, add_mount, add_named, spec_patch
 from strata_operator.webhook.vllm_command import (
     LOAD_FORMAT_FLAG,
     LOAD_FORMAT_VALUE,
@@ -45,6 +47,7 @@ from strata_operator.webhook.vllm_command import (
     serve_positional,
     vllm_form,
 )
+from strata_operator.webhook.vllm_packages import inject_packages
 
 MOUNT_PATH_ANNOTATION = f"{GROUP}/model-mount-path"
 CONTAINERS_ANNOTATION = f"{GROUP}/containers"
@@ -73,10 +76,6 @@ KV_ARGS = ((KV_TRANSFER_FLAG, KV_TRANSFER_VALUE), (HASH_ALGO_FLAG, HASH_ALGO_VAL
 """The flags vLLM needs to share the tier's chunks, valued from the connection ConfigMap."""
 SHM_VOLUME = "strata-shm"
 SHM_PATH = "/dev/shm"
-
-
-class WiringConflict(ValueError):
-    """The pod already sets something Strata would set, differently; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +164,11 @@ def build_pod_patch(
     model_cache: Mapping[str, Any] | None = None,
     kv_tier: Mapping[str, Any] | None = None,
     creating: bool = True,
+    runtime: RuntimeImage | None = None,
 ) -> list[dict[str, Any]]:
-    """JSON Patch operations that wire `pod` to the objects its labels name (pass each one the labels name).
+    """JSON Patch operations that wire `pod` to the objects its labels name (pass each one the labels name), and
+    give its vLLM containers Strata's vLLM packages from `runtime` (the operator's runtime image; default: the
+    release's).
 
     Raises `WiringConflict` when the pod's own settings stand in the way. `creating` allows a scheduling gate
     (the API server accepts new gates only at creation).
@@ -180,7 +182,9 @@ def build_pod_patch(
         link = _wire_model(spec, containers, model_cache, annotations, creating, kv_linked=kv_tier is not None)
     if kv_tier is not None:
         _wire_kv_tier(spec, containers, kv_tier, annotations)
-    ops = _diff(pod.get("spec") or {}, spec)
+    # Last: the version check copies the engine's envFrom as the wiring leaves it (a re-admission then matches).
+    inject_packages(spec, containers, annotations, runtime or default_runtime())
+    ops = spec_patch(pod.get("spec") or {}, spec)
     if any(annotations.get(k) != v for k, v in link.items()):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {**annotations, **link}})
     return ops
@@ -231,19 +235,19 @@ def _wire_model(
             )
         mount["mountPath"] = engine_model_path(mount["mountPath"], revision, layout_digest(containers))
         link = {MODEL_CACHE_ANNOTATION: name, REVISION_ANNOTATION: revision, KV_MODEL_ANNOTATION: mount["mountPath"]}
-    _add_named(spec, "volumes", snippet["volume"], "spec.volumes", whose)
+    add_named(spec, "volumes", snippet["volume"], "spec.volumes", whose)
     for container in containers:
         field = f"spec.containers[{container.get('name')}]"
         _add_mount(container, mount, field, whose)
-        _add_named(container, "env", {"name": MODEL_DIR_ENV, "value": mount["mountPath"]}, f"{field}.env", whose)
+        add_named(container, "env", {"name": MODEL_DIR_ENV, "value": mount["mountPath"]}, f"{field}.env", whose)
         if kv_linked:
             revision_env = {"name": REVISION_ENV, "value": link[REVISION_ANNOTATION]}
-            _add_named(container, "env", revision_env, f"{field}.env", whose)
+            add_named(container, "env", revision_env, f"{field}.env", whose)
     if annotations.get(VLLM_ARGS_ANNOTATION, "").lower() != "false":
         for container in containers:
             _add_model_args(container, f"spec.containers[{container.get('name')}]", whose)
     for secret in snippet.get("imagePullSecrets") or []:  # ImageVolume: the registry's pull Secret
-        _add_named(spec, "imagePullSecrets", dict(secret), "spec.imagePullSecrets", whose)
+        add_named(spec, "imagePullSecrets", dict(secret), "spec.imagePullSecrets", whose)
     if _mode(cache) == StorageMode.NODE_LOCAL:
         meta = cache["metadata"]
         _require_node_label(spec, node_label_key(meta["namespace"], name), NODE_LABEL_READY)
@@ -269,9 +273,9 @@ def _wire_kv_tier(
     token = token_secret(tier_spec, ref)
     if shm_size:
         shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}
-        _add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")
+        add_named(spec, "volumes", shm, "spec.volumes", f"annotation {SHM_SIZE_ANNOTATION}")
     if tier_spec.node_socket.enabled:
-        _add_named(spec, "volumes", node_socket_volume(tier_spec, ref, read_only=True), "spec.volumes", whose)
+        add_named(spec, "volumes", node_socket_volume(tier_spec, ref, read_only=True), "spec.volumes", whose)
         _add_supplemental_group(spec, SOCKET_GROUP)
     for container in containers:
         field = f"spec.containers[{container.get('name')}]"
@@ -285,7 +289,7 @@ def _wire_kv_tier(
         if token is not None:
             # The tier's AUTH token, for Strata's vLLM tier (it reads TOKEN_ENV); the value never enters the spec.
             secret_env = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}
-            _add_named(container, "env", secret_env, f"{field}.env", whose)
+            add_named(container, "env", secret_env, f"{field}.env", whose)
         if _wants_kv_args(container, annotations):
             engine = annotations.get(KV_ENGINE_ANNOTATION)
             if engine is None and KV_ARGS_ANNOTATION not in annotations:
@@ -386,32 +390,14 @@ def _mode(cache: Mapping[str, Any]) -> str | None:
     return ((cache.get("spec") or {}).get("storage") or {}).get("mode")
 
 
-def _add_named(parent: dict[str, Any], key: str, item: dict[str, Any], field: str, whose: str) -> None:
-    """Append `item` to the named list `parent[key]`, unless an equal one is there; a different one of that name
-    is a conflict."""
-    items = parent.setdefault(key, [])
-    for existing in items:
-        if existing.get("name") == item["name"]:
-            if existing != item:
-                raise WiringConflict(
-                    f"{field}[{item['name']}] is already set to {existing!r}; {whose} needs {item!r}: "
-                    "remove it from the pod, or drop the Strata label"
-                )
-            return
-    items.append(item)
-
-
 def _add_mount(container: dict[str, Any], mount: dict[str, Any], field: str, whose: str) -> None:
-    mounts = container.setdefault("volumeMounts", [])
-    for existing in mounts:
-        if existing.get("mountPath") == mount["mountPath"] or existing.get("name") == mount["name"]:
-            if existing != mount:
-                raise WiringConflict(
-                    f"{field}.volumeMounts already has {existing!r}; {whose} needs {mount!r} "
-                    f"(set another path with the annotation {MOUNT_PATH_ANNOTATION}, or remove the mount)"
-                )
-            return
-    mounts.append(mount)
+    add_mount(
+        container,
+        mount,
+        field,
+        whose,
+        f"set another path with the annotation {MOUNT_PATH_ANNOTATION}, or remove the mount",
+    )
 
 
 def _add_supplemental_group(spec: dict[str, Any], gid: int) -> None:
@@ -434,26 +420,3 @@ def _require_node_label(spec: dict[str, Any], key: str, value: str) -> None:
         expressions = term.setdefault("matchExpressions", [])
         if requirement not in expressions:
             expressions.append(requirement)
-
-
-def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One `add` per top-level spec field (and per container) that changed: `add` on an existing member replaces
-    it, so the patch is exact whether or not the field was there."""
-    ops: list[dict[str, Any]] = []
-    for key in ("volumes", "affinity", "schedulingGates", "securityContext", "imagePullSecrets"):
-        if _changed(before, after, key):
-            ops.append({"op": "add", "path": f"/spec/{key}", "value": after[key]})
-    old_containers = before.get("containers") or []
-    for i, container in enumerate(after.get("containers") or []):
-        old = old_containers[i] if i < len(old_containers) else {}
-        for key in ("volumeMounts", "env", "envFrom", "args"):
-            if _changed(old, container, key):
-                ops.append({"op": "add", "path": f"/spec/containers/{i}/{key}", "value": container[key]})
-    return ops
-
-
-def _changed(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> bool:
-    """An empty list or object left where there was none is no change."""
-    if key not in after:
-        return False
-    return after[key] != before.get(key) and not (key not in before and not after[key])

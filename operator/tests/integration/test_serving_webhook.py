@@ -14,6 +14,7 @@ import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ApiException
 from strata_operator.api import API_VERSION
+from strata_operator.resources.runtime_image import default_runtime
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
@@ -168,6 +169,42 @@ def test_a_restricted_pod_wired_to_a_node_socket_is_admitted_under_restricted_po
     (vllm,) = stored["containers"]
     assert {"name": "strata-kv-socket", "mountPath": "/run/strata-kv", "readOnly": True} in vllm["volumeMounts"]
     assert stored["securityContext"]["supplementalGroups"] == [65532]
+
+
+def test_a_vllm_pod_gets_stratas_packages_under_restricted_pod_security(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    """The init containers that copy Strata's vLLM packages from the runtime image and check the engine image's
+    versions pass the API server's own `restricted` check; the stored pod admitted again comes out the same (its
+    defaults filled in); a declared vLLM the packages do not serve is refused by name."""
+    patch = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    resource(k8s, "v1", "Namespace").patch(body=patch, name=namespace, content_type="application/merge-patch+json")
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    labels = {"strata.dev/kv-cache-tier": kv_tier(k8s, namespace)}
+    body = pod_body("engine", labels, command=["vllm", "serve"], securityContext=restricted)
+    stored = create_pod(k8s, namespace, body)
+    init = stored["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["strata-vllm-packages", "strata-check-vllm"]
+    assert init[0]["image"] == default_runtime().image and init[1]["image"] == "vllm/vllm-openai:latest"
+    (vllm,) = stored["spec"]["containers"]
+    assert {"name": "PYTHONPATH", "value": "/strata/vllm-packages"} in vllm["env"]
+    assert {"name": "strata-vllm-packages", "mountPath": "/strata/vllm-packages", "readOnly": True} in vllm[
+        "volumeMounts"
+    ]
+    again = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "again", "labels": labels}}
+    second = create_pod(k8s, namespace, again | {"spec": copy.deepcopy(stored["spec"])}, dry_run="All")
+    assert second["spec"]["initContainers"] == init and second["spec"]["containers"] == stored["spec"]["containers"]
+
+    old = pod_body("old", labels, command=["vllm", "serve"], securityContext=restricted)
+    old["metadata"]["annotations"] = {"strata.dev/vllm-version": "0.31.0"}
+    with pytest.raises(ApiException) as refused:
+        create_pod(k8s, namespace, old)
+    assert "annotation strata.dev/vllm-version: vLLM 0.31.0 is not supported" in refusal(refused.value)
 
 
 def test_conflicts_and_missing_caches_are_refused_by_name(

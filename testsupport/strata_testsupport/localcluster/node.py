@@ -47,6 +47,8 @@ IMAGES_SCRIPT = REPO_ROOT / "hack" / "node" / "build-images.sh"
 SERVING_IMAGE_SCRIPT = REPO_ROOT / "hack" / "node" / "build-serving-image.sh"
 SERVING_IMAGE = "localhost/strata-vllm:cpu"
 """vLLM on CPU with Strata's vLLM packages (images/vllm-cpu/Dockerfile); imported only by the tests that serve."""
+STOCK_VLLM_IMAGE = "localhost/vllm-cpu:stock"
+"""The same vLLM with nothing of Strata's (the Dockerfile's `stock` stage): a user's own vLLM image."""
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # Kernel settings a node needs for Services to reach pods on the same bridge; restored on stop.
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
@@ -104,8 +106,17 @@ def serving_image_archive() -> Path:
     return _built_archive(SERVING_IMAGE_SCRIPT, "the serving image", env={"SERVING_IMAGE": SERVING_IMAGE})
 
 
-def _built_archive(script: Path, what: str, env: dict[str, str] | None = None) -> Path:
-    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **(env or {})})
+def stock_vllm_image_archive() -> Path:
+    """The stock vLLM image's archive (`STOCK_VLLM_IMAGE`), built when missing from the serving image's cached
+    engine (about 10 minutes when even that is missing, a few minutes otherwise)."""
+    env = {"STOCK_IMAGE": STOCK_VLLM_IMAGE}
+    return _built_archive(SERVING_IMAGE_SCRIPT, "the stock vLLM image", env=env, args=("stock",))
+
+
+def _built_archive(script: Path, what: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Path:
+    result = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     if result.returncode != 0:
         raise NodeUnavailable(f"building {what} failed ({script}):\n{result.stderr[-4000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
