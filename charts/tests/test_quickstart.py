@@ -2,7 +2,7 @@
 against what it names (the samples it applies, the chart it installs, the images it builds, the CRDs its kubectl
 commands read), so a rename, a changed flag or a moved file breaks this test rather than a newcomer's first hour.
 The API server's own check of the manifests it applies is the integration test at the end. Also here: the chart's
-NOTES, and every relative link of the README and docs/."""
+NOTES, which `helm install` prints on the way."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,14 @@ README = REPO / "README.md"
 CONTROL = ("&&", "||", ";", "|", "&")
 STRATA_SPECS = {"ModelCache": ModelCacheSpec, "KVCacheTier": KVCacheTierSpec}
 CORE_KINDS = {
-    "Deployment": ("apps/v1", ("deployment", "deployments", "deploy")),
-    "DaemonSet": ("apps/v1", ("daemonset", "daemonsets", "ds")),
-    "Service": ("v1", ("service", "services", "svc")),
-    "Pod": ("v1", ("pod", "pods", "po")),
-    "Secret": ("v1", ("secret", "secrets")),
-    "ConfigMap": ("v1", ("configmap", "configmaps", "cm")),
+    "Deployment": ("deployment", "deployments", "deploy"),
+    "DaemonSet": ("daemonset", "daemonsets", "ds"),
+    "Service": ("service", "services", "svc"),
+    "Pod": ("pod", "pods", "po"),
+    "Secret": ("secret", "secrets"),
+    "ConfigMap": ("configmap", "configmaps", "cm"),
 }
+"""The core kinds the quickstart's manifests and kubectl commands may name, with the names kubectl takes."""
 KUBECTL_FLAGS_WITH_VALUE = {"-n", "--namespace", "-f", "--filename", "-o", "--output", "-l", "--selector", "--for",
                             "--timeout", "-c", "--container"}  # fmt: skip
 
@@ -64,6 +64,8 @@ def shell_lines(text: str) -> list[str]:
 
 @dataclass
 class Command:
+    """One simple command as the shell runs it."""
+
     words: list[str]
     env: dict[str, str]
     background: bool = False
@@ -139,6 +141,7 @@ def walk_schema(schema: dict[str, Any], path: str, where: str) -> None:
 
 
 def check_jsonpath(template: str, crd: dict[str, Any], where: str) -> None:
+    """kubectl's JSONPath template (`{.a.b}{"\\n"}`, `{range .x[*]}...{end}`) against the CRD's schema."""
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     bases: list[str] = [""]
     for expression in re.findall(r"\{([^{}]*)\}", template):
@@ -168,7 +171,6 @@ class Cluster:
     serving_images: set[str] = field(default_factory=set)
     csi_drivers: set[str] = field(default_factory=set)
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    applied_files: list[str] = field(default_factory=list)
     forwarded: dict[int, dict[str, Any]] = field(default_factory=dict)
     background: bool = False
     answered: list[tuple[str, str]] = field(default_factory=list)
@@ -182,7 +184,7 @@ class Cluster:
 
 def resolve_kind(name: str) -> tuple[str, dict[str, Any] | None]:
     """(kind, its CRD or None for a core kind) of a resource name kubectl takes."""
-    for kind, (_, names) in CORE_KINDS.items():
+    for kind, names in CORE_KINDS.items():
         if name.lower() in names:
             return kind, None
     crd = crd_kinds().get(name.lower())
@@ -252,7 +254,6 @@ def run_helm(words: list[str], cluster: Cluster) -> None:
 def apply_file(path: str, namespace: str, cluster: Cluster) -> None:
     assert path.startswith("samples/"), f"kubectl apply -f {path}: the quickstart applies samples/ (tested there)"
     assert (REPO / path).is_file(), f"kubectl apply -f {path}: no such file"
-    cluster.applied_files.append(path)
     for doc in yaml.safe_load_all((REPO / path).read_text()):
         if not doc:
             continue
@@ -285,51 +286,51 @@ def flag(container: dict[str, Any], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-def run_kubectl(command: Command, cluster: Cluster) -> None:
-    words, positional, options = command.words[1:], [], {}
-    i = 0
-    while i < len(words):
-        word = words[i]
+def kubectl_args(words: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """kubectl's words after the program: (positional arguments, flags with their values)."""
+    positional: list[str] = []
+    options: dict[str, list[str]] = {}
+    at = 0
+    while at < len(words):
+        word = words[at]
         if word.startswith("--") and "=" in word:
             key, value = word.split("=", 1)
             options.setdefault(key, []).append(value)
         elif word in KUBECTL_FLAGS_WITH_VALUE:
-            options.setdefault(word, []).append(words[i + 1])
-            i += 1
+            options.setdefault(word, []).append(words[at + 1])
+            at += 1
         elif word.startswith("-"):
             options.setdefault(word, []).append("")
         else:
             positional.append(word)
-        i += 1
+        at += 1
+    return positional, options
+
+
+def check_pod_selector(target: str, selector: str, cluster: Cluster) -> None:
+    """`kubectl get pod -l k=v`: some Deployment the quickstart applies makes pods with that label."""
+    resolve_kind(target)
+    assert selector, f"kubectl get {target} names no object"
+    key, value = selector.split("=")
+    templates = [o["spec"]["template"] for (kind, _, _), o in cluster.objects.items() if kind == "Deployment"]
+    labels = [t.get("metadata", {}).get("labels", {}) for t in templates]
+    assert any(found.get(key) == value for found in labels), f"kubectl get {target} -l {selector}: no such pods"
+
+
+def run_kubectl(command: Command, cluster: Cluster) -> None:
+    (verb, *args), options = kubectl_args(command.words[1:])
     namespace = (options.get("-n") or options.get("--namespace") or ["default"])[0]
-    verb, args = positional[0], positional[1:]
     if verb == "apply":
         for path in options["-f"]:
             apply_file(path, namespace, cluster)
         return
-    image_change = None
-    if verb == "set":
-        assert args[0] == "image", f"the quickstart runs `kubectl set {args[0]}`, which this test does not check"
-        args, image_change = args[1:-1], args[-1].split("=", 1)
-    if verb == "rollout" and args[0] == "restart":
-        args = args[1:]
-        cluster.restarted_since_answer.add(args[0].split("/")[1])
-    elif verb == "rollout":
-        assert args[0] == "status", args
-        args = args[1:]
-    target = args[0] if "/" in args[0] or not args[1:] else f"{args[0]}/{args[1]}"
-    if verb == "get" and "/" not in target and not args[1:]:
-        kind, crd = resolve_kind(target)
-        selector = options.get("-l", [""])[0]
-        assert selector, f"kubectl get {target} names no object"
-        key, value = selector.split("=")
-        assert any(
-            o["spec"]["template"].get("metadata", {}).get("labels", {}).get(key) == value
-            for (k, _, _), o in cluster.objects.items()
-            if k == "Deployment"
-        ), f"kubectl get {target} -l {selector}: no Deployment the quickstart applies makes such pods"
+    if verb in ("set", "rollout"):  # `set image`, `rollout status|restart`: the object follows
+        what, *args = args
+        assert what in ("image", "status", "restart"), f"`kubectl {verb} {what}` is not checked here"
+    if verb == "get" and "/" not in args[0] and len(args) == 1:
+        check_pod_selector(args[0], options.get("-l", [""])[0], cluster)
         return
-    resource_name, name = target.split("/", 1)
+    resource_name, name = args.pop(0).split("/", 1) if "/" in args[0] else (args.pop(0), args.pop(0))
     kind, crd = resolve_kind(resource_name)
     obj = cluster.find(kind, name, namespace)
     if verb == "wait":
@@ -340,15 +341,16 @@ def run_kubectl(command: Command, cluster: Cluster) -> None:
             if output.startswith("jsonpath="):
                 assert crd is not None, "a JSONPath on a core kind cannot be checked here"
                 check_jsonpath(output.removeprefix("jsonpath="), crd, " ".join(command.words))
-    elif image_change is not None:
-        container_name, image = image_change
-        assert kind == "Deployment", command.words
+    elif verb == "set":
+        container_name, image = args[0].split("=", 1)
         containers = {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
         assert container_name in containers, f"kubectl set image: {name} has no container {container_name!r}"
         assert image in cluster.pushed, f"kubectl set image: {image} was not pushed"
         containers[container_name]["image"] = image
+    elif verb == "rollout" and what == "restart":
+        cluster.restarted_since_answer.add(name)
     elif verb == "port-forward":
-        local, remote = (int(p) for p in args[1].split(":"))
+        local, remote = (int(p) for p in args[0].split(":"))
         assert kind == "Service", "the quickstart reaches the engine through its Service"
         assert remote in [p["port"] for p in obj["spec"]["ports"]], f"Service {name} has no port {remote}"
         assert command.background, "port-forward runs in the background, so the next command can use it"
@@ -486,69 +488,6 @@ def test_notes_show_the_label_way_and_never_paste_status_volume(helm, tmp_path):
     assert "status.volume" not in shown, "with the webhook on, nothing is pasted from status.volume"
     by_hand = notes(helm, tmp_path, "--set", "webhook.enabled=false")
     assert "status.volume" in by_hand and "strata.dev/model-cache" not in by_hand, "without the webhook: by hand"
-
-
-def markdown_files() -> list[Path]:
-    return [README, *sorted((REPO / "docs").glob("*.md"))]
-
-
-def slug(heading: str) -> str:
-    """A heading's anchor as GitHub makes it: lower case, punctuation but `-` and `_` dropped, spaces to dashes."""
-    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
-    return text.replace(" ", "-")
-
-
-def anchors(path: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    seen: dict[str, int] = {}
-    found = set()
-    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
-        base = slug(heading)
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        found.add(base if count == 0 else f"{base}-{count}")
-    return found
-
-
-def links(path: Path) -> Iterator[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    text = re.sub(r"`[^`]*`", "", text)
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if not re.match(r"[a-z]+:", target):
-            yield target
-
-
-def test_anchors_are_made_as_github_makes_them():
-    assert slug("vLLM: `--load-format strata`") == "vllm---load-format-strata"
-    assert slug("KV socket driver (`kvSocketDriver.enabled`)") == "kv-socket-driver-kvsocketdriverenabled"
-
-
-@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_relative_links_reach_a_file_and_its_heading(path):
-    broken = []
-    for target in links(path):
-        file_part, _, anchor = target.partition("#")
-        resolved = (path.parent / file_part).resolve() if file_part else path
-        if not resolved.exists():
-            broken.append(f"{target}: no {resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved}")
-        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
-            broken.append(f"{target}: {resolved.relative_to(REPO)} has no heading #{anchor}")
-    assert not broken, "\n".join(broken)
-
-
-def test_links_into_the_readme_and_docs_from_other_pages_still_land():
-    """Sections moved from the README to docs/: a link elsewhere that names one must follow it."""
-    broken = []
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.md"], capture_output=True, text=True, check=True)
-    for path in (REPO / name for name in tracked.stdout.split()):
-        if path in markdown_files():
-            continue
-        for target in links(path):
-            file_part, _, anchor = target.partition("#")
-            resolved = (path.parent / file_part).resolve()
-            if resolved in markdown_files() and anchor and anchor not in anchors(resolved):
-                broken.append(f"{path.relative_to(REPO)}: {target}")
-    assert not broken, "\n".join(broken)
 
 
 def quickstart_files() -> list[str]:
