@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo    set up (first run: ~35 min of builds, cached after) and run the demo (~10 min)"
-	@echo "make test    set up and run unit + integration tests"
+	@echo "make test    set up, lint, check the CRDs and run every test tier (unit, integration, real node, kind)"
 	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
 	@echo "make bench   run the benchmarks in bench/;  make e2e  kind end-to-end suite (make kind-image: its offline node image)"
 

@@ -311,7 +311,7 @@ def kind_workers(k8s_e2e: Any) -> dict[str, str]:
 
 @pytest.fixture
 def hostpath_namespace(k8s_e2e: Any) -> Iterator[str]:
-    """For what the design cannot run restricted: NodeLocal's hostPath (the README says so); deleted after."""
+    """For what the design cannot run restricted: NodeLocal's hostPath (docs/security.md says so); deleted after."""
     from strata_testsupport.realnode import pod_security_namespace
 
     yield from pod_security_namespace(k8s_e2e, "privileged")

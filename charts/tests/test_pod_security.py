@@ -158,7 +158,7 @@ ADMITTED = {
     ),
 }
 # hostPath volumes are outside "restricted" (and "baseline"): the node-local modes need a namespace at the
-# "privileged" level. Asserted, so the README's statement stays true.
+# "privileged" level. Asserted, so docs/security.md's statement stays true.
 NEEDS_PRIVILEGED_NAMESPACE = {
     "kvserver-l2-hostpath": kv_daemonset({"l2": {"fs": {"hostPath": {"path": "/mnt/nvme/kv"}}}}),
     "preloader-node-local": modelcache_job(

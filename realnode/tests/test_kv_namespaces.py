@@ -8,7 +8,7 @@ by the webhook (model mount, STRATA_MODEL_DIR, connection settings, token), each
 STRATA_MODEL_DIR as vLLM's FileMapper does (`<model with / as _>_<sha256 of the layout fields>[:12]_r0/`), stores
 the same block hashes with bytes that depend on the weights it mounted, reads them back, and keeps running (a pod
 that serves). vLLM engines on CPU take minutes each to start here; the namespace they compute is the same
-function of the model path (see README: KV follows the model revision).
+function of the model path (see docs/serving.md: KV follows the model revision).
 """
 
 from __future__ import annotations

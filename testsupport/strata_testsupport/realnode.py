@@ -206,7 +206,7 @@ def restricted_namespace(node_k8s: DynamicClient) -> Iterator[str]:
 
 @pytest.fixture
 def privileged_namespace(node_k8s: DynamicClient) -> Iterator[str]:
-    """For what the design cannot run restricted: NodeLocal's hostPath (documented in the README)."""
+    """For what the design cannot run restricted: NodeLocal's hostPath (docs/security.md)."""
     yield from pod_security_namespace(node_k8s, "privileged")
 
 

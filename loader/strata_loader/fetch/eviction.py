@@ -25,7 +25,7 @@ Evicting one copy is safe against what the operator could not see when it planne
   removed, so a pod that starts afterwards finds no directory (its hostPath volume has type Directory and does not
   start) instead of a half-deleted model. Leftovers of an eviction that was interrupted are removed next time.
 
-The residual risk (the README's "Node capacity for NodeLocal copies"): a pod that was scheduled onto the node
+The residual risk (docs/nodecachepolicy.md): a pod that was scheduled onto the node
 after the operator planned, mounted the copy, and reads it without holding the lock (not through strata_loader)
 loses the files it had not opened yet. The operator keeps that window short (the plan is made when the Job is created,
 and it never offers a copy a pod on that node consumes), and the evicted copy's node label turns to `Evicted`

@@ -1,6 +1,6 @@
 """The names an image of a model is written in: OCI's media types and annotation keys, and CNCF ModelPack's
 annotation keys where they fit an image (ModelPack's own media types make an *artifact*, which containerd cannot
-mount as an image volume yet; see README "OCI images of models")."""
+mount as an image volume yet; see docs/modelcache.md, "Models as OCI images")."""
 
 from __future__ import annotations
 

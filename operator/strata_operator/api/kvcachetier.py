@@ -356,7 +356,8 @@ SALT_NEEDS_LMCACHE = (
 
 
 class NamespaceCollectionSpec(CRDModel):
-    """Garbage collection of KV computed with weights no pod serves any more (README: KV follows the model revision)."""
+    """Garbage collection of KV computed with weights no pod serves any more (docs/serving.md: KV follows the
+    model revision)."""
 
     enabled: bool = Field(
         default=True,

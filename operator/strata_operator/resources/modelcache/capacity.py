@@ -3,7 +3,7 @@ its result means for the other caches (pure: plain data in, plain data out). The
 `strata_loader.capacity` (the request the Job gets and the report it returns); the reads are
 `handlers/modelcache/io.py`.
 
-The split (the README's "Node capacity for NodeLocal copies"): the operator cannot see a node's filesystem, so it
+The split (docs/nodecachepolicy.md): the operator cannot see a node's filesystem, so it
 decides *which* copies may go and in what order, and the Job on the node decides *whether* any must go
 (`strata_loader.fetch.eviction`). A copy is offered for eviction only when it is another cache's complete (Ready)
 copy on that node and the same node path, of the same namespace unless the policy's `evictAcrossNamespaces` allows more,
