@@ -22,12 +22,13 @@ def add_named(
     parent: dict[str, Any], key: str, item: dict[str, Any], field: str, whose: str, *, defaulted: bool = False
 ) -> None:
     """Append `item` to the named list `parent[key]`, unless an equal one is there; a different one of that name
-    is a conflict. `defaulted`: one with more fields is equal when those of `item` match (a container the API
-    server stored has defaults filled in: `terminationMessagePath`, `imagePullPolicy`)."""
+    is a conflict. `defaulted`: one with more fields is equal when those of `item` match, and a list field when it
+    holds every entry of `item`'s (a container the API server stored has defaults filled in, `terminationMessagePath`,
+    `imagePullPolicy`, and other admission plugins' additions: the service account's token mount)."""
     items = parent.setdefault(key, [])
     for existing in items:
         if existing.get("name") == item["name"]:
-            same = all(existing.get(k) == v for k, v in item.items()) if defaulted else existing == item
+            same = _covers(existing, item) if defaulted else existing == item
             if not same:
                 raise WiringConflict(
                     f"{field}[{item['name']}] is already set to {existing!r}; {whose} needs {item!r}: "
@@ -35,6 +36,18 @@ def add_named(
                 )
             return
     items.append(item)
+
+
+def _covers(existing: Mapping[str, Any], item: Mapping[str, Any]) -> bool:
+    """Every field of `item` is in `existing`: equal, or for a list every entry of `item`'s among `existing`'s."""
+    for k, v in item.items():
+        there = existing.get(k)
+        if isinstance(v, list) and isinstance(there, list):
+            if any(entry not in there for entry in v):
+                return False
+        elif there != v:
+            return False
+    return True
 
 
 def add_mount(container: dict[str, Any], mount: dict[str, Any], field: str, whose: str, fix: str) -> None:

@@ -149,7 +149,14 @@ def test_a_pod_as_the_api_server_stored_it_is_admitted_unchanged() -> None:
     for container in [*stored["spec"]["initContainers"], *stored["spec"]["containers"]]:
         container.setdefault("imagePullPolicy", "IfNotPresent")
         container.setdefault("terminationMessagePath", "/dev/termination-log")
+        # The ServiceAccount admission plugin mounts the API token into every container, init ones too.
+        token = {"name": "kube-api-access-x1", "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/sa"}
+        container.setdefault("volumeMounts", []).append(token)
     assert patch(stored) == []
+    stored["spec"]["initContainers"][0]["volumeMounts"] = [stored["spec"]["initContainers"][0]["volumeMounts"][-1]]
+    with pytest.raises(WiringConflict, match=r"spec\.initContainers\[strata-vllm-packages\] is already set"):
+        patch(stored)
+    stored = wired(pod())
     stored["spec"]["initContainers"][1]["command"] = ["python3", "-c", "pass"]
     with pytest.raises(WiringConflict, match=r"spec\.initContainers\[strata-check-vllm\] is already set"):
         patch(stored)
