@@ -40,9 +40,10 @@ def assert_verdicts(situation: str, cache: dict[str, Any], kstatus: KStatus, arg
 
 
 def lose(k8s: DynamicClient, nodes: Heartbeat, name: str) -> None:
-    """The node's kubelet goes silent: no more heartbeats, and its Ready condition turns Unknown, as the node
-    lifecycle controller writes it after its grace period (written here at once, not waited for)."""
-    nodes.nodes.discard(name)
+    """The node's kubelet goes silent: no more heartbeats (neither the fixture's nor kwok's), and its Ready condition
+    turns Unknown, as the node lifecycle controller writes it after its grace period (written here at once, not
+    waited for)."""
+    nodes.silence(name)
     unknown = {
         "type": "Ready",
         "status": "Unknown",
@@ -80,8 +81,7 @@ def test_flux_and_argo_cd_read_a_reconciled_cache_as_the_table_says(
     situation = "ModelCache NodeLocal: a node lost, its copy Ready on another (usable, Degraded)"
     assert_verdicts(situation, lost, kstatus, argo_health)
 
-    nodes.beat(b)  # the kubelet answers again
-    nodes.nodes.add(b)
+    nodes.resume(b)  # the kubelet answers again
     wait_for_status(k8s, namespace, name, lambda s: s.get("readyNodes") == 2, f"{b} back", timeout=60)
     assert_verdicts("ModelCache Ready", get_cache(k8s, namespace, name), kstatus, argo_health)
 

@@ -21,7 +21,14 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 from strata_loader.contract import FetchResult
 from strata_operator.api import API_VERSION
-from strata_testsupport.kube import create_fake_node, delete_quietly, get_or_none, resource, wait_for
+from strata_testsupport.kube import (
+    FAKE_NODE_ANNOTATION,
+    create_fake_node,
+    delete_quietly,
+    get_or_none,
+    resource,
+    wait_for,
+)
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -193,11 +200,10 @@ class Heartbeat:
     without it kube-controller-manager marks a silent node NotReady after its grace period."""
 
     def __init__(self, k8s: DynamicClient, interval: float = 3.0) -> None:
-        import threading
-
         self.k8s = k8s
         self.interval = interval
         self.nodes: set[str] = set()
+        self._beating = threading.Lock()  # held for each beat, so a node silenced gets none after `silence`
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -223,16 +229,39 @@ class Heartbeat:
         )
 
     def remove(self, name: str) -> None:
-        self.nodes.discard(name)
+        with self._beating:
+            self.nodes.discard(name)
         delete_quietly(self.k8s, "v1", "Node", name, None)
+
+    def silence(self, name: str) -> None:
+        """The node's kubelet goes silent: no beat from here after this returns (one in flight finishes first),
+        and kwok stops managing the node (its annotation removed), since kwok stands in for the kubelet too: its
+        node-initialize stage writes Ready=True back at once over any Ready condition that is not True."""
+        with self._beating:
+            self.nodes.discard(name)
+        self._kwok(name, None)
+
+    def resume(self, name: str) -> None:
+        """The node's kubelet answers again: beats from here and kwok's management, as before `silence`."""
+        self._kwok(name, "fake")
+        self.beat(name)
+        with self._beating:
+            self.nodes.add(name)
+
+    def _kwok(self, name: str, value: str | None) -> None:
+        body = {"metadata": {"annotations": {FAKE_NODE_ANNOTATION: value}}}
+        resource(self.k8s, "v1", "Node").patch(name=name, body=body, content_type="application/merge-patch+json")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             for name in list(self.nodes):
-                try:
-                    self.beat(name)
-                except Exception:  # a node deleted under us; the next pass no longer has it
-                    self.nodes.discard(name)
+                with self._beating:
+                    if name not in self.nodes:  # silenced or removed since the pass began
+                        continue
+                    try:
+                        self.beat(name)
+                    except Exception:  # a node deleted under us; the next pass no longer has it
+                        self.nodes.discard(name)
 
     def stop(self) -> None:
         self._stop.set()
