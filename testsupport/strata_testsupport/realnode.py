@@ -1,6 +1,7 @@
-"""Session fixtures for the real-node tier: a control plane with one real node (containerd, kubelet,
-kube-proxy, CoreDNS), Strata's chart installed as a real operator pod from the image built here, an S3 server
-and an OCI registry the pods can reach, and namespaces that enforce the `restricted` Pod Security level.
+"""Fixtures for the real-node tier: a control plane with one real node (containerd, kubelet, kube-proxy, CoreDNS),
+Strata's chart installed as a real operator pod from the image built here, an S3 server and an OCI registry the pods
+can reach, and namespaces that enforce the `restricted` Pod Security level. Package scope: the node and everything
+it holds go as soon as realnode/tests ends, before the kind tier starts its cluster.
 
 Under CI=true a missing prerequisite fails the tier (it can run on this machine); elsewhere it skips with the
 reason and the command that fixes it.
@@ -49,7 +50,7 @@ KV_SOCKET_STATE_DIR = WORK_DIR / "kv-sockets"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_node() -> Iterator[RealNode]:
     try:
         binaries = find_node_binaries()
@@ -62,27 +63,27 @@ def real_node() -> Iterator[RealNode]:
     assert not left, f"the node's teardown left {left}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_k8s(real_node: RealNode) -> DynamicClient:
     """Cluster admin on the real node's cluster."""
     return new_dynamic_client(str(real_node.kubeconfig))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_s3(real_node: RealNode) -> Iterator[S3Server]:
     """A real S3 server on the node's address: reachable from its pods, not from outside the machine."""
     with running_s3_server(host=NODE_IP) as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_s3_checking_credentials(real_node: RealNode) -> Iterator[S3Server]:
     """Like node_s3, but the server checks every request's signature against its IAM users."""
     with running_s3_server(host=NODE_IP, authenticate=True) as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_registry(real_node: RealNode) -> Iterator[Registry]:
     """An OCI registry on the node's address, HTTPS with basic auth (pods pull with a pull secret); the node's
     containerd trusts its CA for that address only."""
@@ -92,7 +93,7 @@ def node_registry(real_node: RealNode) -> Iterator[Registry]:
         yield registry
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serving_image(real_node: RealNode) -> str:
     """The serving image (vLLM on CPU + Strata's vLLM packages) in the node's runtime: built when missing (about
     10 minutes on a fresh machine), imported for the tests that serve a model only."""
@@ -104,7 +105,7 @@ def serving_image(real_node: RealNode) -> str:
     return SERVING_IMAGE
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stock_vllm_image(real_node: RealNode) -> str:
     """vLLM on CPU with nothing of Strata's, in the node's runtime: what a user's own vLLM image is (built from the
     serving image's cached engine when missing)."""
@@ -145,7 +146,7 @@ def install_strata(real_node: RealNode, client: DynamicClient) -> float:
     return round(time.monotonic() - started, 1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_operator(real_node: RealNode, node_k8s: DynamicClient) -> Iterator[dict[str, Any]]:
     """The operator as a pod from its image, with only the chart's RBAC."""
     try:
