@@ -19,7 +19,11 @@ stamp="$(kubernetes_stamp "$k8s_version")"
 build controlplane kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
 build controlplane kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$stamp"
 # A coredns cached before the plugins kubeadm's Corefile names were added (hack/coredns/main.go) is built again.
-if [[ -x "$bin_dir/coredns" ]] && ! "$bin_dir/coredns" -plugins | grep -q 'dns.forward'; then rm -f "$bin_dir/coredns"; fi
+# `coredns -plugins` lists one plugin a line, bare (`forward`) or, from older builds, under its server type
+# (`dns.forward`); the list is read whole first, as `| grep -q` under pipefail fails when coredns dies of SIGPIPE.
+if [[ -x "$bin_dir/coredns" ]] && ! grep -qE '(^|[[:space:].])forward$' <<<"$("$bin_dir/coredns" -plugins)"; then
+  rm -f "$bin_dir/coredns"
+fi
 build coredns coredns .
 bash "$here/build-containerd.sh" >/dev/null
 bash "$here/build-registry.sh" >/dev/null
