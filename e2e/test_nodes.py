@@ -275,14 +275,26 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
         assert ready["status"] == "True" and during["phase"] == "Degraded", during
         assert degraded["reason"] == "NodeNotReady" and lost in degraded["message"], degraded
         assert jobs.get(name=job_of_lost, namespace=namespace), "the stopped worker's Job was deleted"
-        warnings = [m for t, r, m in cache_events() if (t, r) == ("Warning", "NodeNotReady")]
-        assert any(m.startswith(f"node {lost}: ") for m in warnings), cache_events()
+        # Events are posted apart from the status write: wait for the Warning rather than expect it already there.
+        wait_for(
+            lambda: any(
+                (t, r) == ("Warning", "NodeNotReady") and m.startswith(f"node {lost}: ") for t, r, m in cache_events()
+            ),
+            timeout=120,
+            interval=2,
+            what=f"a Warning NodeNotReady Event naming {lost}",
+        )
 
         e2e.run("docker", "unpause", lost)
         paused = False
         wait_for(lambda: status().get("readyNodes") == 2, timeout=600, interval=2, what=f"{lost}'s copy resumed")
         assert status()["phase"] == "Ready" and node_states()[lost]["job"] == job_of_lost, status()
-        assert ("Normal", "NodeReturned") in [e[:2] for e in cache_events()], cache_events()
+        wait_for(
+            lambda: ("Normal", "NodeReturned") in [e[:2] for e in cache_events()],
+            timeout=120,
+            interval=2,
+            what="a NodeReturned Event",
+        )
         reads_before_serving = gate.gets
 
         # Mid-serving: a consumer on the worker that will stop.
