@@ -83,7 +83,9 @@ if [[ ! -s "$engine" ]]; then
   wheelhouse="$(mktemp -d "$cache/wheelhouse-vllm.XXXXXX")"
   "$vpy" -m pip freeze --all > "$wheelhouse/lock.txt"
   echo "serving image: downloading $(wc -l < "$wheelhouse/lock.txt") packages into $wheelhouse" >&2
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheelhouse" -r "$wheelhouse/lock.txt" >&2
+  # The venv's own pip: its HTTP cache (http-v2) holds the wheels it just installed, so on a first run this is a
+  # copy from that cache, not a second 3 GB download (an older pip, as Debian's python3 may have, keeps another).
+  "$vpy" -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheelhouse" -r "$wheelhouse/lock.txt" >&2
   echo "serving image: wheelhouse $(du -sh "$wheelhouse" | cut -f1) in $((SECONDS - start))s" >&2
   serve_wheelhouse "$wheelhouse"
   docker build "${args[@]}" --target engine-cpu --build-arg "PYTHON_IMAGE=$base" \
