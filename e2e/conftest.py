@@ -1,4 +1,5 @@
-"""End-to-end fixtures: a kind cluster (a control plane and two workers), Strata's images loaded, the chart installed.
+"""End-to-end fixtures: a kind cluster (a control plane, two workers and a spare one that joins only when a test
+adds it), Strata's images loaded, the chart installed.
 
 Needs Docker (a daemon is started for the session when none answers and `dockerd` is installed) and kind (KIND, on
 PATH, or built from its Go module by hack/build-kind.sh). The node image is chosen by E2E_NODE_IMAGE:
@@ -39,6 +40,8 @@ RELEASE, RELEASE_NAMESPACE = "strata", "strata-system"
 NAMESPACE = "strata-e2e"
 GPU_LABEL = {"strata.dev/e2e-gpu": "true"}
 CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"  # kubeadm's label and taint on the control plane
+SPARE_LABEL = "strata.dev/e2e-spare"
+"""e2e/kind-config.yaml's label on its spare worker (the kubelet's --node-labels, in the node's /kind/kubeadm.conf)."""
 
 
 def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) -> str:
@@ -178,11 +181,81 @@ def kind_cluster(kind_binary: str, node_image: str | None) -> Iterator[Path]:
             create += ["--image", node_image]
         run(*create)
     kubeconfig.write_text(run(kind_binary, "get", "kubeconfig", "--name", CLUSTER))
+    spare = spare_container(kind_binary)
+    if spare:
+        # Before anything is installed: nothing of the suite's lands on a node that leaves.
+        SpareWorker(spare, kubeconfig).leave()
     try:
         yield kubeconfig
     finally:
         if not keep:
             subprocess.run([kind_binary, "delete", "cluster", "--name", CLUSTER], timeout=600)
+
+
+def spare_container(kind_binary: str) -> str | None:
+    """The node container whose kubelet is configured with SPARE_LABEL (kind names a node after its container)."""
+    for container in run(kind_binary, "get", "nodes", "--name", CLUSTER).split():
+        config = subprocess.run(
+            ["docker", "exec", container, "cat", "/kind/kubeadm.conf"], capture_output=True, text=True
+        )
+        if SPARE_LABEL in config.stdout:
+            return container
+    return None
+
+
+class SpareWorker:
+    """A node container of the cluster that is not a Node of it until a test joins it: a machine a node pool adds.
+    `join` runs what kind ran to join it (`kubeadm join --config /kind/kubeadm.conf`, whose bootstrap token lives a
+    day); `leave` is a node removed from its pool (`kubeadm reset`, its Node deleted), so it can join again."""
+
+    def __init__(self, container: str, kubeconfig: Path) -> None:
+        from strata_testsupport.kube import new_dynamic_client
+
+        self.name = container
+        self.client = new_dynamic_client(str(kubeconfig))
+
+    def node(self) -> Any:
+        from strata_testsupport.kube import get_or_none
+
+        return get_or_none(self.client, "v1", "Node", self.name, None)
+
+    def join(self, timeout: float = 300) -> str:
+        """Join, and wait until the Node is Ready; returns its InternalIP."""
+        from strata_testsupport.kube import wait_for
+
+        assert self.node() is None, f"{self.name} is already a node of the cluster"
+        run("docker", "exec", self.name, "kubeadm", "join", "--config", "/kind/kubeadm.conf", timeout=timeout)
+
+        def ready() -> str | None:
+            node = self.node()
+            conditions = {c.type: c.status for c in (node.status.conditions or [])} if node else {}
+            if conditions.get("Ready") != "True":
+                return None
+            return next(a.address for a in node.status.addresses if a.type == "InternalIP")
+
+        return wait_for(ready, timeout=timeout, interval=2, what=f"{self.name} joined and Ready")
+
+    def leave(self) -> None:
+        from strata_testsupport.kube import delete_quietly, wait_for
+
+        run("docker", "exec", self.name, "kubeadm", "reset", "--force")
+        # As reset's own output advises: its pod network configuration goes too (a pod started on the next join
+        # before the network rewrites it would take an address from the CIDR the node had before).
+        run("docker", "exec", self.name, "sh", "-c", "rm -rf /etc/cni/net.d/*")
+        delete_quietly(self.client, "v1", "Node", self.name, None)
+        wait_for(lambda: self.node() is None, timeout=120, interval=1, what=f"{self.name}'s Node deleted")
+
+
+@pytest.fixture(scope="session")
+def spare_worker(kind_cluster: Path, kind_binary: str) -> Iterator[SpareWorker]:
+    """e2e/kind-config.yaml's spare worker, out of the cluster; it is out again after the test that joins it."""
+    container = spare_container(kind_binary)
+    if container is None:
+        pytest.skip("the cluster has no spare worker (e2e/kind-config-gpu.yaml has none): nothing can join it")
+    spare = SpareWorker(container, kind_cluster)
+    yield spare
+    if spare.node() is not None:
+        spare.leave()
 
 
 @pytest.fixture(scope="session")
@@ -297,13 +370,14 @@ def kind_s3(kind_cluster: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def kind_workers(k8s_e2e: Any) -> dict[str, str]:
-    """The CPU workers, name -> InternalIP (the address their pods' traffic carries outside the pod network)."""
+    """The CPU workers, name -> InternalIP (the address their pods' traffic carries outside the pod network); the
+    spare worker is not one of them, even while it is joined."""
     from strata_testsupport.kube import resource
 
     workers = {}
     for node in resource(k8s_e2e, "v1", "Node").get().items:
-        taints = {t.key for t in node.spec.taints or []}
-        if CONTROL_PLANE_ROLE in (node.metadata.labels or {}) or CONTROL_PLANE_ROLE in taints:
+        taints, labels = {t.key for t in node.spec.taints or []}, node.metadata.labels or {}
+        if CONTROL_PLANE_ROLE in labels or CONTROL_PLANE_ROLE in taints or SPARE_LABEL in labels:
             continue
         workers[node.metadata.name] = next(a.address for a in node.status.addresses if a.type == "InternalIP")
     return workers

@@ -1,8 +1,10 @@
-"""Strata across kind's nodes, CPU only (a control plane and two workers; e2e/kind-config.yaml): what one node
-cannot show. The chart is installed as a user installs it; the origin is a real S3 server on this host, whose own
-access log says which node read what (pod traffic leaves the pod network masqueraded as its node)."""
+"""Strata across kind's nodes, CPU only (a control plane, two workers and a spare one; e2e/kind-config.yaml): what
+one node cannot show. The chart is installed as a user installs it; the origin is a real S3 server on this host,
+whose own access log says which node read what (pod traffic leaves the pod network masqueraded as its node)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -73,6 +75,57 @@ def test_a_node_local_model_is_read_from_the_origin_once_and_fanned_out_to_the_o
         assert name not in left.split(), f"{worker} still holds the copy: {left}"
 
 
+def s3_tier(k8s: Any, s3: Any, namespace: str, name: str) -> tuple[str, str]:
+    """A KVCacheTier with the S3 server as its L2 (a server on every worker, the bucket shared by all); returns
+    the bucket and prefix its chunks land under."""
+    from strata_testsupport.kube import resource
+    from strata_testsupport.pods import API, kv_token_secret, s3_secret
+
+    bucket, prefix = s3.create_bucket(), "kv"
+    kv_token_secret(k8s, namespace)
+    s3_secret(k8s, namespace, "s3", s3.access_key, s3.secret_key)
+    spec = {
+        "l1": {"size": "64Mi"},
+        "l2": {"s3": {"bucket": bucket, "prefix": prefix, "endpoint": s3.endpoint_url, "secretRef": {"name": "s3"}}},
+        "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
+        "resources": {"requests": {"cpu": "50m"}},
+    }
+    body = {"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": spec}
+    resource(k8s, API, "KVCacheTier").create(namespace=namespace, body=body)
+    return bucket, prefix
+
+
+def wait_for_servers(k8s: Any, namespace: str, tier: str, nodes: set[str]) -> None:
+    """Until the tier has a ready server on each of `nodes`."""
+    from strata_testsupport.kube import resource, wait_for
+
+    pods = resource(k8s, "v1", "Pod")
+
+    def ready_on() -> set[str]:
+        listed = pods.get(namespace=namespace, label_selector=f"app.kubernetes.io/instance={tier}").to_dict()
+        ready = {
+            p["spec"].get("nodeName")
+            for p in listed["items"]
+            if all(s["ready"] for s in p.get("status", {}).get("containerStatuses") or [{"ready": False}])
+        }
+        return ready if ready >= nodes else set()
+
+    wait_for(ready_on, timeout=300, interval=2, what=f"a ready server of {tier} on each of {sorted(nodes)}")
+
+
+def written_behind(s3: Any, bucket: str, prefix: str, count: int) -> None:
+    """Until `count` chunks are in the bucket (servers write to their L2 behind the client's write)."""
+    from strata_testsupport.kube import wait_for
+
+    objects = s3.client()
+    wait_for(
+        lambda: objects.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) >= count,
+        timeout=120,
+        interval=1,
+        what=f"{count} chunks written behind to the bucket",
+    )
+
+
 def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_never_the_other_server(
     k8s_e2e, strata_release, kind_s3, kind_workers, e2e
 ):
@@ -81,56 +134,22 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
     worker reads every chunk back through its own node's server, which has them only from the bucket. The S3
     server's log shows it: each object the reader's server fetched was written by the writer's node, and fetched
     from the reader's node's address, so the reader never reached the writer's server and its memory."""
-    from strata_testsupport.kube import resource, wait_for
-    from strata_testsupport.pods import API, kv_client_pod, kv_token_secret, s3_secret
+    from strata_testsupport.pods import kv_client_pod
     from strata_testsupport.realnode import pod_security_namespace
 
     writer, reader = sorted(kind_workers)
-    tier, count, bucket, prefix = "shared-kv", 24, kind_s3.create_bucket(), "kv"
+    tier, count = "shared-kv", 24
     namespaces = pod_security_namespace(k8s_e2e, "restricted")
     namespace = next(namespaces)
     try:
-        kv_token_secret(k8s_e2e, namespace)
-        s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
-        spec = {
-            "l1": {"size": "64Mi"},
-            "l2": {
-                "s3": {
-                    "bucket": bucket,
-                    "prefix": prefix,
-                    "endpoint": kind_s3.endpoint_url,
-                    "secretRef": {"name": "s3"},
-                }
-            },
-            "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
-            "resources": {"requests": {"cpu": "50m"}},
-        }
-        body = {"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": spec}
-        resource(k8s_e2e, API, "KVCacheTier").create(namespace=namespace, body=body)
-        pods = resource(k8s_e2e, "v1", "Pod")
-
-        def servers_ready() -> set[str]:
-            listed = pods.get(namespace=namespace, label_selector=f"app.kubernetes.io/instance={tier}").to_dict()
-            ready = {
-                p["spec"].get("nodeName")
-                for p in listed["items"]
-                if all(s["ready"] for s in p.get("status", {}).get("containerStatuses") or [{"ready": False}])
-            }
-            return ready if ready >= set(kind_workers) else set()
-
-        wait_for(servers_ready, timeout=300, interval=2, what=f"a ready server of {tier} on each worker")
+        bucket, prefix = s3_tier(k8s_e2e, kind_s3, namespace, tier)
+        wait_for_servers(k8s_e2e, namespace, tier, set(kind_workers))
         on = {
             node: {"image": e2e.runtime_image, "nodeSelector": {"kubernetes.io/hostname": node}}
             for node in kind_workers
         }
         kv_client_pod(k8s_e2e, namespace, tier, "writer", "write", count, **on[writer])
-        objects = kind_s3.client()
-
-        def written_behind() -> bool:
-            listed = objects.list_objects_v2(Bucket=bucket, Prefix=prefix)
-            return listed.get("KeyCount", 0) >= count
-
-        wait_for(written_behind, timeout=120, interval=1, what=f"{count} chunks written behind to the bucket")
+        written_behind(kind_s3, bucket, prefix, count)
         read = kv_client_pod(k8s_e2e, namespace, tier, "reader", "read", count, **on[reader])
         assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
 
@@ -145,38 +164,48 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
         next(namespaces, None)  # deletes the namespace
 
 
-def test_a_node_that_joins_gets_the_model_from_a_peer_without_reading_the_origin(
-    k8s_e2e, strata_release, kind_s3, kind_workers, hostpath_namespace, e2e
+def test_a_node_that_joins_the_cluster_gets_the_model_from_a_peer_and_the_kv_the_others_wrote(
+    k8s_e2e, strata_release, kind_s3, kind_workers, spare_worker, hostpath_namespace, e2e
 ):
-    """A NodeLocal ModelCache Ready on one worker; the other worker then joins its node selector (as a node added
-    to a node pool does). The newcomer's copy turns Ready with no read of the origin at all: it came from the first
-    worker's peer. A consumer on the newcomer reads every tensor."""
-    from strata_testsupport.kube import resource, wait_for
-    from strata_testsupport.pods import API, model_cache, read_model_in_pod, s3_model_spec, s3_secret, upload_model
+    """A node pool of one worker serves: a NodeLocal ModelCache Ready there, a KVCacheTier with an S3 L2 holding
+    chunks a client on that worker wrote. Then a new machine joins the running cluster (the spare worker's
+    `kubeadm join`), carrying the pool's label from its kubelet as a pool's new node does. Its copy of the model
+    turns Ready with no read of the origin at all (it came from the first worker's peer), a consumer there reads
+    every tensor, the tier starts a server on it, and a client there reads every chunk the first worker wrote, which
+    its own server fetched from the bucket."""
+    from strata_testsupport.kube import delete_quietly, resource, wait_for
+    from strata_testsupport.pods import API, kv_client_pod, model_cache, read_model_in_pod, s3_model_spec, upload_model
 
-    namespace, name, label = hostpath_namespace, "joiner", "strata.dev/e2e-join"
-    first, joiner = sorted(kind_workers)
+    namespace, name, tier, count = hostpath_namespace, "joiner", "pool-kv", 16
+    pool = {"strata.dev/e2e-pool": "serving"}  # the spare worker's kubelet registers with it (e2e/kind-config.yaml)
+    first, joiner = sorted(kind_workers)[0], spare_worker.name
     nodes, caches = resource(k8s_e2e, "v1", "Node"), resource(k8s_e2e, API, "ModelCache")
-    for worker in kind_workers:
-        e2e.run("docker", "exec", worker, "install", "-d", "-o", "65532", "-g", "65532", MODELS_DIR)
-    nodes.patch(name=first, body={"metadata": {"labels": {label: "true"}}})
-    bucket, prefix = kind_s3.create_bucket(), "tiny"
-    digests = upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
-    s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
-    spec = s3_model_spec(kind_s3, bucket, prefix, "s3")
-    spec["storage"] = {"mode": "NodeLocal", "nodeLocal": {"path": MODELS_DIR, "nodeSelector": {label: "true"}}}
-    model_cache(k8s_e2e, namespace, name, spec)
-
-    def node_phases() -> dict[str, str]:
-        status = caches.get(name=name, namespace=namespace).to_dict().get("status") or {}
-        return {n["name"]: n["phase"] for n in status.get("nodes") or []}
-
-    wait_for(lambda: node_phases() == {first: "Ready"}, timeout=600, interval=2, what=f"{name} Ready on {first}")
-    origin_reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
-    assert {r.client for r in origin_reads} == {kind_workers[first]}, origin_reads
-
-    nodes.patch(name=joiner, body={"metadata": {"labels": {label: "true"}}})
+    for machine in (first, joiner):
+        e2e.run("docker", "exec", machine, "install", "-d", "-o", "65532", "-g", "65532", MODELS_DIR)
+    nodes.patch(name=first, body={"metadata": {"labels": pool}})
+    on = lambda node: {"image": e2e.runtime_image, "nodeSelector": {"kubernetes.io/hostname": node}}  # noqa: E731
     try:
+        bucket, prefix = kind_s3.create_bucket(), "tiny"
+        digests = upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
+        kv_bucket, kv_prefix = s3_tier(k8s_e2e, kind_s3, namespace, tier)
+        spec = s3_model_spec(kind_s3, bucket, prefix, "s3")  # the Secret s3_tier made
+        spec["storage"] = {"mode": "NodeLocal", "nodeLocal": {"path": MODELS_DIR, "nodeSelector": pool}}
+        model_cache(k8s_e2e, namespace, name, spec)
+
+        def node_phases() -> dict[str, str]:
+            status = caches.get(name=name, namespace=namespace).to_dict().get("status") or {}
+            return {n["name"]: n["phase"] for n in status.get("nodes") or []}
+
+        wait_for(lambda: node_phases() == {first: "Ready"}, timeout=600, interval=2, what=f"{name} Ready on {first}")
+        origin_reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
+        assert {r.client for r in origin_reads} == {kind_workers[first]}, origin_reads
+        wait_for_servers(k8s_e2e, namespace, tier, set(kind_workers))
+        kv_client_pod(k8s_e2e, namespace, tier, "writer", "write", count, **on(first))
+        written_behind(kind_s3, kv_bucket, kv_prefix, count)
+
+        # -- a machine joins the cluster ------------------------------------------------------------------------
+        joined_from = spare_worker.join()
+        print(f"{joiner} joined the cluster as {joined_from}")
         wait_for(
             lambda: node_phases() == {first: "Ready", joiner: "Ready"},
             timeout=600,
@@ -190,11 +219,23 @@ def test_a_node_that_joins_gets_the_model_from_a_peer_without_reading_the_origin
         assert (
             read_model_in_pod(k8s_e2e, namespace, "newcomer", snippet, image=e2e.runtime_image, **on_joiner) == digests
         )
+
+        wait_for_servers(k8s_e2e, namespace, tier, {joiner})
+        read = kv_client_pod(k8s_e2e, namespace, tier, "reader", "read", count, **on(joiner))
+        assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
+        fetchers = {
+            r.client
+            for r in kind_s3.requests()
+            if r.method == "GET" and r.status in (200, 206) and r.path.startswith(f"/{kv_bucket}/{kv_prefix}")
+        }
+        assert fetchers == {joined_from}, f"the chunks were fetched from {fetchers}, not by {joiner}'s server"
     finally:
-        caches.delete(name=name, namespace=namespace)
+        delete_quietly(k8s_e2e, API, "ModelCache", name, namespace)
         wait_for(lambda: not caches.get(namespace=namespace).items, timeout=300, interval=2, what="the cache deleted")
-        for worker in kind_workers:
-            nodes.patch(name=worker, body={"metadata": {"labels": {label: None}}})
+        delete_quietly(k8s_e2e, API, "KVCacheTier", tier, namespace)
+        nodes.patch(name=first, body={"metadata": {"labels": dict.fromkeys(pool)}})
+        if spare_worker.node() is not None:
+            spare_worker.leave()
 
 
 def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_and_resumed(
