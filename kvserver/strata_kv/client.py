@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from .wire import shared_memory
 from .wire.resp import command
+from .wire.sockets import widen_unix_send_buffer
 
 Reply = Any
 
@@ -55,6 +56,7 @@ class KVClient:
     ) -> None:
         if unix_socket:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            widen_unix_send_buffer(self._sock)
             self._sock.settimeout(timeout)
             self._sock.connect(unix_socket)
         else:
