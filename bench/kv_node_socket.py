@@ -183,6 +183,21 @@ def summary(run: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def merged(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of one label (one checkout measured in several alternating runs) as one: their samples together."""
+    by_label: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if run["label"] not in by_label:
+            by_label[run["label"]] = json.loads(json.dumps(run))
+            continue
+        into = by_label[run["label"]]
+        into["rounds"] += run["rounds"]
+        for side, ops in run["samples_ms"].items():
+            for op, xs in ops.items():
+                into["samples_ms"][side][op] += xs
+    return list(by_label.values())
+
+
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -219,7 +234,7 @@ def main() -> None:
     parser.add_argument("--report", type=Path, nargs="+", help="plot and tabulate saved runs instead of measuring")
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
-    runs = [json.loads(p.read_text()) for p in args.report] if args.report else [measure(args)]
+    runs = merged([json.loads(p.read_text()) for p in args.report]) if args.report else [measure(args)]
     for run in runs:
         if not args.report and args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -179,8 +179,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     low = [rows[s]["ttft_median_s"] - rows[s]["ttft_min_s"] for s in sides]
     high = [rows[s]["ttft_max_s"] - rows[s]["ttft_median_s"] for s in sides]
     fig, ax = plt.subplots(figsize=(8, 4))
-    colors = {"none": "#999", "cpu": "#ccc", "miss": "#bbb", "vllm-fs": "#6a9fd4", "strata-tcp": "#2e7d32"}
-    ax.bar(sides, medians, yerr=[low, high], capsize=4, color=[colors.get(s, "#1b5e20") for s in sides])
+    colors = {"none": "#999", "cpu": "#ccc", "miss": "#bbb", "miss-vllm-cores": "#d98c8c", "vllm-fs": "#6a9fd4"}
+    colors |= {"strata-tcp": "#2e7d32", "strata-socket": "#1b5e20"}
+    ax.bar(sides, medians, yerr=[low, high], capsize=4, color=[colors[s] for s in sides])
     for i, side in enumerate(sides):
         if "vs_recompute" in rows[side]:
             ax.annotate(f"{rows[side]['vs_recompute']:.1f}x", (i, medians[i]), ha="center", va="bottom")
