@@ -203,9 +203,12 @@ def serve_command(
     return cmd
 
 
-def serve_env(data: dict[str, str], device: str = "cuda", cpu_kvcache_gib: int = 4) -> dict[str, str]:
+def serve_env(
+    data: dict[str, str], device: str = "cuda", cpu_kvcache_gib: int = 4, connector: bool = False
+) -> dict[str, str]:
     """vLLM's environment: offline, dev mode (for /reset_prefix_cache), the checkout's `strata_kv` importable (as
-    `pip install strata` makes it in a serving image) and PYTHONHASHSEED only where the ConfigMap sets one."""
+    `pip install strata` makes it in a serving image), PYTHONHASHSEED only where the ConfigMap sets one, and with a
+    `connector` the cores the ConfigMap keeps for vLLM's scheduler (VLLM_CPU_NUM_OF_RESERVED_CPU, as envFrom)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHASHSEED")}
     env.update(
         {
@@ -219,6 +222,8 @@ def serve_env(data: dict[str, str], device: str = "cuda", cpu_kvcache_gib: int =
     )
     if "PYTHONHASHSEED" in data:
         env["PYTHONHASHSEED"] = data["PYTHONHASHSEED"]
+    if connector and "VLLM_CPU_NUM_OF_RESERVED_CPU" in data:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = data["VLLM_CPU_NUM_OF_RESERVED_CPU"]
     if device == "cpu":  # the engine's KV cache in host memory, in GiB
         env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib)}
     return env
@@ -434,7 +439,7 @@ def run_mode(
         cmd = serve_command(args.vllm, args.model, transfer, data, port, args)
         print(f"[{mode}] {shlex.join(cmd)}", flush=True)
         started = time.monotonic()
-        vllm_proc = start(cmd, log, serve_env(data, args.device, args.cpu_kvcache_gib))
+        vllm_proc = start(cmd, log, serve_env(data, args.device, args.cpu_kvcache_gib, connector=transfer is not None))
         wait_ready(port, vllm_proc, log, args.start_timeout)
         result["startup_s"] = round(time.monotonic() - started, 1)
         warm_up = prompts(1, args.doc_tokens, args.suffix_tokens, 32000)[0]

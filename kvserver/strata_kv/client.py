@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from .wire import shared_memory
 from .wire.resp import command
+from .wire.sockets import widen_unix_send_buffer
 
 Reply = Any
 
@@ -55,6 +56,7 @@ class KVClient:
     ) -> None:
         if unix_socket:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            widen_unix_send_buffer(self._sock)
             self._sock.settimeout(timeout)
             self._sock.connect(unix_socket)
         else:
@@ -106,12 +108,22 @@ class KVClient:
     def set_from(self, key: bytes, value: memoryview | bytes) -> None:
         """SET `key` to the bytes of `value`, sent straight from that buffer (no joined copy of a large chunk)."""
         view = memoryview(value).cast("B")
-        self._sock.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, view.nbytes))
-        self._sock.sendall(view)
-        self._sock.sendall(b"\r\n")
+        header = b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, view.nbytes)
+        self._send_parts([memoryview(header), view, memoryview(b"\r\n")])
         reply = self._read_reply()
         if isinstance(reply, KVError):
             raise reply
+
+    def _send_parts(self, parts: list[memoryview]) -> None:
+        """Send `parts` in as few `sendmsg` calls as the socket takes them (one for a chunk that fits its buffer):
+        each call is a trip through the kernel and back into the GIL, which the engine's other threads want."""
+        while parts:
+            sent = self._sock.sendmsg(parts)
+            while parts and sent >= parts[0].nbytes:
+                sent -= parts[0].nbytes
+                parts.pop(0)
+            if sent:
+                parts[0] = parts[0][sent:]
 
     def get_into(self, key: bytes, dest: memoryview) -> bool:
         """GET `key` straight into `dest`; False on a miss. A value of another size than `dest` is refused

@@ -19,6 +19,7 @@ from typing import cast
 from ..config import LimitsConfig
 from ..wire import resp
 from ..wire.shared_memory import SharedReply
+from ..wire.sockets import widen_unix_send_buffer
 from ..wire.valuepool import ValuePool
 from .admission import ClientTable, deadline_passed
 from .commands import dispatch, dispatch_nowait
@@ -102,6 +103,8 @@ class RespConnection(asyncio.BufferedProtocol):
         addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else UNIX_ADDR
         if isinstance(peer, tuple):  # a Unix socket's poll ignores SO_RCVLOWAT
             self.intake.lowat_socket = transport.get_extra_info("socket")
+        else:
+            widen_unix_send_buffer(transport.get_extra_info("socket"))
         if addr == UNIX_ADDR and parts.shared_memory:
             self.output.hand_over_memory()
         self.session = Session(next(_ids), addr, authenticated=state.token is None)

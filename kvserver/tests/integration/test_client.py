@@ -35,3 +35,40 @@ async def test_async_client_concurrent_calls_share_one_connection(kv_server: KVS
         assert await c.delete(*values) == 20
     finally:
         await c.close()
+
+
+def _wmem_max() -> int:
+    with open("/proc/sys/net/core/wmem_max") as f:
+        return int(f.read())
+
+
+@pytest.mark.skipif(_wmem_max() < 2 * 1024 * 1024, reason="net.core.wmem_max caps a socket's send buffer below 2 MiB")
+def test_over_the_unix_socket_a_1_mib_reply_fits_the_servers_send_buffer_whole(kv_server: KVServerProcess) -> None:
+    """The server widens a Unix connection's send buffer, so a chunk goes out in one write instead of waiting for
+    the client to drain the default 208 KiB several times (each a hand-over between processes)."""
+    import fcntl
+    import socket
+    import termios
+    import time
+
+    value = bytes(range(256)) * 4096  # 1 MiB
+    with KVClient(unix_socket=kv_server.unix_socket) as c:
+        c.set(b"chunk", value)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(kv_server.unix_socket)
+        sock.sendall(b"*2\r\n$3\r\nGET\r\n$5\r\nchunk\r\n")
+        queued, deadline = 0, time.monotonic() + 10
+        while queued < len(value) and time.monotonic() < deadline:  # the server writes what its buffer takes
+            time.sleep(0.01)
+            queued = int.from_bytes(fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"), "little")
+        assert queued >= len(value), f"only {queued} bytes of a {len(value)}-byte reply were sent unread"
+
+
+def test_a_client_on_the_unix_socket_asks_for_a_send_buffer_a_chunk_fits(kv_server: KVServerProcess) -> None:
+    import socket
+
+    from strata_kv.wire.sockets import UNIX_SEND_BUFFER
+
+    with KVClient(unix_socket=kv_server.unix_socket) as c:
+        granted = c._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # the kernel doubles what it grants
+    assert granted >= 2 * min(UNIX_SEND_BUFFER, _wmem_max())

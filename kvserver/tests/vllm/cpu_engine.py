@@ -86,6 +86,8 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         enforce_eager=True,
         block_size=request.get("block_size", 32),  # the CPU attention backend takes multiples of 32
         max_model_len=request.get("max_model_len", 4096),
+        # None: vLLM's default for the LLM class (4096 tokens a step on CPU; its API server's is 2048).
+        max_num_batched_tokens=request.get("max_num_batched_tokens"),
         kv_transfer_config=json.loads(kv) if kv else None,
         prefix_caching_hash_algo=request.get("prefix_caching_hash_algo", "sha256_cbor"),
         seed=0,

@@ -510,3 +510,12 @@ def test_a_node_socket_driver_of_the_users_choice_is_rendered() -> None:
     pod = pod_spec(spec_of(nodeSocket={"enabled": True, "driver": "sockets.example.com"}))
     (volume,) = [v for v in pod["volumes"] if v["name"] == "strata-kv-socket"]
     assert volume["csi"]["driver"] == "sockets.example.com"
+
+
+def test_a_vllm_engine_keeps_one_core_for_its_scheduler_as_without_a_connector() -> None:
+    """vLLM reserves a second core for any KV connector (its NIXL case), and on 2 cores none at all; Strata's
+    connector needs none beyond the scheduler's, so the ConfigMap sets the reservation back to one."""
+    data = build_connection_config_map(spec_of(connector={"engine": "cpu"}), TIER)["data"]
+    assert data["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    lmcache = build_connection_config_map(spec_of(connector={"type": "lmcache"}), TIER)["data"]
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in lmcache

@@ -40,6 +40,17 @@ TOKEN_ENV = "STRATA_KV_TOKEN"
 SHM_HEADROOM_BYTES = 1024**3
 """/dev/shm beyond vLLM's CPU tier: its mp executor and NCCL keep their own segments there."""
 NON_CRYPTO_HASHES = {HashAlgorithm.XXHASH, HashAlgorithm.XXHASH_CBOR}
+CPU_RESERVED_CORES_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+CPU_RESERVED_CORES = "1"
+"""Cores a CPU engine keeps off its OpenMP threads: one, for its scheduler process, as without a connector.
+
+vLLM 0.32/0.33 reserve one more core whenever any `--kv-transfer-config` is set (`OMPProcessManager`: "for
+nixl_connector under p/d case"). Strata's connector needs none: its CPU spec copies blocks on the worker's own
+thread and its tier's I/O threads wait in the scheduler process, on the core already kept for it. The extra core
+costs 1/N of the prefill's threads, and where reserving it would leave none (2 cores) vLLM reserves nothing at all,
+so the scheduler's spin-wait runs on the OpenMP threads' cores: on 2 cores a prompt that missed the tier took 2.1x
+as long to its first token as with no connector (bench/vllm_cpu_ttft.py, sides none and cpu). GPU engines do not
+read it."""
 
 
 def remote_url(spec: KVCacheTierSpec, tier: TierRef) -> str:
@@ -133,6 +144,7 @@ def build_connection_env(spec: KVCacheTierSpec, tier: TierRef) -> dict[str, str]
     if spec.connector.type == ConnectorType.VLLM:
         for engine, name in TRANSFER_CONFIG_ENV.items():
             env[name] = compact(build_kv_transfer_config(spec, tier, engine))
+        env[CPU_RESERVED_CORES_ENV] = CPU_RESERVED_CORES
     if spec.connector.type == ConnectorType.LMCACHE:
         env["LMCACHE_CHUNK_SIZE"] = str(spec.chunk_tokens)
         env["LMCACHE_REMOTE_URL"] = remote_url(spec, tier)
