@@ -21,12 +21,16 @@ def e2e_support() -> Any:
     return module
 
 
-def test_cpu_kind_cluster_has_a_control_plane_and_two_unlabelled_workers():
+def test_cpu_kind_cluster_has_a_control_plane_two_unlabelled_workers_and_a_spare():
     config = yaml.safe_load((E2E / "kind-config.yaml").read_text())
+    support = e2e_support()
     assert (config["apiVersion"], config["kind"]) == ("kind.x-k8s.io/v1alpha4", "Cluster")
-    assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker"]
-    assert not any(n.get("labels") for n in config["nodes"]), "no CPU worker may claim the GPU label"
-    assert config["name"] == e2e_support().CLUSTER
+    assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker", "worker"]
+    *nodes, spare = config["nodes"]
+    assert not any(n.get("labels") for n in nodes), "no CPU worker may claim the GPU label"
+    assert support.SPARE_LABEL in spare["labels"], "the join test finds the spare worker by its label"
+    assert not set(support.GPU_LABEL) & set(spare["labels"]), "the spare may not claim the GPU label"
+    assert config["name"] == support.CLUSTER
 
 
 def test_gpu_kind_cluster_has_one_gpu_worker_labelled_as_the_suite_expects():
