@@ -33,7 +33,10 @@ CHAIN_WINDOW_SECONDS = 2.0
 Handler = Callable[[ServerState, Session, list[bytes]], Awaitable[Parts]]
 
 
-NowaitHandler = Callable[[ServerState, Session, list[bytes]], Parts | None]
+NowaitHandler = Callable[[ServerState, Session, list[bytes], int], Parts | None]
+"""(state, session, args, room): room is the largest reply the fast path may send now. A handler answers only
+what fits, before it counts or changes anything: a None sends the command down the slow path, which runs it
+again from the start."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ async def cmd_strata_getfd(state: ServerState, s: Session, args: list[bytes]) ->
 async def cmd_exists(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     n = 0
     for key in args[1:]:
-        n += await state.store.exists(key)
+        n += await state.store.exists(key, lookup=True)
     return resp.integer(n)
 
 
@@ -289,12 +292,16 @@ async def cmd_command(state: ServerState, s: Session, args: list[bytes]) -> Part
 
 
 # -- fast paths: L1 alone answers, no task switch -----------------------------------------------------
-def get_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
-    value = state.store.get_nowait(args[1])
+BULK_HEADER_MAX = 32
+"""The most bytes a bulk reply adds around its value (`$<length>\\r\\n` and `\\r\\n`)."""
+
+
+def get_nowait(state: ServerState, s: Session, args: list[bytes], room: int) -> Parts | None:
+    value = state.store.get_nowait(args[1], room - BULK_HEADER_MAX)
     return None if value is None else resp.bulk(value)
 
 
-def set_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+def set_nowait(state: ServerState, s: Session, args: list[bytes], room: int) -> Parts | None:
     if len(args) != 3:
         return None  # options: the slow path
     key = args[1]
@@ -309,7 +316,7 @@ def set_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | Non
     return resp.OK
 
 
-def exists_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+def exists_nowait(state: ServerState, s: Session, args: list[bytes], room: int) -> Parts | None:
     l1 = state.store.l1
     if not all(k in l1 for k in args[1:]):
         return None
@@ -362,17 +369,19 @@ def _refusal(state: ServerState, s: Session, cmd: Command, args: list[bytes]) ->
     return None
 
 
-def dispatch_nowait(state: ServerState, s: Session, args: list[bytes]) -> Parts | None:
+def dispatch_nowait(state: ServerState, s: Session, args: list[bytes], room: int) -> Parts | None:
     """The hot commands answered without a task switch when L1 can answer alone; None: use `dispatch`.
 
     GET of an L1 hit and a plain SET with room in the write-behind queue are the traffic of a KV
     tier; skipping the per-command task hop roughly halves their cost. Refusals (errors) are left
-    to the slow path, which replies to them.
+    to the slow path, which replies to them. `room`: the largest reply the caller can send now; a
+    larger one (a 1 MiB chunk, written in slices) goes down the slow path without being counted
+    here first, or every such GET counted twice.
     """
     cmd = COMMANDS.get(args[0].upper())
     if cmd is None or cmd.nowait is None or _refusal(state, s, cmd, args) is not None:
         return None
-    reply = cmd.nowait(state, s, args)
+    reply = cmd.nowait(state, s, args, room)
     if reply is not None:
         s.commands += 1
         state.commands_processed += 1

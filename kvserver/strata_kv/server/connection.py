@@ -31,6 +31,10 @@ from .senders import SenderPool
 from .state import OUTPUT_BUFFER_LIMIT, UNIX_ADDR, OutputLimitExceeded, Parts, ServerState, Session
 
 log = logging.getLogger(__name__)
+
+SMALL_REPLY = 64
+"""Bytes every fast-path reply but a GET's fits in (+OK, an integer): with less room than this left under the
+output limit the command goes down the slow path without being run here first."""
 _ids = itertools.count(1)
 
 # One connection's turn on the event loop: after this many commands or reply bytes, whichever comes
@@ -192,19 +196,21 @@ class RespConnection(asyncio.BufferedProtocol):
         assert self.output is not None and self.session is not None
         if not self.output.can_write.is_set():
             return None
+        # A larger reply is written slice by slice by the command task, letting other connections in between;
+        # one past the output limit makes the slow path close the connection and count it.
+        room = self.output.room(WRITE_SLICE)
+        if room < SMALL_REPLY:
+            return None
         started = time.perf_counter()
         try:
-            reply = dispatch_nowait(self.parts.state, self.session, cmd)
+            reply = dispatch_nowait(self.parts.state, self.session, cmd, room)
         except Exception:  # the slow path runs it again and turns the failure into an error reply
             log.debug("fast path failed for %r", cmd[0][:32], exc_info=True)
             return None
-        if reply is None or isinstance(reply, SharedReply):  # memory goes out from the command task only
+        if reply is None:
             return None
+        assert not isinstance(reply, SharedReply), "memory goes out from the command task only"
         size = reply_size(reply)
-        if size > WRITE_SLICE:
-            return None  # the command task writes it slice by slice, letting other connections in between
-        if not self.output.within_limit(size):
-            return None  # the slow path closes the connection and counts it
         self.output.write_now(reply)
         self.parts.metrics.observe(cmd[0], time.perf_counter() - started)
         return size

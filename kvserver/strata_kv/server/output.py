@@ -54,6 +54,13 @@ class ReplyWriter:
         ancillary data; a second socket object on the same connection does."""
         self.fd_socket = second_handle(self.transport)
 
+    def room(self, most: int) -> int:
+        """How many reply bytes may go into the output now, at most `most`: what `limits.max_output_buffer`
+        leaves beside what waits in the transport already."""
+        if not self.output_limit:
+            return most
+        return max(0, min(most, self.output_limit - self.transport.get_write_buffer_size()))
+
     def within_limit(self, size: int) -> bool:
         """Whether `size` more bytes keep this connection's pending output within `limits.max_output_buffer`."""
         if not self.output_limit:

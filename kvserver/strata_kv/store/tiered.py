@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..config import KVServerConfig
@@ -219,8 +219,7 @@ class TieredStore:
             return value
         tier, value = await self._get_l2(key)
         if value is None:
-            self.counters["misses"] += 1
-            self.offload.missed(time.perf_counter() - started, self.l1.policy.ghost_distance(key))
+            self._missed([key], time.perf_counter() - started)
             return None
         self.counters[f"hits_{tier}"] += 1
         self._promote(key, value)
@@ -250,14 +249,21 @@ class TieredStore:
             self.events.stored(key, self.cfg.events.medium.l1)
             self._tier_dropped("l1", evicted)
 
-    async def exists(self, key: bytes) -> bool:
-        """Present in any tier. An L1 hit is pinned for the grace period (LMCache GETs right after)."""
+    async def exists(self, key: bytes, *, lookup: bool = False) -> bool:
+        """Present in any tier. An L1 hit is pinned for the grace period (LMCache GETs right after).
+
+        `lookup`: a client asks before it GETs (LMCache's EXISTS), so an absent key is a miss in the counters:
+        that client never GETs it. SET NX's own check is not a lookup."""
         if key in self.l1:
             self.l1.pin(key)
             return True
         if self.write_behind and key in self.write_behind.pending:
             return True
-        return (await self.locate(key)) != ""
+        started = time.perf_counter()
+        found = (await self.locate(key)) != ""
+        if lookup and not found:
+            self._missed([key], time.perf_counter() - started)
+        return found
 
     async def locate(self, key: bytes) -> str:
         """Which tier holds `key`: 'l1', 'fs', 's3' or '' for none."""
@@ -276,8 +282,11 @@ class TieredStore:
     async def prefix(self, keys: list[bytes]) -> list[str]:
         """Tiers of the leading resident chunks of a chain; stops at the first miss.
 
-        Teaches L1 the chain (parent -> child links), and pins the L1 part for the grace period.
+        Teaches L1 the chain (parent -> child links), and pins the L1 part for the grace period. Every chunk
+        past the leading ones is a miss in the counters: the engine recomputes them and never GETs them (the
+        found ones are counted as hits by their GETs), so without this the offload verdict saw hits only.
         """
+        started = time.perf_counter()
         tiers: list[str] = []
         prev: bytes | None = None
         for key in keys:
@@ -290,18 +299,33 @@ class TieredStore:
                     self.l1.link(prev, key)
             tiers.append(tier)
             prev = key
+        if len(tiers) < len(keys):
+            self._missed(keys[len(tiers) :], time.perf_counter() - started)
         return tiers
 
+    def _missed(self, keys: Sequence[bytes], seconds: float) -> None:
+        """Count lookups that found nothing; `seconds` (what finding nothing took) is shared among them."""
+        self.counters["misses"] += len(keys)
+        share = seconds / len(keys)
+        for key in keys:
+            self.offload.missed(share, self.l1.policy.ghost_distance(key))
+
     # -- writes -----------------------------------------------------------------------------------
-    def get_nowait(self, key: bytes) -> bytes | None:
-        """An L1 (or write-behind) hit without leaving the event loop; None means: use `get`."""
+    def get_nowait(self, key: bytes, max_size: int) -> bytes | None:
+        """An L1 (or write-behind) hit of at most `max_size` bytes without leaving the event loop; None means: use
+        `get`. Nothing is counted (nor shown to the eviction policy) unless the value is returned: a value the
+        fast path cannot send goes through `get`, which counts it once."""
         started = time.perf_counter()
-        value = self.l1.get(key)
+        value = self.l1.peek(key)
+        in_l1 = value is not None
         if value is None and self.write_behind is not None:
             value = self.write_behind.pending.get(key)
-        if value is not None:
-            self.counters["hits_l1"] += 1
-            self.offload.hit(key, "l1", len(value), time.perf_counter() - started)
+        if value is None or len(value) > max_size:
+            return None
+        if in_l1:
+            self.l1.get(key)  # the access, for the eviction policy
+        self.counters["hits_l1"] += 1
+        self.offload.hit(key, "l1", len(value), time.perf_counter() - started)
         return value
 
     def _set_l1(self, key: bytes, value: bytes, parent: bytes | None) -> None:
