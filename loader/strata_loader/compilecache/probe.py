@@ -77,9 +77,31 @@ def engine_config(engine_args: Sequence[str]) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    require_model(engine_args)
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="strata-compile-key"))
     args, _ = parser.parse_known_args(list(engine_args))
     return EngineArgs.from_cli_args(args).create_engine_config()
+
+
+class ProbeError(ValueError):
+    """Arguments the key cannot be computed from."""
+
+
+def require_model(engine_args: Sequence[str]) -> str:
+    """The `--model` value. Without it vLLM's parser would fall back to its default model and the key would be
+    another engine's: `vllm serve MODEL`'s positional form is refused, as the parser here does not know it."""
+    for i, arg in enumerate(engine_args):
+        if arg.startswith("--model="):
+            value = arg.partition("=")[2]
+        elif arg == "--model" and i + 1 < len(engine_args):
+            value = engine_args[i + 1]
+        else:
+            continue
+        if value and not value.startswith("-"):
+            return value
+    raise ProbeError(
+        "compile key needs the engine's --model (vLLM's arguments after `--`, in the module form: --model PATH ...)"
+    )
 
 
 def compiler_hash() -> str:

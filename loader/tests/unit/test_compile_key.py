@@ -20,6 +20,7 @@ from strata_loader.compilecache.key import (
     factors_digest,
     gpu_target,
 )
+from strata_loader.compilecache.probe import ProbeError, require_model
 from strata_testsupport.compilecache import AVX2_TARGET, HASWELL_FLAGS, REAL_PARTS, real_key
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "compilecache.md"
@@ -141,3 +142,21 @@ def test_engines_that_cannot_reload_their_aot_artifacts_are_named() -> None:
     assert not aot_compile_reloads("vllm 0.33.0")
     assert aot_compile_reloads("vllm 0.34.0")
     assert aot_compile_reloads("vllm 0.3.2")  # the table holds major.minor, not prefixes
+
+
+@pytest.mark.parametrize(
+    ("args", "model"),
+    [
+        (["--model", "/models/rev-abc", "--dtype", "float32"], "/models/rev-abc"),
+        (["--port", "8000", "--model=/models/rev-abc"], "/models/rev-abc"),
+        (["/models/rev-abc", "--dtype", "float32"], None),  # `vllm serve MODEL`: vLLM's default model otherwise
+        (["--model", "--dtype", "float32"], None),
+        ([], None),
+    ],
+)
+def test_the_key_is_computed_only_for_a_named_model(args: list[str], model: str | None) -> None:
+    if model is not None:
+        assert require_model(args) == model
+    else:
+        with pytest.raises(ProbeError, match="needs the engine's --model"):
+            require_model(args)
