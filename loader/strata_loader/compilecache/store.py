@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import DestDir, UnsafePathError
+from .follow import COMPLETION_FILES
 from .key import CompileKey
 from .manifest import ROOTS, CachedFile, CacheManifest, ManifestError, parse_manifest
 from .tree import UnsafeTreeError, copy_file, open_file, remove_tree, walk
@@ -211,7 +212,8 @@ class CompileStore:
                             f" sha256 {sha[:16]}..., the manifest says {f.size} bytes with {f.sha256[:16]}...;"
                             " the cache is damaged and was not used"
                         )
-            for dest, temp, rel in written:
+            # vLLM's index of compiled graphs last: an engine never finds it without the files it names
+            for dest, temp, rel in sorted(written, key=lambda w: any(p.match(w[2]) for p in COMPLETION_FILES)):
                 dest.replace(temp, rel)
             written.clear()
             return Restored(stored.digest, stored.generation, len(stored.manifest.files), stored.manifest.bytes)
