@@ -291,6 +291,8 @@ class CompileStore:
     ) -> CacheManifest:
         files: list[CachedFile] = []
         for name, tree in trees.items():
+            if not tree:  # nothing there, maybe not even the directory
+                continue
             with DestDir(sources[name]) as src:
                 for f in tree:
                     size, sha = copy_file(src, store, f.path, f"{temp}/{FILES}/{name}/{f.path}", f.size)

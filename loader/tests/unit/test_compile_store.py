@@ -260,3 +260,15 @@ def test_a_crashed_capture_is_invisible_and_pruned(tmp_path: Path) -> None:
     assert store.prune(grace_s=3600) == []
     assert sorted(p.name for p in store.prune(grace_s=0)) == [".tmp-gen-1-deadbeef", "gen-2-deadbeef"]
     assert [p.name for p in key_dir.iterdir() if p.name != CURRENT] == [current.name]
+
+
+def test_a_root_whose_directory_does_not_exist_is_left_out(tmp_path: Path) -> None:
+    """An engine whose vLLM compiled nothing yet, with inductor's own directory full: only that is captured."""
+    inductor = tmp_path / "engine" / "inductor"
+    (inductor / "fxgraph" / "ab").mkdir(parents=True)
+    (inductor / "fxgraph" / "ab" / "entry").write_bytes(b"\x01\x02")
+    store = CompileStore(tmp_path / "store")
+    store.capture(KEY, {**engine_dirs(tmp_path / "engine"), INDUCTOR_ROOT: inductor})
+    assert [f.path for f in store.current(KEY.digest).manifest.files] == ["inductor/fxgraph/ab/entry"]
+    store.restore(KEY, {**engine_dirs(tmp_path / "node"), INDUCTOR_ROOT: tmp_path / "node" / "ind"})
+    assert tree_bytes(tmp_path / "node") == {"ind/fxgraph/ab/entry": b"\x01\x02"}
