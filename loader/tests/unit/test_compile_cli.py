@@ -186,3 +186,41 @@ def test_prune_removes_a_replaced_generation(tmp_path: Path, key_file: Path) -> 
     rc, out, _ = compile_cli("prune", "--store", store, "--grace-seconds", "0")
     assert rc == 0 and [Path(p).name for p in out["removed"]] == [first["generation"]]
     assert sorted(p.name for p in (tmp_path / "store" / KEY.digest).iterdir()) == ["CURRENT", second["generation"]]
+
+
+def test_two_engines_capturing_one_key_at_once_leave_one_whole_cache(tmp_path: Path, key_file: Path) -> None:
+    """Two first engines of a revision on two nodes, one shared store: the last rename wins, whole."""
+    trees = {n: write_engine_cache(tmp_path / f"engine{n}", seed=n) for n in (1, 2)}
+    runs = [
+        subprocess.Popen(
+            cli_command("capture", "--store", str(tmp_path / "store"), "--key", str(key_file)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(tmp_path / f"engine{n}"),
+        )
+        for n in (1, 2)
+    ]
+    results = [r.communicate(timeout=120) for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], [err for _, err in results]
+    generations = {json.loads(out)["generation"]: n for (out, _), n in zip(results, (1, 2), strict=True)}
+    rc, out, err = compile_cli(
+        "restore", "--store", str(tmp_path / "store"), "--key", str(key_file), vllm_cache_root=tmp_path / "node"
+    )
+    assert rc == 0 and out["event"] == "restored", err
+    assert tree_bytes(tmp_path / "node") == trees[generations[out["generation"]]]
+
+
+def test_compile_key_without_vllm_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        cli_command("key", "--out", str(tmp_path / "key.json"), "--", "--model", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "strata-loader compile: error: No module named 'torch' (blocked by the test)"
+    ]
+    assert not (tmp_path / "key.json").exists()
