@@ -1,4 +1,4 @@
-"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench, pack.
+"""`strata-loader`: fetch (the preloader Jobs run it), serve-peer, verify, shard, bench, pack, compile.
 
 Each subcommand lives with its product (`fetch/command.py`, `tensor/command.py`, `peer/command.py`) and is listed
 once in `SUBCOMMANDS` below: a new one is a function `add_<name>(subparsers)` there and one line here. A
@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .compilecache import command as compile_command
 from .core import settings
 from .core.messages import one_line
 from .fetch import command as fetch_command
@@ -28,6 +29,7 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     peer_command.add_serve_peer,  # serve a verified copy to other nodes' fetches
     tensor_command.add_bench,  # the streamer against safetensors
     pack_command.add_pack,  # a model directory as an OCI image, pushed to a registry
+    compile_command.add_compile,  # the engine's compile cache: its key, restore before start, capture after
 )
 """Every subcommand, in the order `--help` lists them; each adds its parser and sets `handler`."""
 

@@ -1,8 +1,8 @@
 """strata_loader's sub-packages are layered: the contract the operator imports at the bottom, a shared core above
 it, the products above that, the CLI on top. A product imports the core, not another product, except where it
 builds on one (`fetch` reads from `peer`s and pre-shards with `tensor`; `vllm` feeds vLLM from `tensor`; `pack`
-needs only the core). An import against the layers (also one inside a function) fails here with the module that
-made it."""
+and `compilecache` need only the core). An import against the layers (also one inside a function) fails here with
+the module that made it."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ MAY_IMPORT = {
     "fetch": {"contract", "core", "peer", "tensor"},
     "vllm": {"contract", "core", "tensor"},
     "pack": {"contract", "core"},
+    "compilecache": {"contract", "core"},
 }
 """What each layer imports besides itself; the top (`cli`, `__init__`, `__main__`) imports any of them."""
 TOP = {"cli", "__init__", "__main__"}
