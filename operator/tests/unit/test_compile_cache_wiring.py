@@ -212,3 +212,30 @@ def test_admitting_the_wired_pod_again_changes_nothing() -> None:
         container.setdefault("imagePullPolicy", "IfNotPresent")
         container.setdefault("terminationMessagePath", "/dev/termination-log")
     assert patch(once) == []
+
+
+def test_the_store_goes_with_the_models_own_clean_up() -> None:
+    """No clean-up of its own: the store is inside what deleting the cache removes. NodeLocal: the directory the
+    cleanup Job's `rm -rf` removes holds it; SharedPVC: it is on the claim the cache owns (garbage-collected with
+    it under deletionPolicy Delete; an adopted claim, like the model on it, is kept)."""
+    import posixpath
+
+    from strata_operator.api.modelcache import ModelCacheSpec
+    from strata_operator.resources.modelcache import storage
+    from strata_operator.resources.modelcache.jobs import NODE_ROOT_MOUNT
+    from strata_operator.resources.modelcache.owner import CacheRef
+
+    owner = CacheRef("llama", "serving", "u1")
+    body = compiling_cache("NodeLocal")
+    store = {v["name"]: v for v in wired(pod(), body)["spec"]["volumes"]}[STORE_VOLUME]
+    job = storage.node_cleanup(owner, ModelCacheSpec.model_validate(body["spec"]), "n1")
+    template = job["spec"]["template"]["spec"]
+    (root,) = [v["hostPath"]["path"] for v in template["volumes"] if "hostPath" in v]
+    (removed,) = [a.split("'")[1] for a in template["containers"][0]["args"] if a.startswith("rm -rf")]
+    assert posixpath.join(root, posixpath.relpath(removed, NODE_ROOT_MOUNT)) == store["hostPath"]["path"]
+
+    body = compiling_cache("SharedPVC")
+    store = {v["name"]: v for v in wired(pod(), body)["spec"]["volumes"]}[STORE_VOLUME]
+    claim = storage.build_claim(owner, ModelCacheSpec.model_validate(body["spec"]))
+    assert store["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "u1"
