@@ -152,7 +152,10 @@ def capture_container(runtime: RuntimeImage, max_bytes: int) -> dict[str, Any]:
 
 
 def _cache_args() -> list[str]:
-    return ["--store", STORE, "--key", KEY_FILE, "--vllm-cache-root", VLLM_CACHE_ROOT]
+    return [
+        *("--store", STORE, "--key", KEY_FILE),
+        *("--vllm-cache-root", VLLM_CACHE_ROOT, "--inductor-cache-dir", INDUCTOR_CACHE_DIR),
+    ]
 
 
 def engine_env(annotations: Mapping[str, str]) -> list[dict[str, str]]:

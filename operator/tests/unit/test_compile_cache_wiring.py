@@ -85,13 +85,17 @@ def test_the_key_and_restore_run_before_the_engine_and_the_capture_sidecar_besid
     assert capture["image"] == RUNTIME.image
     assert capture["command"] == [
         *("strata-loader", "compile", "capture", "--store", STORE, "--key", KEY_FILE),
-        *("--vllm-cache-root", VLLM_CACHE_ROOT, "--max-bytes", str(20 * 2**30)),
+        *("--vllm-cache-root", VLLM_CACHE_ROOT, "--inductor-cache-dir", INDUCTOR_CACHE_DIR),
+        *("--max-bytes", str(20 * 2**30)),
         *("--if-missing", "--follow", "--stay"),
     ]
     restore = init[RESTORE_CONTAINER]
     assert restore["image"] == ENGINE["image"]
     assert restore["command"][:5] == ["python3", "-m", "strata_loader", "compile", "restore"]
-    assert restore["command"][5:] == ["--store", STORE, "--key", KEY_FILE, "--vllm-cache-root", VLLM_CACHE_ROOT]
+    assert restore["command"][5:] == [
+        *("--store", STORE, "--key", KEY_FILE),
+        *("--vllm-cache-root", VLLM_CACHE_ROOT, "--inductor-cache-dir", INDUCTOR_CACHE_DIR),
+    ]
 
 
 def test_only_the_capture_sidecar_mounts_the_store_read_write_and_the_engine_not_at_all() -> None:
