@@ -16,17 +16,9 @@ from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAIN
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
-from .test_modelcache_support import (
-    create_cache,
-    events_for,
-    fetch_result,
-    finish_job,
-    get_cache,
-    unique,
-    wait_for_status,
-)
+from .test_modelcache_support import create_cache, events_for, get_cache, unique, wait_for_status
 from .test_modelcache_validation import message_of
-from .test_serving_webhook import create_pod, pod_body
+from .test_serving_webhook import create_pod, pod_body, ready_shared_cache
 
 pytestmark = pytest.mark.integration
 SOURCE = "s3://models/llama-3-8b"
@@ -74,20 +66,6 @@ def test_the_api_server_fills_the_compile_cache_defaults(k8s: DynamicClient, str
     assert "compileCache.maxBytes" in message_of(refused.value)
 
 
-def compiling_shared_cache(k8s: DynamicClient, namespace: str) -> str:
-    name = unique("llama")
-    spec = {
-        "source": {"uri": SOURCE},
-        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}},
-        "compileCache": {"enabled": True, "maxBytes": "2Gi"},
-    }
-    create_cache(k8s, namespace, name, spec)
-    status = wait_for_status(k8s, namespace, name, lambda s: s.get("job"), "a preloader Job")
-    finish_job(k8s, namespace, status["job"], fetch_result(SOURCE))
-    wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Ready", "phase Ready")
-    return name
-
-
 def report_restore(k8s: DynamicClient, namespace: str, pod: str, report: CompileRestoreReport) -> None:
     """The restore init container ended with its report, written into the pod's status as the kubelet does."""
     terminated = {"exitCode": 0, "reason": "Completed", "message": report.to_termination_message()}
@@ -112,7 +90,7 @@ def report_restore(k8s: DynamicClient, namespace: str, pod: str, report: Compile
 def test_a_vllm_pod_is_wired_to_the_compile_cache_and_its_restore_is_counted(
     k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
 ) -> None:
-    cache = compiling_shared_cache(k8s, namespace)
+    cache = ready_shared_cache(k8s, namespace, compileCache={"enabled": True, "maxBytes": "2Gi"})
     patch = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     resource(k8s, "v1", "Namespace").patch(body=patch, name=namespace, content_type="application/merge-patch+json")
     labels = {"strata.dev/model-cache": cache}
