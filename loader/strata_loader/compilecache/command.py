@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,13 @@ def run_restore(args: argparse.Namespace) -> int:
 def run_capture(args: argparse.Namespace) -> int:
     if not args.stay:
         return _capture(args)
+    stopped = _stop_on_sigterm()
     try:
-        status = _capture(args)
+        _capture(args)
     except Exception as e:  # said once; a sidecar that exits is restarted and would try again and again
         print(f"strata-loader compile: error: {one_line(e)}", file=sys.stderr, flush=True)
-        status = 1
-    _wait_until_stopped()
-    return status
+    stopped()
+    return 0
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -187,16 +188,30 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_until_stopped() -> None:
-    """Sleep until SIGTERM (or SIGINT), then return: the kubelet stops a pod's sidecar that way, and restarts one
-    that exits by itself, which would flap the pod's readiness."""
+def _stop_on_sigterm() -> Callable[[], None]:
+    """With `--stay`: SIGTERM (or SIGINT) ends the process with status 0 at any point, the capture included (its
+    temp generation is removed by a later capture or prune); returns the wait for it. The kubelet stops a pod's
+    sidecar that way, and restarts one that exits by itself, which would flap the pod's readiness."""
     import signal
     import threading
 
     stop = threading.Event()
+    waiting = False
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        if not waiting:
+            raise SystemExit(0)
+
+    def wait() -> None:
+        nonlocal waiting
+        waiting = True
+        if not stop.is_set():
+            stop.wait()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(signum, on_signal)
+    return wait
 
 
 def _present(store: CompileStore, key: CompileKey) -> bool:

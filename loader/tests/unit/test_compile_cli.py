@@ -265,4 +265,4 @@ def test_a_capture_that_stays_waits_for_sigterm_even_after_a_refusal(tmp_path: P
     assert line.startswith("strata-loader compile: error:"), line
     assert proc.poll() is None
     proc.terminate()
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == 0  # stopped; one that did not stay would have exited 1 by itself
