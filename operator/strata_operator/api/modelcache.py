@@ -658,7 +658,7 @@ CRD = CRDSpec(
         PrinterColumn("Phase", ".status.phase"),
         PrinterColumn("Size", ".status.size"),
         PrinterColumn("Ready Nodes", ".status.readyNodes", "integer"),
-        PrinterColumn("Compile Cache", ".status.compileCache.summary", priority=1),
+        PrinterColumn("Compile Cache", ".status.compileCache.summary"),
         PrinterColumn("Source", ".spec.source.uri", priority=1),
         PrinterColumn("Revision", ".status.resolvedRevision", priority=1),
     ),

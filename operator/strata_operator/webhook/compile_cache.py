@@ -22,9 +22,10 @@ artifacts (`contract.AOT_COMPILE_CANNOT_RELOAD`). Engines never mount the store.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
 from strata_loader import contract
 from strata_loader.vllm import support
 
@@ -171,16 +172,22 @@ def engine_env(annotations: Mapping[str, str]) -> list[dict[str, str]]:
 def wire_compile_cache(
     spec: dict[str, Any],
     containers: list[dict[str, Any]],
+    cache: Mapping[str, Any],
     annotations: Mapping[str, str],
-    settings: CompileCache,
-    model_volume: Mapping[str, Any],
     runtime: RuntimeImage,
-    whose: str,
+    model_snippet: Callable[[Mapping[str, Any]], Mapping[str, Any]],
 ) -> None:
-    """Give the pod's vLLM engine the compile cache (see the module's docstring). Called after every other edit:
-    the key container copies the engine's env and mounts as the wiring leaves them."""
-    if not settings.enabled or annotations.get(COMPILE_CACHE_ANNOTATION, "").lower() == "false":
+    """Give the pod's vLLM engine the compile cache of `cache` when it enables it (see the module's docstring).
+    Called after every other edit: the key container copies the engine's env and mounts as the wiring leaves
+    them. `model_snippet`: the cache's volume and mount (`wiring.model_volume_snippet`)."""
+    raw = (cache.get("spec") or {}).get("compileCache") or {}
+    if not raw.get("enabled") or annotations.get(COMPILE_CACHE_ANNOTATION, "").lower() == "false":
         return
+    whose = f"ModelCache {cache['metadata']['name']}"
+    try:
+        settings = CompileCache.model_validate(raw)
+    except ValidationError as error:
+        raise WiringConflict(f"{whose} has an invalid spec.compileCache: {error}") from None
     engines = [c for c in containers if vllm_form(c) is not None]
     if not engines:
         return
@@ -197,7 +204,7 @@ def wire_compile_cache(
     for volume in (
         {"name": CACHE_VOLUME, "emptyDir": {}},
         {"name": KEY_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}},
-        store_volume(model_volume),
+        store_volume(model_snippet(cache)["volume"]),
     ):
         add_named(spec, "volumes", volume, "spec.volumes", whose)
     add_mount(engine, {"name": CACHE_VOLUME, "mountPath": CACHE_PATH}, field, whose, fix)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from strata_operator.api import GROUP
 from strata_operator.api.kvcachetier import ConnectorType, EngineDevice, KVCacheTierSpec
-from strata_operator.api.modelcache import CompileCache, ModelCacheSpec, StorageMode
+from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.resources.core import KV_TIER_LABEL, MODEL_CACHE_LABEL
 from strata_operator.resources.kvcachetier.auth import token_secret
 from strata_operator.resources.kvcachetier.connection import TOKEN_ENV, TRANSFER_CONFIG_ENV, client_shm_size
@@ -187,30 +187,12 @@ def build_pod_patch(
     # and the compile key's container the engine's env and mounts.
     inject_packages(spec, containers, annotations, runtime or default_runtime())
     if model_cache is not None:
-        _wire_compile_cache(spec, containers, model_cache, annotations, runtime or default_runtime())
+        runtime = runtime or default_runtime()
+        wire_compile_cache(spec, containers, model_cache, annotations, runtime, model_volume_snippet)
     ops = spec_patch(pod.get("spec") or {}, spec)
     if any(annotations.get(k) != v for k, v in link.items()):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {**annotations, **link}})
     return ops
-
-
-def _wire_compile_cache(
-    spec: dict[str, Any],
-    containers: list[dict[str, Any]],
-    cache: Mapping[str, Any],
-    annotations: Mapping[str, str],
-    runtime: RuntimeImage,
-) -> None:
-    settings = (cache.get("spec") or {}).get("compileCache") or {}
-    if not settings.get("enabled"):
-        return
-    whose = f"ModelCache {cache['metadata']['name']}"
-    try:
-        compile_cache = CompileCache.model_validate(settings)
-    except ValidationError as error:
-        raise WiringConflict(f"{whose} has an invalid spec.compileCache: {error}") from None
-    model_volume = model_volume_snippet(cache)["volume"]
-    wire_compile_cache(spec, containers, annotations, compile_cache, model_volume, runtime, whose)
 
 
 def _chosen_containers(spec: dict[str, Any], names: str | None) -> list[dict[str, Any]]:

@@ -12,8 +12,9 @@ import pytest
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 from strata_loader.contract import CompileRestoreReport
+from strata_operator.api import API_VERSION
 from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAINER, RESTORE_CONTAINER
-from strata_testsupport.kube import resource, wait_for
+from strata_testsupport.kube import printed_row, resource, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
 from .test_modelcache_support import create_cache, events_for, get_cache, unique, wait_for_status
@@ -134,4 +135,5 @@ def test_a_vllm_pod_is_wired_to_the_compile_cache_and_its_restore_is_counted(
         return found or None
 
     (event,) = wait_for(captured, timeout=30, what="the CompileCacheCaptured Event")
+    assert printed_row(k8s, API_VERSION, "modelcaches", namespace, cache)["Compile Cache"] == "1 key, 1 hits, 0 misses"
     assert KEY[:12] in event["message"] and "pod engine started from it" in event["message"]
