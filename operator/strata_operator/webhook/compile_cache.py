@@ -50,7 +50,6 @@ INDUCTOR_CACHE_DIR = f"{CACHE_PATH}/inductor"
 KEY_CONTAINER, CAPTURE_CONTAINER = "strata-compile-key", "strata-compile-capture"
 SMALL_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 """Restore and capture copy and hash files one at a time: small, but bounded where a quota wants limits."""
-WHOSE = "the compile cache"
 
 
 def engine_vllm_args(engine: Mapping[str, Any]) -> list[str]:
@@ -195,7 +194,7 @@ def wire_compile_cache(
         names = ", ".join(str(c.get("name")) for c in engines)
         raise WiringConflict(
             f"{whose} enables compileCache, which wires one vLLM engine per pod; this pod runs {len(engines)} "
-            f"({names}): name one with the annotation strata.dev/containers, or annotate the pod "
+            f"({names}): name one with the annotation {GROUP}/containers, or annotate the pod "
             f'{COMPILE_CACHE_ANNOTATION}: "false"'
         )
     engine = engines[0]
