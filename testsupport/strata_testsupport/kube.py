@@ -41,6 +41,18 @@ def get_or_none(client: DynamicClient, api_version: str, kind: str, name: str, n
         return None
 
 
+def printed_row(client: DynamicClient, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any]:
+    """`kubectl get`'s row for one object: the API server's Table rendering of its printer columns, by column."""
+    table = client.request(
+        "GET",
+        f"/apis/{api_version}/namespaces/{namespace}/{plural}/{name}",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        serializer=lambda _client, data: data,
+    )
+    names = [c["name"] for c in table["columnDefinitions"]]
+    return dict(zip(names, table["rows"][0]["cells"], strict=True))
+
+
 def fake_node(
     name: str,
     *,

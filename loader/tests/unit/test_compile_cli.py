@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import strata_loader
+from strata_loader.contract import CompileRestoreReport
 from strata_testsupport.compilecache import AVX2_TARGET, COMPLETION_FILE, real_key, tree_bytes, write_engine_cache
 
 KEY = real_key()
@@ -224,3 +225,44 @@ def test_compile_key_without_vllm_is_one_line(tmp_path: Path) -> None:
         "strata-loader compile: error: No module named 'torch' (blocked by the test)"
     ]
     assert not (tmp_path / "key.json").exists()
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_restore_reports_its_hit_or_miss_in_the_termination_message(
+    tmp_path: Path, key_file: Path, stored: bool
+) -> None:
+    """The restore init container's termination message is how the operator counts hits and misses."""
+    store = str(tmp_path / "store")
+    if stored:
+        write_engine_cache(tmp_path / "engine")
+        assert (
+            compile_cli("capture", "--store", store, "--key", str(key_file), vllm_cache_root=tmp_path / "engine")[0]
+            == 0
+        )
+    message = tmp_path / "termination-log"
+    env = {**cli_env(tmp_path / "node"), "STRATA_TERMINATION_MESSAGE_PATH": str(message)}
+    r = subprocess.run(
+        cli_command("restore", "--store", store, "--key", str(key_file)), env=env, capture_output=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    report = CompileRestoreReport.from_termination_message(message.read_text())
+    assert report is not None and report.key == KEY.digest and report.summary == KEY.summary
+    assert report.event == ("restored" if stored else "miss")
+    assert (report.reason is None) == stored
+
+
+def test_a_capture_that_stays_waits_for_sigterm_even_after_a_refusal(tmp_path: Path, key_file: Path) -> None:
+    """A native sidecar that exits is restarted by the kubelet: `--stay` keeps it until the pod stops it."""
+    proc = subprocess.Popen(
+        cli_command("capture", "--store", str(tmp_path / "store"), "--key", str(key_file), "--stay"),
+        env=cli_env(tmp_path / "empty"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # the refusal (nothing to capture) is said once, then it waits
+    assert line.startswith("strata-loader compile: error:"), line
+    assert proc.poll() is None
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0  # stopped; one that did not stay would have exited 1 by itself

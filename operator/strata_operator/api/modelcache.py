@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 from strata_loader import contract
 from strata_loader.contract import SOURCE_URI_GRAMMAR, VerifyMode
 from strata_units import ByteSize
@@ -368,6 +368,34 @@ class Preload(CRDModel):
     resources: Resources = Field(default_factory=Resources, description="core/v1 resources of the preload container.")
 
 
+COMPILE_CACHE_DEFAULT_MAX_BYTES = ByteSize("20Gi")
+"""A vLLM engine's compile output is tens to hundreds of MB per configuration; 20Gi holds many keys (engine
+releases, GPU types, configurations) of one model revision."""
+
+
+class CompileCache(CRDModel):
+    """The engines' compile cache, kept with the model: the first engine of a configuration compiles and its
+    cache is captured beside the model's files; every later engine with the same compile key starts from it.
+    See docs/compilecache.md."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Wire vLLM pods of this cache to the compile cache (default false): an init container computes "
+        "the engine's compile key and restores a stored cache, and a capture sidecar stores the first engine's. "
+        "SharedPVC and NodeLocal only: an ImageVolume is read-only, so a captured cache has nowhere to go.",
+    )
+    max_bytes: Annotated[ByteSize, WholeBytes("compileCache.maxBytes")] = Field(
+        default=COMPILE_CACHE_DEFAULT_MAX_BYTES,
+        description="Bytes the compile cache store may hold (every stored key, on the claim or on each node): "
+        + BYTE_SIZE_UNITS
+        + f". Default {COMPILE_CACHE_DEFAULT_MAX_BYTES.spelling}; a capture that would exceed it is refused and "
+        "the store keeps what it had.",
+    )
+
+
+COMPILE_CACHE_ON = "has(self.compileCache) && self.compileCache.enabled"
+
+
 class ModelCacheSpec(CRDModel):
     """Which model to cache, where to keep it, and how to copy it there."""
 
@@ -385,6 +413,12 @@ class ModelCacheSpec(CRDModel):
         default=DeletionPolicy.DELETE,
         description="Delete removes node copies and a claim the operator created; Retain keeps them.",
     )
+    compile_cache: CompileCache = Field(
+        default_factory=CompileCache,
+        description="The engines' compile cache, stored with the model (SharedPVC: a directory on the claim; "
+        "NodeLocal: one in each node's copy); off by default.",
+        json_schema_extra={"default": {}},
+    )
 
     model_config = ConfigDict(
         json_schema_extra=_validations(
@@ -398,8 +432,36 @@ class ModelCacheSpec(CRDModel):
                 "source.s3 is only allowed with an s3:// source",
                 field_path=".source.s3",
             ),
+            cel(
+                f"!({COMPILE_CACHE_ON}) || self.storage.mode != 'ImageVolume'",
+                "compileCache.enabled is not supported with storage.mode ImageVolume: an image volume is read-only, "
+                "so a captured compile cache has nowhere to go; use SharedPVC or NodeLocal, or leave compileCache "
+                "off",
+                field_path=".compileCache.enabled",
+                reason="FieldValueForbidden",
+            ),
+            cel(
+                f"!({COMPILE_CACHE_ON}) || self.storage.mode != 'SharedPVC' || !has(self.storage.sharedPVC) || "
+                "!has(self.storage.sharedPVC.accessMode) || self.storage.sharedPVC.accessMode != 'ReadOnlyMany'",
+                "compileCache.enabled needs a claim the capture sidecar can write: storage.sharedPVC.accessMode "
+                "ReadOnlyMany cannot hold a captured compile cache; use ReadWriteMany, or leave compileCache off",
+                field_path=".compileCache.enabled",
+                reason="FieldValueForbidden",
+            ),
         )
     )
+
+    @model_validator(mode="after")
+    def _compile_cache_has_a_store(self) -> ModelCacheSpec:
+        """The model's side of the two compileCache rules above (a spec stored under an older CRD)."""
+        if not self.compile_cache.enabled:
+            return self
+        if self.storage.mode == StorageMode.IMAGE_VOLUME:
+            raise ValueError("compileCache.enabled is not supported with storage.mode ImageVolume (read-only)")
+        shared = self.storage.shared_pvc
+        if self.storage.mode == StorageMode.SHARED_PVC and shared and shared.access_mode == "ReadOnlyMany":
+            raise ValueError("compileCache.enabled needs a writable claim, not accessMode ReadOnlyMany")
+        return self
 
 
 class NodeStateBeforeLoss(CRDModel):
@@ -499,6 +561,35 @@ class ImageStatus(CRDModel):
     )
 
 
+class CompileCacheEntry(CRDModel):
+    """One compile key the store holds, as the engines that restored it reported it."""
+
+    key: str = Field(description="The compile key's SHA-256 (the store's directory name).")
+    summary: str | None = Field(default=None, description="The key for people: engine, torch, target.")
+    generation: str | None = Field(default=None, description="The stored generation engines restored last.")
+    captured: str | None = Field(default=None, description="When that generation was captured.")
+    bytes: int | None = Field(default=None, description="Bytes of that generation.")
+    size: str | None = Field(default=None, description="bytes for humans.")
+    files: int | None = Field(default=None, description="Files in that generation.")
+    nodes: list[str] | None = Field(
+        default=None, description="NodeLocal: the nodes whose store engines restored it from (each node has its own)."
+    )
+
+
+class CompileCacheStatus(CRDModel):
+    """What the engines' restore init containers reported (their termination messages), counted over the live
+    consumer pods, and the keys they found stored."""
+
+    store: str | None = Field(default=None, description="Where the store is: the claim's or each node's directory.")
+    hits: int = Field(default=0, description="Live engines that started from a stored compile cache.")
+    misses: int = Field(default=0, description="Live engines that found none for their key (they compile).")
+    last_miss: str | None = Field(default=None, description="The newest miss's reason (the parts that differ).")
+    caches: list[CompileCacheEntry] = Field(
+        default_factory=list, description="The keys engines restored, newest capture first (at most 16)."
+    )
+    summary: str | None = Field(default=None, description="Keys, hits and misses for humans (printer column).")
+
+
 class ModelCacheStatus(CRDModel):
     """What the operator observed: the copy's progress and where serving pods find the model."""
 
@@ -549,6 +640,9 @@ class ModelCacheStatus(CRDModel):
         description="Running or pending pods labelled strata.dev/model-cache with this cache's name: what "
         "deleting it would break.",
     )
+    compile_cache: CompileCacheStatus | None = Field(
+        default=None, description="compileCache.enabled: the stored compile keys and the engines' hits and misses."
+    )
 
 
 Credentials.model_rebuild()
@@ -564,6 +658,7 @@ CRD = CRDSpec(
         PrinterColumn("Phase", ".status.phase"),
         PrinterColumn("Size", ".status.size"),
         PrinterColumn("Ready Nodes", ".status.readyNodes", "integer"),
+        PrinterColumn("Compile Cache", ".status.compileCache.summary"),
         PrinterColumn("Source", ".spec.source.uri", priority=1),
         PrinterColumn("Revision", ".status.resolvedRevision", priority=1),
     ),

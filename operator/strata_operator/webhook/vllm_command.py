@@ -22,7 +22,8 @@ LOAD_FORMAT_FLAG = "--load-format"
 LOAD_FORMAT_VALUE = "strata"
 
 
-def _words(container: Mapping[str, Any]) -> list[str]:
+def command_words(container: Mapping[str, Any]) -> list[str]:
+    """The container's command then args, as strings: how vLLM's command line is read."""
     return [str(w) for w in (container.get("command") or [])] + [str(w) for w in (container.get("args") or [])]
 
 
@@ -31,7 +32,7 @@ def vllm_form(container: Mapping[str, Any]) -> str | None:
 
     Decided from command+args together (an image's entrypoint is not in the pod, so a container that sets only
     args is recognised when its args start the same way)."""
-    words = _words(container)
+    words = command_words(container)
     for i, word in enumerate(words[:3]):
         base = posixpath.basename(word)
         if base == "vllm" and i + 1 < len(words) and words[i + 1] == "serve":
@@ -44,7 +45,7 @@ def vllm_form(container: Mapping[str, Any]) -> str | None:
 
 def flag_value(container: Mapping[str, Any], flag: str) -> tuple[bool, str | None]:
     """Whether command+args pass `flag` (as `flag v` or `flag=v`), and its value."""
-    words = _words(container)
+    words = command_words(container)
     for i, word in enumerate(words):
         if word == flag:
             return True, words[i + 1] if i + 1 < len(words) else None
@@ -80,7 +81,7 @@ def engine_python(container: Mapping[str, Any]) -> str:
     """The interpreter that runs vLLM in the container: the one its command names (`python3.12 -m vllm...`, or
     beside the `vllm` script it starts: `/opt/venv/bin/vllm serve` → `/opt/venv/bin/python3`), else the image's
     `python3` on PATH."""
-    words = _words(container)
+    words = command_words(container)
     for i, word in enumerate(words[:3]):
         base = posixpath.basename(word)
         if _PYTHON.match(base) and words[i + 1 : i + 2] == ["-m"]:

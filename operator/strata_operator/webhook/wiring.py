@@ -37,6 +37,7 @@ from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import MODES
 from strata_operator.resources.modelcache.status import PHASE_NODE_NOT_READY
 from strata_operator.resources.runtime_image import RuntimeImage, default_runtime
+from strata_operator.webhook.compile_cache import wire_compile_cache
 from strata_operator.webhook.pod_edits import WiringConflict, add_mount, add_named, spec_patch
 from strata_operator.webhook.vllm_command import (
     LOAD_FORMAT_FLAG,
@@ -182,8 +183,12 @@ def build_pod_patch(
         link = _wire_model(spec, containers, model_cache, annotations, creating, kv_linked=kv_tier is not None)
     if kv_tier is not None:
         _wire_kv_tier(spec, containers, kv_tier, annotations)
-    # Last: the version check copies the engine's envFrom as the wiring leaves it (a re-admission then matches).
+    # Last: the version check copies the engine's envFrom as the wiring leaves it (a re-admission then matches),
+    # and the compile key's container the engine's env and mounts.
     inject_packages(spec, containers, annotations, runtime or default_runtime())
+    if model_cache is not None:
+        runtime = runtime or default_runtime()
+        wire_compile_cache(spec, containers, model_cache, annotations, runtime, model_volume_snippet)
     ops = spec_patch(pod.get("spec") or {}, spec)
     if any(annotations.get(k) != v for k, v in link.items()):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {**annotations, **link}})

@@ -21,7 +21,7 @@ from strata_operator.api.kvcachetier import KVCacheTierStatus
 from strata_operator.handlers.kvcachetier import events as tier_events
 from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.resources.kvcachetier.names import TierRef
-from strata_testsupport.kube import delete_quietly, resource
+from strata_testsupport.kube import delete_quietly, printed_row, resource
 from strata_testsupport.kvserver import KVServerProcess, running_kv_server
 
 pytestmark = pytest.mark.integration
@@ -91,15 +91,8 @@ def offload_effective(outcome: reconciler.Outcome) -> tuple[str, str]:
 
 
 def printed(k8s: DynamicClient, namespace: str) -> dict[str, Any]:
-    """`kubectl get kvcachetier`'s row: the API server's Table rendering of the printer columns."""
-    table = k8s.request(
-        "GET",
-        f"/apis/{API}/namespaces/{namespace}/kvcachetiers/kv",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        serializer=lambda _client, data: data,
-    )
-    names = [c["name"] for c in table["columnDefinitions"]]
-    return dict(zip(names, table["rows"][0]["cells"], strict=True))
+    """`kubectl get kvcachetier`'s row."""
+    return printed_row(k8s, API, "kvcachetiers", namespace, "kv")
 
 
 @pytest.fixture

@@ -24,14 +24,10 @@ pytestmark = pytest.mark.integration
 SOURCE = "s3://models/llama-3-8b"
 
 
-def ready_shared_cache(k8s: DynamicClient, namespace: str) -> str:
+def ready_shared_cache(k8s: DynamicClient, namespace: str, **more_spec: Any) -> str:
     name = unique("llama")
-    create_cache(
-        k8s,
-        namespace,
-        name,
-        {"source": {"uri": SOURCE}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}},
-    )
+    spec = {"source": {"uri": SOURCE}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}}
+    create_cache(k8s, namespace, name, {**spec, **more_spec})
     status = wait_for_status(k8s, namespace, name, lambda s: s.get("job"), "a preloader Job")
     finish_job(k8s, namespace, status["job"], fetch_result(SOURCE))
     wait_for_status(k8s, namespace, name, lambda s: s.get("phase") == "Ready", "phase Ready")

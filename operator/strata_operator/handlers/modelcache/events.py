@@ -21,6 +21,7 @@ from strata_operator.handlers.modelcache.node_cache import NodeCache
 from strata_operator.handlers.modelcache.reconcile import reconcile
 from strata_operator.handlers.process import runtime_of, settings_of
 from strata_operator.resources.core import MODEL_CACHE_LABEL
+from strata_operator.resources.modelcache.compile_cache import restore_report
 from strata_operator.resources.modelcache.image import RESOLVE_ANNOTATION
 from strata_operator.resources.modelcache.names import CACHE_LABEL, node_label_key
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -123,10 +124,29 @@ async def consumer_changed(
     if waker is None:
         return
     waiting = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
-    if controller.consumers_moved(kwargs[controller.MODEL_CACHES.index], waker, key) or (
-        waiting and waker.tags.get("evicted")
+    if (
+        controller.consumers_moved(kwargs[controller.MODEL_CACHES.index], waker, key)
+        or (waiting and waker.tags.get("evicted"))
+        or new_restore_report(waker, meta, status)
     ):
         waker.wake()
+
+
+def new_restore_report(waker: controller.Waker, meta: kopf.Meta, status: kopf.Status) -> bool:
+    """The pod's compile cache restore ended since the cache last heard of it (status.compileCache counts it)."""
+    if restore_report({"status": status}) is None:
+        return False
+    seen: set[str] = waker.tags.setdefault("compile_reports", set())
+    uid = str(meta.get("uid") or meta.get("name"))
+    if uid in seen:
+        return False
+    if len(seen) >= REPORTS_REMEMBERED:  # forgetting only costs a reconcile that changes nothing
+        seen.clear()
+    seen.add(uid)
+    return True
+
+
+REPORTS_REMEMBERED = 4096
 
 
 async def node_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -15,7 +15,7 @@ cache's own namespace is read, and the node's message says so.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError, ResourceNotFoundError
@@ -96,8 +96,12 @@ def gather(
         for name, job in observed.jobs.items()
         if name not in settled and st.job_phase(job) in ended
     }
+    if mode == StorageMode.NODE_LOCAL or spec.compile_cache.enabled:
+        observed.consumer_pods = kube.list_objects(
+            "v1", "Pod", namespace=owner.namespace, label_selector=f"{MODEL_CACHE_LABEL}={owner.name}"
+        )
     if mode == StorageMode.NODE_LOCAL:
-        observed.consumers_on, observed.waiting = consumer_pods(owner)
+        observed.consumers_on, observed.waiting = consumer_pods(observed.consumer_pods)
     if inputs:
         observed.inputs_checked = True
         observed.input_problem = input_problem(owner, spec)
@@ -106,10 +110,9 @@ def gather(
     return observed
 
 
-def consumer_pods(owner: CacheRef) -> tuple[dict[str, int], list[demand.WaitingPod]]:
+def consumer_pods(pods: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], list[demand.WaitingPod]]:
     """This cache's live consumer pods per node (its copies' lastUsed), and those that have not started yet
     (they may need an evicted copy back)."""
-    pods = kube.list_objects("v1", "Pod", namespace=owner.namespace, label_selector=f"{MODEL_CACHE_LABEL}={owner.name}")
     found: dict[str, int] = {}
     waiting = []
     for pod in pods:

@@ -55,6 +55,8 @@ class Observed:
     """NodeLocal: the live peer DaemonSet, Service and NetworkPolicy (see `fanout`)."""
     image: ImageLookup | None = None
     """ImageVolume: the registry's answer when gather looked the reference up now (`image.lookup_due`)."""
+    consumer_pods: Sequence[Mapping[str, Any]] = ()
+    """NodeLocal, or with compileCache on: the pods labelled with the cache's name (their restore reports)."""
     consumers: int | None = None
     """The live pods that name the cache (the daemon's pod index); None: not known, the stored count stays."""
     resolve_request: str = ""

@@ -23,7 +23,8 @@ from typing import Any
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
 from strata_operator.conditions import transition_events
-from strata_operator.resources.core import SPEC_INVALID, Problem, with_consumers
+from strata_operator.resources.core import SPEC_INVALID, Event, Problem, with_consumers
+from strata_operator.resources.modelcache import compile_cache as cc
 from strata_operator.resources.modelcache import node_loss, volume
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.draft import TIME_FORMAT, Plan, Planner
@@ -52,13 +53,22 @@ def plan(observed: Observed) -> Plan:
     previous = observed.previous
     desired = st.render_status(previous, outcome, observed.owner.generation, now=observed.now.strftime(TIME_FORMAT))
     desired = with_consumers(desired, previous, observed.consumers)
+    compile_events: list[Event] = []
+    if spec is not None and spec.compile_cache.enabled:
+        desired["compileCache"], compile_events = cc.compile_status(
+            previous,
+            observed.consumer_pods,
+            store=cc.store_location(observed.owner, spec),
+            per_node=spec.storage.mode == StorageMode.NODE_LOCAL,
+        )
     return Plan(
         status=desired,
         actions=planner.actions,
         labels=planner.labels,
         events=planner.events
         + transition_events(observed.owner.KIND, previous.get("conditions") or [], desired["conditions"])
-        + st.node_events(previous, desired),
+        + st.node_events(previous, desired)
+        + compile_events,
         needs_inputs=planner.needs_inputs,
         again=planner.again,
         token_secret=planner.token_secret,

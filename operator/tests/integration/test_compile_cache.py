@@ -1,0 +1,139 @@
+"""The compile cache through the real API server: spec.compileCache refused where it has no store (CEL), a vLLM
+pod admitted wired under `restricted` Pod Security (the capture sidecar a native sidecar), and the restore's
+termination message, written into the pod's status as the kubelet would, counted into status.compileCache with an
+Event for the new key."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError
+from strata_loader.contract import CompileRestoreReport
+from strata_operator.api import API_VERSION
+from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAINER, RESTORE_CONTAINER
+from strata_testsupport.kube import printed_row, resource, wait_for
+from strata_testsupport.webhook import RunningWebhook
+
+from .test_modelcache_support import create_cache, events_for, get_cache, unique, wait_for_status
+from .test_modelcache_validation import message_of
+from .test_serving_webhook import create_pod, pod_body, ready_shared_cache
+
+pytestmark = pytest.mark.integration
+SOURCE = "s3://models/llama-3-8b"
+KEY = "c0" * 32
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "image-volume",
+        {"source": {"uri": "oci://registry.example/models/llama:1"}, "storage": {"mode": "ImageVolume"}},
+        "compileCache.enabled is not supported with storage.mode ImageVolume: an image volume is read-only",
+    ),
+    (
+        "read-only-claim",
+        {
+            "source": {"uri": SOURCE},
+            "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi", "accessMode": "ReadOnlyMany"}},
+        },
+        "storage.sharedPVC.accessMode ReadOnlyMany cannot hold a captured compile cache",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "expected"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_a_compile_cache_without_a_writable_store_is_refused(
+    k8s: DynamicClient, strata_crds: Any, namespace: str, case: str, spec: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(DynamicApiError) as refused:
+        create_cache(k8s, namespace, unique(case), {**spec, "compileCache": {"enabled": True}})
+    assert expected in message_of(refused.value)
+    create_cache(k8s, namespace, unique(case), spec)  # the same without the compile cache is fine
+
+
+def test_the_api_server_fills_the_compile_cache_defaults(k8s: DynamicClient, strata_crds: Any, namespace: str) -> None:
+    name = unique("defaults")
+    create_cache(k8s, namespace, name, {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal"}})
+    assert get_cache(k8s, namespace, name)["spec"]["compileCache"] == {"enabled": False, "maxBytes": "20Gi"}
+    with pytest.raises(DynamicApiError) as refused:
+        spec = {"source": {"uri": SOURCE}, "storage": {"mode": "NodeLocal"}, "compileCache": {"maxBytes": "1.5Gi"}}
+        create_cache(k8s, namespace, unique("fraction"), spec)
+    assert "compileCache.maxBytes" in message_of(refused.value)
+
+
+def report_restore(k8s: DynamicClient, namespace: str, pod: str, report: CompileRestoreReport) -> None:
+    """The restore init container ended with its report, written into the pod's status as the kubelet does."""
+    terminated = {"exitCode": 0, "reason": "Completed", "message": report.to_termination_message()}
+    status = {
+        "phase": "Running",
+        "initContainerStatuses": [
+            {
+                "name": RESTORE_CONTAINER,
+                "image": "vllm/vllm-openai:latest",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    resource(k8s, "v1", "Pod").status.patch(
+        name=pod, namespace=namespace, body={"status": status}, content_type="application/strategic-merge-patch+json"
+    )
+
+
+def test_a_vllm_pod_is_wired_to_the_compile_cache_and_its_restore_is_counted(
+    k8s: DynamicClient, operator: Any, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    cache = ready_shared_cache(k8s, namespace, compileCache={"enabled": True, "maxBytes": "2Gi"})
+    patch = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    resource(k8s, "v1", "Namespace").patch(body=patch, name=namespace, content_type="application/merge-patch+json")
+    labels = {"strata.dev/model-cache": cache}
+    body = pod_body("engine", labels, command=["vllm", "serve"], securityContext=RESTRICTED)
+    stored = create_pod(k8s, namespace, body)
+    init = {c["name"]: c for c in stored["spec"]["initContainers"]}
+    names = [c["name"] for c in stored["spec"]["initContainers"]]
+    assert names[-3:] == [KEY_CONTAINER, RESTORE_CONTAINER, CAPTURE_CONTAINER]
+    assert init[CAPTURE_CONTAINER]["restartPolicy"] == "Always"  # a native sidecar, kept by the API server
+    assert "--max-bytes" in init[CAPTURE_CONTAINER]["command"] and str(2 * 2**30) in init[CAPTURE_CONTAINER]["command"]
+    volumes = {v["name"]: v for v in stored["spec"]["volumes"]}
+    assert volumes["strata-compile-store"]["persistentVolumeClaim"] == {"claimName": f"{cache}-model"}
+    (vllm,) = stored["spec"]["containers"]
+    assert {"name": "VLLM_USE_AOT_COMPILE", "value": "0"} in vllm["env"]
+    assert "strata-compile-store" not in {m["name"] for m in vllm["volumeMounts"]}
+
+    again = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "again", "labels": labels}}
+    second = create_pod(k8s, namespace, again | {"spec": copy.deepcopy(stored["spec"])}, dry_run="All")
+    assert second["spec"]["initContainers"] == stored["spec"]["initContainers"]
+
+    restored = CompileRestoreReport(
+        event="restored",
+        key=KEY,
+        summary="vllm 0.33.0, torch 2.14.0, cuda:sm_90",
+        generation="gen-1764979200000000000-0123abcd",
+        files=12,
+        bytes=3 * 2**20,
+    )
+    report_restore(k8s, namespace, "engine", restored)
+    status = wait_for_status(
+        k8s, namespace, cache, lambda s: (s.get("compileCache") or {}).get("hits") == 1, "one compile cache hit"
+    )
+    compile_cache = status["compileCache"]
+    assert compile_cache["store"] == f"claim {cache}-model, .strata-compile-cache/"
+    assert [(c["key"], c["size"], c["captured"]) for c in compile_cache["caches"]] == [
+        (KEY, "3.0MiB", "2025-12-06T00:00:00Z")
+    ]
+
+    def captured() -> list[dict[str, Any]] | None:
+        found = [e for e in events_for(k8s, namespace, cache) if e["reason"] == "CompileCacheCaptured"]
+        return found or None
+
+    (event,) = wait_for(captured, timeout=30, what="the CompileCacheCaptured Event")
+    assert printed_row(k8s, API_VERSION, "modelcaches", namespace, cache)["Compile Cache"] == "1 key, 1 hits, 0 misses"
+    assert KEY[:12] in event["message"] and "pod engine started from it" in event["message"]

@@ -1,0 +1,140 @@
+"""status.compileCache as a pure function of the consumer pods' restore reports (their init container's
+termination message): hits and misses of the live engines, the keys the store holds, and the Event of a new key."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from strata_loader.contract import CompileRestoreReport
+from strata_operator.resources.modelcache.compile_cache import (
+    CAPTURED_EVENT,
+    MAX_ENTRIES,
+    RESTORE_CONTAINER,
+    captured_at,
+    compile_status,
+    restore_report,
+)
+from strata_operator.resources.modelcache.observed import Observed
+from strata_operator.resources.modelcache.owner import CacheRef
+from strata_operator.resources.modelcache.plan import plan
+
+KEY_A, KEY_B = "a" * 64, "b" * 64
+GEN_1 = "gen-1764979200000000000-0123abcd"  # 2025-12-06T00:00:00Z
+GEN_2 = "gen-1764982800000000000-89abcdef"  # an hour later
+STORE = "claim llama-model, .strata-compile-cache/"
+
+
+def report(event: str, key: str | None = KEY_A, **fields: Any) -> str:
+    if event == "restored":
+        fields = {"generation": GEN_1, "files": 12, "bytes": 3 * 2**20, **fields}
+    return CompileRestoreReport(
+        event=event, key=key, summary="vllm 0.33.0, torch 2.14.0, cuda:sm_90", **fields
+    ).to_termination_message()  # type: ignore[arg-type]
+
+
+def engine_pod(
+    name: str, message: str | None, *, phase: str = "Running", node: str = "n1", last: bool = False
+) -> dict[str, Any]:
+    terminated = {"exitCode": 0, "message": message} if message is not None else None
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    status = {"name": RESTORE_CONTAINER, "lastState" if last else "state": state}
+    return {
+        "metadata": {"name": name, "creationTimestamp": f"2026-12-06T07:{len(name):02d}:00Z", "uid": name},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "initContainerStatuses": [status]},
+    }
+
+
+def test_hits_and_misses_are_counted_over_the_live_engines() -> None:
+    pods = [
+        engine_pod("a", report("restored")),
+        engine_pod("bb", report("miss", reason="target differs (this engine: 'cuda:sm_80', the cache: 'cuda:sm_90')")),
+        engine_pod("ccc", report("restored")),
+        engine_pod("dddd", report("miss", reason="old"), phase="Succeeded"),  # ended: no longer an engine
+        engine_pod("eeeee", None),  # its restore has not ended
+    ]
+    status, _ = compile_status({}, pods, store=STORE, per_node=False)
+    assert (status["hits"], status["misses"]) == (2, 1)
+    assert status["lastMiss"] == "pod bb: target differs (this engine: 'cuda:sm_80', the cache: 'cuda:sm_90')"
+    assert status["summary"] == "1 key, 2 hits, 1 misses" and status["store"] == STORE
+
+
+def test_a_key_seen_first_is_recorded_with_one_event_and_kept_when_its_pods_go() -> None:
+    status, events = compile_status({}, [engine_pod("a", report("restored"))], store=STORE, per_node=False)
+    assert status["caches"] == [
+        {
+            "key": KEY_A,
+            "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90",
+            "generation": GEN_1,
+            "captured": "2025-12-06T00:00:00Z",
+            "bytes": 3 * 2**20,
+            "size": "3.0MiB",
+            "files": 12,
+        }
+    ]
+    assert [(kind, reason) for kind, reason, _ in events] == [("Normal", CAPTURED_EVENT)]
+    assert KEY_A[:12] in events[0][2] and "pod a started from it" in events[0][2]
+    previous = {"compileCache": status}
+    again, events = compile_status(previous, [engine_pod("b", report("restored"))], store=STORE, per_node=False)
+    assert events == [] and again["caches"] == status["caches"]
+    gone, events = compile_status(previous, [], store=STORE, per_node=False)
+    assert events == [] and gone["caches"] == status["caches"] and (gone["hits"], gone["misses"]) == (0, 0)
+
+
+def test_a_newer_generation_of_a_key_replaces_the_older_and_the_newest_capture_comes_first() -> None:
+    pods = [
+        engine_pod("a", report("restored")),
+        engine_pod("bb", report("restored", generation=GEN_2, bytes=5 * 2**20)),
+        engine_pod("ccc", report("restored", key=KEY_B, generation=GEN_1)),
+    ]
+    status, events = compile_status({}, pods, store=STORE, per_node=False)
+    assert [(c["key"], c["generation"]) for c in status["caches"]] == [(KEY_A, GEN_2), (KEY_B, GEN_1)]
+    assert status["caches"][0]["size"] == "5.0MiB" and len(events) == 2
+
+
+def test_a_miss_without_a_key_and_a_message_that_is_not_a_report_count_as_they_are() -> None:
+    pods = [engine_pod("a", report("miss", key=None, reason="compile key: not JSON")), engine_pod("bb", "Killed")]
+    status, events = compile_status({}, pods, store=STORE, per_node=False)
+    assert (status["hits"], status["misses"], status["caches"], events) == (0, 1, [], [])
+
+
+def test_node_local_lists_the_nodes_whose_store_holds_the_key() -> None:
+    pods = [engine_pod("a", report("restored"), node="n2"), engine_pod("bb", report("restored"), node="n1")]
+    status, _ = compile_status({}, pods, store="x", per_node=True)
+    assert status["caches"][0]["nodes"] == ["n1", "n2"]
+
+
+def test_the_list_keeps_the_newest_keys() -> None:
+    previous = {
+        "compileCache": {
+            "caches": [{"key": f"{i:064x}", "captured": f"2026-01-{i + 1:02d}T00:00:00Z"} for i in range(MAX_ENTRIES)]
+        }
+    }
+    status, _ = compile_status(
+        previous, [engine_pod("a", report("restored", generation=GEN_2))], store=STORE, per_node=False
+    )
+    assert len(status["caches"]) == MAX_ENTRIES
+    assert status["caches"][0]["key"] == f"{MAX_ENTRIES - 1:064x}"  # 2026 is newer than the capture of 2025
+    assert KEY_A not in [c["key"] for c in status["caches"]]  # the oldest capture fell off
+
+
+def test_a_restarted_restore_reports_from_its_last_state() -> None:
+    assert restore_report(engine_pod("a", report("restored"), last=True)) is not None
+    assert restore_report(engine_pod("a", None)) is None
+    assert captured_at("gen-x-1") is None and captured_at(GEN_1) == "2025-12-06T00:00:00Z"
+
+
+def test_the_plan_reports_the_compile_cache_only_when_it_is_on() -> None:
+    from strata_operator.api.modelcache import ModelCacheSpec
+
+    owner = CacheRef("llama", "serving", "u1", generation=1)
+    spec = {"source": {"uri": "s3://models/llama"}, "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}}}
+    now = datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)
+    pods = [engine_pod("a", report("restored"))]
+    off = plan(Observed(owner, {}, now, spec=ModelCacheSpec.model_validate(spec), consumer_pods=pods))
+    assert "compileCache" not in off.status
+    on_spec = ModelCacheSpec.model_validate({**spec, "compileCache": {"enabled": True}})
+    on = plan(Observed(owner, {}, now, spec=on_spec, consumer_pods=pods))
+    assert on.status["compileCache"]["store"] == STORE and on.status["compileCache"]["hits"] == 1
+    assert CAPTURED_EVENT in [reason for _, reason, _ in on.events]
