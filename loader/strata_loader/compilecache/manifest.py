@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from ..core.messages import validation_error
 from ..paths import UnsafePathError, safe_relative_path
 from .key import CompileKey, CompileKeyError
 
@@ -86,7 +87,5 @@ def parse_manifest(data: bytes, where: str) -> CacheManifest:
     try:
         return CacheManifest.model_validate_json(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "manifest"
-        why = f"{loc}: {err['msg'].removeprefix('Value error, ')}"
+        why = validation_error(e.errors()[0], "manifest")
     raise ManifestError(f"{where} is not a valid compile cache manifest ({why})")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from ..contract import MANIFEST_NAME, manifest_digest
 from ..paths import DestDir, UnsafePathError, safe_relative_path
+from .messages import validation_error
 
 CHECKSUM_PREFERENCE = ("sha256", "md5")
 """Strongest first: one of them is enough to tell whether a file's content changed."""
@@ -78,9 +79,7 @@ def load_manifest(dest: Path) -> Manifest:
     try:
         return Manifest.model_validate_json(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "manifest"
-        why = f"{where}: {err['msg'].removeprefix('Value error, ')}"
+        why = validation_error(e.errors()[0], "manifest")
     except ValueError as e:
         why = str(e)
     raise ManifestError(f"{path} is not a valid manifest ({why}); the copy is incomplete, re-run fetch")

@@ -7,16 +7,21 @@ pydantic's boilerplate.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
+
+
+def validation_error(err: Mapping[str, Any], whole: str) -> str:
+    """One of pydantic's errors as `field.path: rule`, without its boilerplate; `whole` names an error of the
+    whole document (an empty location)."""
+    return f"{'.'.join(str(x) for x in err['loc']) or whole}: {str(err['msg']).removeprefix('Value error, ')}"
 
 
 def one_line(e: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(e, ValidationError):  # the field and the rule, without pydantic's boilerplate
-        return "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or 'request'}: {err['msg'].removeprefix('Value error, ')}"
-            for err in e.errors()
-        )
+        return "; ".join(validation_error(err, "request") for err in e.errors())
     text = str(e) or type(e).__name__
     if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
         text = f"{e.filename}: {text}"
