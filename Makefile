@@ -34,14 +34,13 @@ controlplane:
 	@bash hack/build-kstatus.sh >/dev/null
 
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
-# local Debian base, no pull; rebuilt only when their inputs change). The serving image (vLLM on CPU + Strata,
-# images/vllm-cpu) has archives of its own: vLLM is installed once (~5-6 min, 3 GB downloaded), Strata's layer is
-# redone when its packages change (~3 min). The stock vLLM image (that engine, nothing of Strata's) is built from
-# the cached engine once.
+# local Debian base, no pull; rebuilt only when their inputs change). The tests serve with the stock vLLM image
+# (images/vllm-cpu's `stock` stage: the engine, nothing of Strata's; the webhook adds Strata's packages): vLLM is
+# installed once into a cached engine (~5-6 min, 3 GB downloaded). The demo's serving image (that engine + Strata
+# built in) is built by `make demo` only: its layer is redone whenever Strata's code changes (~2 min).
 node: system controlplane
 	@bash hack/build-node.sh
 	@bash hack/node/build-images.sh >/dev/null
-	@bash hack/node/build-serving-image.sh >/dev/null
 	@bash hack/node/build-serving-image.sh stock >/dev/null
 
 # The Hugging Face Hub server the hf:// tests run against (olah), in its own venv in the cache (first time ~1 min).
@@ -91,6 +90,7 @@ test: setup crds-check lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
+	@bash hack/node/build-serving-image.sh >/dev/null
 	$(PY) hack/demo.py
 	$(PY) bench/loader_demo.py --size-gib 2
 	$(PY) bench/kv_demo.py

