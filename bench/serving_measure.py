@@ -7,6 +7,7 @@ time per token)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import random
@@ -14,7 +15,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from gpu_vllm import (
@@ -87,7 +87,7 @@ def side_engines(side: str, settings: Settings, work: Path) -> Iterator[Engines]
         transfer, data = engine_setup(setup, server, work / "fs", settings.cpu_bytes)
         # No connector: the same ConfigMap still names the hash algorithm (its other settings stay out of env).
         data = data or connection(settings.cpu_bytes, CHUNK_TOKENS, "cpu")
-        flags = SimpleNamespace(
+        flags = argparse.Namespace(
             device="cpu",
             max_model_len=settings.max_model_len,
             gpu_memory_utilization=0.1,

@@ -70,13 +70,18 @@ def load_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str:
 
 
 def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| prompt tokens | side | cold TTFT s, median (range) | warm TTFT s, median (range) | samples |"]
-    lines.append("|---|---|---|---|---|")
+    """Cold (the prompt new) and warm (seen before) TTFT per length; `vs none`: none's warm TTFT (a recompute) over
+    the side's."""
+    lines = ["| prompt tokens | side | cold TTFT s, median (range) | warm TTFT s, median (range) | vs none | samples |"]
+    lines.append("|---|---|---|---|---|---|")
+    rows = _by(points, "ttft")
+    recompute = {x: median_range(p["warm_ttft_s"])[0] for x, p in rows.get("none", {}).items()}
     for p in sorted((p for p in points if p["experiment"] == "ttft"), key=lambda p: (p["x"], _order(p["side"]))):
         cold, warm = median_range(p["cold_ttft_s"]), median_range(p["warm_ttft_s"])
+        gain = recompute[p["x"]] / warm[0] if p["x"] in recompute and warm[0] > 0 else None
         lines.append(
             f"| {p['x']} | {p['side']} | {cold[0]:.3f} ({cold[1]:.3f}-{cold[2]:.3f}) "
-            f"| {warm[0]:.3f} ({warm[1]:.3f}-{warm[2]:.3f}) | {len(p['warm_ttft_s'])} |"
+            f"| {warm[0]:.3f} ({warm[1]:.3f}-{warm[2]:.3f}) | {_num(gain, '.1f', 'x')} | {len(p['warm_ttft_s'])} |"
         )
     return "\n".join(lines)
 

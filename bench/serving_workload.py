@@ -172,10 +172,11 @@ def engine_summary(delta: Mapping[str, float]) -> dict[str, Any]:
 
 
 # -- side by side ------------------------------------------------------------------------------------------
-def ratios(points: Sequence[Mapping[str, Any]], baseline: str = "none", key: str = "throughput_tok_s") -> None:
+def ratios(points: Sequence[dict[str, Any]], baseline: str = "none", key: str = "throughput_tok_s") -> None:
     """Each point's `key` over the baseline side's at the same experiment and x (as `vs_<baseline>`), in place."""
-    base = {(p["experiment"], p["x"]): p[key] for p in points if p["side"] == baseline}
-    for p in points:
+    measured = [p for p in points if key in p]
+    base = {(p["experiment"], p["x"]): p[key] for p in measured if p["side"] == baseline}
+    for p in measured:
         reference = base.get((p["experiment"], p["x"]))
         p[f"vs_{baseline}"] = p[key] / reference if reference else None
 
