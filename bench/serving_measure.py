@@ -60,7 +60,8 @@ class Settings:
     cpu_bytes: str
     """Each engine's CPU tier (connector.cpuBytes), the same for every side that has one."""
     kv_l1: str = "4GiB"
-    max_model_len: int = 16640
+    max_model_len: int = 8192
+    """The longest prompt and answer (vLLM refuses to start where its KV memory cannot hold one)."""
     start_timeout: float = 600.0
     min_lookups: int = 50
 
@@ -169,22 +170,30 @@ def run_point(
 def run_lengths(
     side: str, lengths: Sequence[int], samples: int, settings: Settings, work: Path, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Single-request TTFT per prompt length: each sample a new document, first computed (cold), then, after the
-    engine's prefix cache is emptied (and its CPU tier too where a tier behind it holds the document), asked again
-    with another question (warm: loaded from the side's tier, or recomputed without one)."""
+    """Single-request TTFT per document length (and a 16-token question): each sample a new document, first
+    computed (cold), then, after the engine's prefix cache is emptied (and its CPU tier too where a tier behind it
+    holds the document), asked again with another question (warm: loaded from the side's tier, or recomputed)."""
     points = []
     with side_engines(side, settings, work) as engines:
         url, port = engines.urls[0], engines.ports[0]
         for length in lengths:
             cold, warm = [], []
+            pages_before, _ = _scrape(engines)
             for n in range(samples):
                 rng = random.Random(f"length/{seed}/{length}/{n}")
-                doc = [rng.randrange(3, 32000) for _ in range(length - 16)]
+                doc = [rng.randrange(3, 32000) for _ in range(length)]  # whole chunks: all of it can be reused
                 first, second = ([rng.randrange(3, 32000) for _ in range(16)] for _ in range(2))
                 cold.append(asyncio.run(single(url, doc + first)))
                 reset_prefix_cache(port, external=SIDES[side][0] in STORING_SIDES)
                 time.sleep(0.2)
                 warm.append(asyncio.run(single(url, doc + second)))
-            points.append({"experiment": "ttft", "side": side, "x": length, "cold_ttft_s": cold, "warm_ttft_s": warm})
-            print(f"  {side} {length} tokens: warm {sorted(warm)[len(warm) // 2]:.3f}s", flush=True)
+            pages_after, _ = _scrape(engines)
+            point: dict[str, Any] = {"experiment": "ttft", "side": side, "x": length}
+            point |= {"cold_ttft_s": cold, "warm_ttft_s": warm}
+            points.append(point | engine_summary(metric_delta(pages_before, pages_after)))
+            print(
+                f"  {side} {length} tokens: warm {sorted(warm)[len(warm) // 2]:.3f}s, the tier loaded "
+                f"{points[-1]['loaded_bytes'] / 2**20:.0f} MiB into the engine",
+                flush=True,
+            )
     return points

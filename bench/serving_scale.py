@@ -18,6 +18,7 @@ Run with the repository's venv; the engines run from vLLM's CPU venv (hack/build
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -110,6 +111,9 @@ def parse_args() -> argparse.Namespace:
             if getattr(args, key, None) is None:
                 setattr(args, key, value)
         args.mixed_sides = plan.get("mixed_sides", args.sides)
+        engine_tokens = sizing(args.full_at_users, args.cpu_tier_users)["engine_kv_tokens"]
+        if max([*(args.lengths or []), Workload(1).max_prompt_tokens]) + 256 > engine_tokens:
+            parser.error(f"the engine's KV ({engine_tokens} tokens) holds no longest prompt: raise --full-at-users")
         folder = "serving_scale_smoke" if args.smoke else "serving_scale"
         args.output = args.output or ROOT / "bench" / "results" / folder
     return args
@@ -152,12 +156,13 @@ def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> Non
         mixed = Workload(users=args.mixed_users, reuse_share=share, **workload)
         jobs += [("mixed", side, mixed) for side in rotated(args.mixed_sides, n)]
     jobs += [("ttft", side, None) for side in (args.ttft_sides if args.lengths and args.samples else [])]
+    long_prompts = dataclasses.replace(settings, max_model_len=max(args.lengths or [0]) + 256)
     for n, (experiment, side, load) in enumerate(jobs):
         place = work / f"point-{n}"
         started = time.monotonic()
         try:
             if experiment == "ttft":
-                result["points"] += run_lengths(side, args.lengths, args.samples, settings, place, args.seed)
+                result["points"] += run_lengths(side, args.lengths, args.samples, long_prompts, place, args.seed)
             else:
                 point = run_point(experiment, side, load, args.point_seconds, settings, place)
                 result["points"].append(point)

@@ -71,9 +71,12 @@ def load_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str:
 
 def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
     """Cold (the prompt new) and warm (seen before) TTFT per length; `vs none`: none's warm TTFT (a recompute) over
-    the side's."""
-    lines = ["| prompt tokens | side | cold TTFT s, median (range) | warm TTFT s, median (range) | vs none | samples |"]
-    lines.append("|---|---|---|---|---|---|")
+    the side's; what the tier loaded into the engine over the length's samples."""
+    lines = [
+        "| document tokens | side | cold TTFT s, median (range) | warm TTFT s, median (range) | vs none | samples "
+        "| loaded MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     rows = _by(points, "ttft")
     recompute = {x: median_range(p["warm_ttft_s"])[0] for x, p in rows.get("none", {}).items()}
     for p in sorted((p for p in points if p["experiment"] == "ttft"), key=lambda p: (p["x"], _order(p["side"]))):
@@ -81,7 +84,8 @@ def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
         gain = recompute[p["x"]] / warm[0] if p["x"] in recompute and warm[0] > 0 else None
         lines.append(
             f"| {p['x']} | {p['side']} | {cold[0]:.3f} ({cold[1]:.3f}-{cold[2]:.3f}) "
-            f"| {warm[0]:.3f} ({warm[1]:.3f}-{warm[2]:.3f}) | {_num(gain, '.1f', 'x')} | {len(p['warm_ttft_s'])} |"
+            f"| {warm[0]:.3f} ({warm[1]:.3f}-{warm[2]:.3f}) | {_num(gain, '.1f', 'x')} | {len(p['warm_ttft_s'])} "
+            f"| {_mib(p.get('loaded_bytes'))} |"
         )
     return "\n".join(lines)
 
@@ -166,7 +170,7 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
         else:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("prompt tokens")
+            ax.set_xlabel("document tokens (prompt: + a 16-token question)")
             ax.set_ylabel("TTFT, median (s): prompt seen before")
             ax.set_title("Single request: TTFT vs prompt length")
         ax.grid(alpha=0.3)

@@ -205,13 +205,20 @@ def test_the_plot_has_a_panel_for_the_mixed_workload_and_for_ttft_by_length(tmp_
         {**point("none", 0, 900, 0.1), "experiment": "mixed", "x": 0.0},
         {**point("none", 0, 1900, 0.5), "experiment": "mixed", "x": 0.5},
         {"experiment": "ttft", "side": "strata-tcp", "x": 512, "cold_ttft_s": [0.2, 0.3], "warm_ttft_s": [0.02]},
-        {"experiment": "ttft", "side": "strata-tcp", "x": 2048, "cold_ttft_s": [0.9], "warm_ttft_s": [0.05, 0.07]},
+        {
+            "experiment": "ttft",
+            "side": "strata-tcp",
+            "x": 2048,
+            "cold_ttft_s": [0.9],
+            "warm_ttft_s": [0.05, 0.07],
+            "loaded_bytes": 2 * 8 * 2**20,
+        },
         {"experiment": "ttft", "side": "none", "x": 2048, "cold_ttft_s": [0.8], "warm_ttft_s": [0.6, 0.8, 0.7]},
     ]
     report.annotate(result["points"])  # type: ignore[arg-type]
     report.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
     text = report.markdown(result)
-    assert "| 2048 | strata-tcp | 0.900 (0.900-0.900) | 0.060 (0.050-0.070) | 11.7x | 2 |" in text
-    assert "| 512 | strata-tcp | 0.250 (0.200-0.300) | 0.020 (0.020-0.020) | - | 1 |" in text
+    assert "| 2048 | strata-tcp | 0.900 (0.900-0.900) | 0.060 (0.050-0.070) | 11.7x | 2 | 16 |" in text
+    assert "| 512 | strata-tcp | 0.250 (0.200-0.300) | 0.020 (0.020-0.020) | - | 1 | - |" in text
     assert "| 0.5 | none | 1,900 |" in text
