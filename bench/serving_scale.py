@@ -96,7 +96,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--point-seconds", type=float, help="measured seconds per point (after priming)")
     parser.add_argument("--think-seconds", type=float, default=2.0, help="mean think time between turns")
     parser.add_argument("--full-at-users", type=int, default=8, help="users whose documents fill the engine's KV")
-    parser.add_argument("--cpu-tier-users", type=int, default=16, help="users whose documents fill a CPU tier")
+    parser.add_argument(
+        "--cpu-tier-users",
+        type=int,
+        default=8,
+        help="users whose documents fill each engine's CPU tier (default: as many as its KV memory holds)",
+    )
     parser.add_argument("--mixed-users", type=int, help="users of the mixed experiment (0: skip it)")
     parser.add_argument("--mixed-shares", type=float, nargs="*", help="shares of users who reuse")
     parser.add_argument("--ttft-sides", nargs="*", help="sides of the TTFT-vs-length experiment (none: skip)")
