@@ -222,3 +222,14 @@ def test_the_plot_has_a_panel_for_the_mixed_workload_and_for_ttft_by_length(tmp_
     assert "| 2048 | strata-tcp | 0.900 (0.900-0.900) | 0.060 (0.050-0.070) | 11.7x | 2 | 16 |" in text
     assert "| 512 | strata-tcp | 0.250 (0.200-0.300) | 0.020 (0.020-0.020) | - | 1 | - |" in text
     assert "| 0.5 | none | 1,900 |" in text
+
+
+def test_the_engines_kv_memory_holds_about_the_users_asked_for_and_the_cpu_tier_as_many() -> None:
+    import serving_scale
+
+    # 8 layers x 2 KV heads x 64 wide, keys and values in bf16: the 1 MiB per 256-token chunk the server stores.
+    assert serving_scale.kv_bytes_per_token() * 256 == 2**20
+    size = serving_scale.sizing(full_at_users=8, cpu_tier_users=8)
+    per_user = serving_scale.MEAN_DOC_TOKENS + serving_scale.CONVERSATION_TOKENS
+    assert size["engine_kv_tokens"] == size["engine_blocks"] * 32 == 8 * per_user
+    assert size["cpu_bytes"] == f"{8 * per_user * 4096 // 2**20}Mi"
