@@ -154,8 +154,11 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
             else:
                 ys = [row[x]["throughput_tok_s"] for x in xs]
             ax.plot(xs, ys, marker="o", color=color, linestyle=style, label=side)
-        if experiment == "scale":
+        if experiment in ("scale", "ttft"):
             ax.set_xscale("log", base=2)
+            xs_all = sorted({x for row in _by(points, experiment).values() for x in row})
+            ax.set_xticks(xs_all, [str(x) for x in xs_all])
+        if experiment == "scale":
             ax.set_xlabel("concurrent users (each with its own document)")
             ax.set_ylabel("total token throughput (tok/s)")
             full = result.get("settings", {}).get("full_at_users")
@@ -168,11 +171,10 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
             ax.set_ylabel("total token throughput (tok/s)")
             ax.set_title(f"Mixed workload, {result.get('settings', {}).get('mixed_users', '?')} users")
         else:
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("document tokens (prompt: + a 16-token question)")
             ax.set_ylabel("TTFT, median (s): prompt seen before")
-            ax.set_title("Single request: TTFT vs prompt length")
+            ax.set_title("Single request: TTFT vs document length")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(result.get("title", "Serving scale"), fontsize=10)
