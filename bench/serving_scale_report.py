@@ -144,7 +144,7 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
 
     points = result["points"]
     panels = [e for e in ("scale", "mixed", "ttft") if any(p["experiment"] == e for p in points)]
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.2 * max(len(panels), 1), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(6.2 * len(panels), 9.0), 4.6), squeeze=False)
     for ax, experiment in zip(axes[0], panels, strict=False):
         for side, row in sorted(_by(points, experiment).items(), key=lambda item: _order(item[0])):
             color, style = SIDE_STYLE.get(side, ("black", "-"))
