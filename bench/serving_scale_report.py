@@ -1,0 +1,195 @@
+"""The serving-scale bench's report, from its JSON alone (`serving_scale.py --report`): ratios against no
+offloading, the verdict beside the bench's own gain, the issue's claims checked, a Markdown table and the plot
+(throughput vs users, one line per side; the mixed workload; single-request TTFT vs prompt length)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from serving_workload import median_range, ratios, verdict_agreement
+
+SIDE_STYLE = {
+    "none": ("#888888", "-"),
+    "cpu": ("#b0b0b0", "-"),
+    "vllm-fs": ("#4a7fc1", "-"),
+    "strata-tcp": ("#2e7d32", "-"),
+    "strata-socket": ("#1b5e20", "--"),
+    "cpu-x2": ("#c06060", ":"),
+    "strata-tcp-x2": ("#66bb6a", ":"),
+}
+STRATA = ("strata-tcp", "strata-socket")
+
+
+def annotate(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ratios against `none` at the same point, and whether the tier's verdict agrees with them, in place."""
+    ratios(points)
+    for p in points:
+        if "offload" in p:
+            p["verdict_agrees"] = verdict_agreement(p)
+    return points
+
+
+def _by(points: Sequence[Mapping[str, Any]], experiment: str) -> dict[str, dict[Any, Mapping[str, Any]]]:
+    out: dict[str, dict[Any, Mapping[str, Any]]] = {}
+    for p in points:
+        if p["experiment"] == experiment:
+            out.setdefault(p["side"], {})[p["x"]] = p
+    return out
+
+
+def _num(value: Any, fmt: str, unit: str = "") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt) + unit
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def load_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str:
+    """One row per point of a load experiment (`scale` or `mixed`), sides in a fixed order within each x."""
+    x_name = "users" if experiment == "scale" else "reuse share"
+    lines = [
+        f"| {x_name} | side | tok/s | vs none | TTFT p50 s | TTFT p99 s | hit ratio | tier hit | loaded MiB "
+        "| verdict | server hit | agrees |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = sorted((p for p in points if p["experiment"] == experiment), key=lambda p: (p["x"], _order(p["side"])))
+    for p in rows:
+        offload = p.get("offload") or {}
+        agrees = {True: "yes", False: "**no**", None: "-"}[p.get("verdict_agrees")]
+        lines.append(
+            f"| {p['x']} | {p['side']} | {p['throughput_tok_s']:,.0f} | {_num(p.get('vs_none'), '.2f', 'x')} "
+            f"| {_num(p['ttft_p50_s'], '.3f')} | {_num(p['ttft_p99_s'], '.3f')} | {p['hit_ratio']:.2f} "
+            f"| {p['tier_hit_ratio']:.2f} | {_mib(p.get('loaded_bytes'))} | {offload.get('verdict', '-')} "
+            f"| {offload.get('hitRatio', '-')} | {agrees} |"
+        )
+    return "\n".join(lines)
+
+
+def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
+    """Cold (the prompt new) and warm (seen before) TTFT per length; `vs none`: none's warm TTFT (a recompute) over
+    the side's; what the tier loaded into the engine over the length's samples."""
+    lines = [
+        "| document tokens | side | cold TTFT s, median (range) | warm TTFT s, median (range) | vs none | samples "
+        "| loaded MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = _by(points, "ttft")
+    recompute = {x: median_range(p["warm_ttft_s"])[0] for x, p in rows.get("none", {}).items()}
+    for p in sorted((p for p in points if p["experiment"] == "ttft"), key=lambda p: (p["x"], _order(p["side"]))):
+        cold, warm = median_range(p["cold_ttft_s"]), median_range(p["warm_ttft_s"])
+        gain = recompute[p["x"]] / warm[0] if p["x"] in recompute and warm[0] > 0 else None
+        lines.append(
+            f"| {p['x']} | {p['side']} | {cold[0]:.3f} ({cold[1]:.3f}-{cold[2]:.3f}) "
+            f"| {warm[0]:.3f} ({warm[1]:.3f}-{warm[2]:.3f}) | {_num(gain, '.1f', 'x')} | {len(p['warm_ttft_s'])} "
+            f"| {_mib(p.get('loaded_bytes'))} |"
+        )
+    return "\n".join(lines)
+
+
+def _order(side: str) -> int:
+    return list(SIDE_STYLE).index(side) if side in SIDE_STYLE else len(SIDE_STYLE)
+
+
+def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]:
+    """The issue's claims, each said as what the numbers show (holds / does not hold / not measured)."""
+    scale = _by(points, "scale")
+    out = []
+    past = [u for u in sorted(scale.get("none", {})) if u > full_at_users]
+    for side in (*STRATA, "none") if scale else ():
+        own = scale.get(side, {})
+        if 4 not in own or not past or not all(u in own for u in past):
+            out.append(f"{side}: throughput past U={full_at_users} against its own at U=4: not measured")
+            continue
+        kept = [own[u]["throughput_tok_s"] / own[4]["throughput_tok_s"] for u in past]
+        floor = min(kept)
+        verdict = "holds" if floor >= 0.8 else "does not hold"
+        label = "keeps >= 0.8x" if side != "none" else "for comparison"
+        out.append(
+            f"{side}: past U={full_at_users} keeps {floor:.2f}x-{max(kept):.2f}x of its U=4 throughput "
+            f"({label}{': ' + verdict if side != 'none' else ''})"
+        )
+    for side in STRATA:
+        own, fs = scale.get(side, {}), scale.get("vllm-fs", {})
+        common = sorted(set(own) & set(fs))
+        if not common:
+            continue
+        behind = [u for u in common if own[u]["throughput_tok_s"] < fs[u]["throughput_tok_s"]]
+        verdict = "holds" if not behind else f"does not hold at U={behind}"
+        out.append(f"{side} >= vllm-fs at every U ({common}): {verdict}")
+    for pair, single in (("strata-tcp-x2", "strata-tcp"), ("cpu-x2", "cpu")):
+        two, one = scale.get(pair, {}), scale.get(single, {})
+        for u in sorted(set(two) & set(one)):
+            out.append(
+                f"U={u}: hit ratio {pair} {two[u]['hit_ratio']:.2f} vs one replica {one[u]['hit_ratio']:.2f} "
+                f"(tier hit {two[u]['tier_hit_ratio']:.2f} vs {one[u]['tier_hit_ratio']:.2f})"
+            )
+    judged = [p for p in points if p.get("verdict_agrees") is not None]
+    if judged:
+        agree = sum(1 for p in judged if p["verdict_agrees"])
+        out.append(f"the tier's verdict agrees with the bench's gain at {agree} of {len(judged)} judged points")
+    return out
+
+
+def plot(result: Mapping[str, Any], path: Path) -> None:
+    """Throughput vs users (one line per side), the mixed workload, TTFT vs prompt length: the panels there is
+    data for."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = result["points"]
+    panels = [e for e in ("scale", "mixed", "ttft") if any(p["experiment"] == e for p in points)]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(6.2 * len(panels), 9.0), 4.6), squeeze=False)
+    for ax, experiment in zip(axes[0], panels, strict=False):
+        for side, row in sorted(_by(points, experiment).items(), key=lambda item: _order(item[0])):
+            color, style = SIDE_STYLE.get(side, ("black", "-"))
+            xs = sorted(row)
+            if experiment == "ttft":
+                ys = [median_range(row[x]["warm_ttft_s"])[0] for x in xs]
+            else:
+                ys = [row[x]["throughput_tok_s"] for x in xs]
+            ax.plot(xs, ys, marker="o", color=color, linestyle=style, label=side)
+        if experiment in ("scale", "ttft"):
+            ax.set_xscale("log", base=2)
+            xs_all = sorted({x for row in _by(points, experiment).values() for x in row})
+            ax.set_xticks(xs_all, [str(x) for x in xs_all])
+        if experiment == "scale":
+            ax.set_xlabel("concurrent users (each with its own document)")
+            ax.set_ylabel("total token throughput (tok/s)")
+            full = result.get("settings", {}).get("full_at_users")
+            if full:
+                ax.axvline(full, color="black", linewidth=0.8, linestyle="--")
+                ax.annotate(" engine KV full", (full, ax.get_ylim()[1]), va="top", fontsize=8)
+            ax.set_title("Throughput vs users")
+        elif experiment == "mixed":
+            ax.set_xlabel("share of users who reuse their document")
+            ax.set_ylabel("total token throughput (tok/s)")
+            ax.set_title(f"Mixed workload, {result.get('settings', {}).get('mixed_users', '?')} users")
+        else:
+            ax.set_yscale("log")
+            ax.set_xlabel("document tokens (prompt: + a 16-token question)")
+            ax.set_ylabel("TTFT, median (s): prompt seen before")
+            ax.set_title("Single request: TTFT vs document length")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(result.get("title", "Serving scale"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    points = result["points"]
+    parts = []
+    for experiment in ("scale", "mixed"):
+        if any(p["experiment"] == experiment for p in points):
+            parts.append(load_table(points, experiment))
+    if any(p["experiment"] == "ttft" for p in points):
+        parts.append(ttft_table(points))
+    parts.append("\n".join(f"- {line}" for line in claims(points, result.get("settings", {}).get("full_at_users", 8))))
+    return "\n\n".join(parts)
