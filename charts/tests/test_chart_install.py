@@ -159,6 +159,7 @@ NEEDED_CLUSTER_WIDE = [
     ("watch", "", "nodes", ""),
     ("patch", "", "nodes", ""),
     ("list", "", "nodes", ""),
+    ("get", "", "nodes", ""),  # KVCacheTier: why a server's node is not Ready (without it, no status while one is down)
     ("get", "storage.k8s.io", "storageclasses", ""),
     ("get", "storage.k8s.io", "csidrivers", ""),  # KVCacheTier spec.nodeSocket: is its driver installed?
     ("list", "strata.dev", "nodecachepolicies", ""),  # node budgets, read when a NodeLocal Job is created

@@ -102,7 +102,14 @@ def endpoints(
     return sorted(result, key=lambda e: (e["node"], e["pod"]))
 
 
-def _instances(counts: Counts, config_valid: bool, not_ready_nodes: Mapping[str, str]) -> tuple[bool, str, str]:
+def _instances(
+    counts: Counts, config_valid: bool, not_ready_nodes: Mapping[str, str], servers: Sequence[Mapping[str, Any]]
+) -> tuple[bool, str, str]:
+    """AllInstancesReady from the DaemonSet's counters, except while a server's node is not Ready: then from the
+    servers themselves (`servers`: the endpoints). The DaemonSet controller stops counting a server whose node is
+    unreachable (the node's `unreachable:NoSchedule` taint takes the node out of desiredNumberScheduled while the
+    pod stays, tolerating the NoExecute one), so its counters read "all 1 servers are ready" with one of two down.
+    """
     if counts.desired == 0 and not config_valid:
         return False, "ConfigInvalid", "no servers run: the configuration is not valid"
     if not counts.settled:
@@ -112,9 +119,10 @@ def _instances(counts: Counts, config_valid: bool, not_ready_nodes: Mapping[str,
         return False, "NoMatchingNodes", "no node matches nodeSelector/tolerations"
     if counts.updated < counts.desired:
         return False, "RollingOut", f"{counts.updated}/{counts.desired} servers run the current configuration"
-    if counts.ready < counts.desired and not_ready_nodes:
+    if not_ready_nodes:
         lost = "; ".join(f"{node}: {why}" for node, why in sorted(not_ready_nodes.items()))
-        message = f"{counts.ready}/{counts.desired} servers are ready; not Ready node(s): {lost}"
+        ready = sum(1 for server in servers if server["ready"])
+        message = f"{ready}/{len(servers)} servers are ready; not Ready node(s): {lost}"
         return False, NODE_NOT_READY, f"{message} (their node-local clients reach no server until they return)"
     if counts.ready < counts.desired:
         return False, "InstancesNotReady", f"{counts.ready}/{counts.desired} servers are ready"
@@ -179,7 +187,10 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
     tier, previous, now = observed.tier, observed.previous, observed.now
     counts = Counts.of(observed.daemonset)
     valid = _config_valid(checked, previous)
-    all_ready = _instances(counts, valid[0], observed.not_ready_nodes)
+    servers = endpoints(
+        observed.pods, spec.port, spec.events.port if spec.events.enabled else None, observed.not_ready_nodes
+    )
+    all_ready = _instances(counts, valid[0], observed.not_ready_nodes, servers)
     available = _available(counts, all_ready[1], previous, now)
     l2 = _l2(spec, tier, observed.claim, counts)
     ready = (True, all_ready[1], all_ready[2]) if valid[0] and all_ready[0] else (False, *_not_ready(valid, all_ready))
@@ -202,9 +213,7 @@ def compute_status(spec: KVCacheTierSpec, observed: Observed, checked: Checked) 
         "l2": l2_kinds(spec),
         "connectionConfigMap": tier.connection_config_map,
         "service": tier.service,
-        "endpoints": endpoints(
-            observed.pods, spec.port, spec.events.port if spec.events.enabled else None, observed.not_ready_nodes
-        ),
+        "endpoints": servers,
         "conditions": conditions,
     }
     config_hash = checked.config_hash or previous.get("configHash")
