@@ -252,7 +252,7 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
     again with no read of the origin; nothing is left behind once the cache is deleted."""
     from strata_testsupport.counting_proxy import CountingProxy
     from strata_testsupport.kube import resource, wait_for
-    from strata_testsupport.pods import API, model_cache, s3_model_spec, s3_secret, upload_model
+    from strata_testsupport.pods import API, kv_token_secret, model_cache, s3_model_spec, s3_secret, upload_model
 
     namespace, name, label = hostpath_namespace, "survivor", "strata.dev/e2e-loss"
     nodes, caches = resource(k8s_e2e, "v1", "Node"), resource(k8s_e2e, API, "ModelCache")
@@ -292,6 +292,47 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
             namespace=namespace, field_selector=f"involvedObject.kind=ModelCache,involvedObject.name={name}"
         )
         return [(e.type, e.reason, e.message) for e in listed.items]
+
+    tiers, tier_seen = resource(k8s_e2e, API, "KVCacheTier"), []
+
+    def tier_status() -> dict:
+        return tiers.get(name="kv", namespace=namespace).to_dict().get("status") or {}
+
+    def tier_instances(reason: str) -> dict | None:
+        """The tier's AllInstancesReady condition when its reason is `reason` (each one seen is kept, so a
+        timeout shows what the tier said instead)."""
+        found = next((c for c in tier_status().get("conditions") or [] if c["type"] == "AllInstancesReady"), None)
+        tier_seen.append(found)
+        return found if found and found["reason"] == reason else None
+
+    def wait_tier(reason: str, what: str) -> dict:
+        try:
+            return wait_for(lambda: tier_instances(reason), timeout=300, interval=2, what=what)
+        except AssertionError as timed_out:
+            seen = [dict(c or {}) for c in tier_seen[-3:]]
+            raise AssertionError(
+                f"{timed_out}; the tier said {seen}; status {tier_status()}; {tier_servers_seen()}"
+            ) from None
+
+    def tier_servers_seen() -> str:
+        """What the tier's controller reads, as the API server has it, and what the operator logged about it."""
+        servers = pods.get(namespace=namespace, label_selector="app.kubernetes.io/name=strata-kv").to_dict()["items"]
+        ready = {
+            p["metadata"]["name"]: [
+                (c["type"], c["status"], c.get("reason")) for c in p["status"].get("conditions") or []
+            ]
+            for p in servers
+        }
+        operator = [
+            p["metadata"]["name"]
+            for p in pods.get(namespace="strata-system").to_dict()["items"]
+            if any(o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or [])
+        ]
+        from kubernetes.client import CoreV1Api
+
+        core = CoreV1Api(k8s_e2e.client)
+        logs = {name: core.read_namespaced_pod_log(name, "strata-system", tail_lines=40) for name in operator}
+        return f"servers' conditions {ready}; operator log {logs}"
 
     def not_ready(node: str) -> dict | None:
         state = node_states().get(node) or {}
@@ -338,7 +379,18 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
         )
         reads_before_serving = gate.gets
 
-        # Mid-serving: a consumer on the worker that will stop.
+        # Mid-serving: a KV tier's server on each worker, and a consumer on the worker that will stop.
+        kv_token_secret(k8s_e2e, namespace)
+        tier_spec = {
+            "l1": {"size": "64Mi"},
+            "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
+            "resources": {"requests": {"cpu": "50m"}},
+        }
+        tiers.create(
+            namespace=namespace,
+            body={"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": "kv"}, "spec": tier_spec},
+        )
+        wait_tier("AllReady", "the tier's servers ready")
         deployments = resource(k8s_e2e, "apps/v1", "Deployment")
         deployments.create(namespace=namespace, body=consumer_deployment(status()["volume"], lost, e2e.runtime_image))
 
@@ -359,6 +411,18 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
         paused = True
         state = wait_for(lambda: not_ready(lost), timeout=300, interval=2, what=f"{lost} NodeNotReady while serving")
         assert state["beforeNodeLoss"]["phase"] == "Ready", state
+        # The tier names the worker whose server its clients there can no longer reach, and why.
+        instances = wait_tier("NodeNotReady", f"the tier naming {lost}")
+        assert lost in instances["message"] and stable not in instances["message"], instances
+        endpoints = {e["node"]: e for e in tier_status()["endpoints"]}
+        assert "Kubelet stopped posting node status" in endpoints[lost]["nodeNotReady"], endpoints
+        assert endpoints[stable]["ready"] and "nodeNotReady" not in endpoints[stable], endpoints
+        tier_events = resource(k8s_e2e, "v1", "Event").get(
+            namespace=namespace, field_selector="involvedObject.kind=KVCacheTier,involvedObject.name=kv"
+        )
+        assert any(e.type == "Warning" and e.reason == "NodeNotReady" for e in tier_events.items), [
+            (e.type, e.reason, e.message) for e in tier_events.items
+        ]
         # The taint evicts the pod there; its replacement runs where the model is Ready.
         wait_for(
             lambda: list(consumer_nodes().values()) == [stable], timeout=300, interval=2, what="the consumer moved"
@@ -373,7 +437,9 @@ def test_a_node_that_stops_answering_mid_preload_and_mid_serving_is_named_kept_a
             what="the cache recovered",
         )
         assert gate.gets == reads_before_serving, "the returning worker's kept copy was read from the origin again"
+        wait_tier("AllReady", "the tier's servers ready again")
         deployments.delete(name="consumer", namespace=namespace)
+        tiers.delete(name="kv", namespace=namespace)
     finally:
         if paused:
             e2e.run("docker", "unpause", lost)
