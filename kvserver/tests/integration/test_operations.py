@@ -56,25 +56,26 @@ def test_each_lookup_and_each_read_counts_once_whatever_the_path_and_size(kv_ser
     A GET too large for the fast path (a 1 MiB chunk, a KV tier's usual size) was counted by the fast path and
     again by the slow path that sent it; a chunk STRATA.PREFIX or EXISTS did not find was never counted at all
     (the engine does not GET what a lookup missed), so the verdict saw hits only."""
-    r = kv_server.redis()
+    r = kv_server.redis()  # the session's server: keys of this test's own, so other tests see none of them
+    big, small, fresh = "counted-big", "counted-small", "counted-fresh"
     chunk = b"c" * (1 << 20)
-    r.set("big", chunk)
-    r.set("small", b"s" * 100)
+    r.set(big, chunk)
+    r.set(small, b"s" * 100)
     before = metric_values(kv_server)
 
     def gained(name: str) -> float:
         return metric_values(kv_server)[name] - before[name]
 
-    assert r.get("big") == chunk and r.get("small") == b"s" * 100
+    assert r.get(big) == chunk and r.get(small) == b"s" * 100
     assert gained('strata_kv_hits_total{tier="l1"}') == 2
     assert gained('strata_kv_offload_loaded_bytes_total{tier="l1"}') == len(chunk) + 100
     assert gained("strata_kv_misses_total") == 0
     # An engine's probe: the leading chunk is there, the two after it are not (nor GET by anyone).
-    assert r.execute_command("STRATA.PREFIX", "big", "gone-1", "gone-2")[0] == 1
+    assert r.execute_command("STRATA.PREFIX", big, "counted-gone-1", "counted-gone-2")[0] == 1
     assert gained("strata_kv_misses_total") == 2
-    assert r.exists("gone-3") == 0  # LMCache's lookup
+    assert r.exists("counted-gone-3") == 0  # LMCache's lookup
     assert gained("strata_kv_misses_total") == 3
-    assert r.set("fresh", b"f", nx=True)  # SET NX's own check is no lookup
+    assert r.set(fresh, b"f", nx=True)  # SET NX's own check is no lookup
     assert gained("strata_kv_misses_total") == 3
     assert gained('strata_kv_hits_total{tier="l1"}') == 2
     assert gained("strata_kv_offload_miss_seconds_total") > 0
