@@ -153,18 +153,35 @@ def json_patch(api_version: str, kind: str, name: str, namespace: str | None, op
     )
 
 
-def patch_status(api_version: str, kind: str, name: str, namespace: str, status: Mapping[str, Any]) -> bool:
+class Conflict(Exception):
+    """A conditional write found the object changed since the version it was read at (HTTP 409)."""
+
+
+def patch_status(
+    api_version: str,
+    kind: str,
+    name: str,
+    namespace: str,
+    status: Mapping[str, Any],
+    resource_version: str | None = None,
+) -> bool:
     """A merge patch of the status subresource (lists inside are replaced whole, as intended); False when the
-    object is gone meanwhile (nothing left to report on)."""
+    object is gone meanwhile (nothing left to report on). With `resource_version`, only onto that version:
+    `Conflict` when another writer got there first."""
+    body: dict[str, Any] = {"status": dict(status)}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
     try:
         resource(api_version, kind).status.patch(
-            body={"status": dict(status)},
+            body=body,
             name=name,
             namespace=namespace,
             content_type="application/merge-patch+json",
         )
     except NotFoundError:
         return False
+    except ConflictError as error:
+        raise Conflict(f"{kind} {namespace}/{name} changed since version {resource_version}") from error
     return True
 
 

@@ -20,6 +20,7 @@ import pytest
 import redis
 from kubernetes.dynamic import DynamicClient
 from strata_operator.api import API_VERSION
+from strata_operator.handlers.kvcachetier import io
 from strata_operator.handlers.kvcachetier import reconcile as reconciler
 from strata_operator.resources.kvcachetier import namespaces as ns
 from strata_operator.resources.kvcachetier.names import TierRef
@@ -220,3 +221,23 @@ def _records(tier: dict[str, Any], revision: str) -> list[dict[str, Any]]:
 
 def _pending(tier: dict[str, Any]) -> str:
     return next((r.get("pending") or "" for r in _records(tier, OLD)), "")
+
+
+def test_two_reconciles_that_collect_at_once_both_keep_their_freed_bytes_in_the_log(
+    k8s: DynamicClient, namespace: str, strata_crds: Any
+) -> None:
+    """Two writers that read the tier at one version (a peering handover, or a reconcile beside the operator):
+    the later write is refused by the API server and goes again on top of the log the first one left."""
+    spec = {"nodeSelector": {"strata.test/none": namespace}}
+    create(k8s, namespace, {"apiVersion": API_VERSION, "kind": "KVCacheTier", "metadata": {"name": "kv"}, "spec": spec})
+    read = tier_now(k8s, namespace)
+    tier = TierRef.from_body(read)
+
+    def freed(server: str, size: int) -> dict[str, Any]:
+        entry = {"namespace": namespace_of(model_of(OLD)), "modelCache": "llama", "revision": OLD[:12]}
+        return {**entry, "blocks": 12, "freedBytes": size, "time": f"2026-12-06T00:00:0{server}Z"}
+
+    io.write_status(tier, {"collectedNamespaces": [freed("1", 1000)]}, read)
+    io.write_status(tier, {"collectedNamespaces": [freed("2", 234)]}, read)  # read before the first write
+    log = tier_now(k8s, namespace)["status"]["collectedNamespaces"]
+    assert [e["freedBytes"] for e in log] == [1000, 234]

@@ -208,9 +208,35 @@ def apply_children(plan: Plan, tier: TierRef, applied: AppliedChildren | None) -
     return stored, None
 
 
-def write_status(tier: TierRef, patch: Mapping[str, Any]) -> None:
-    """The one writer of a tier's status."""
-    kube.patch_status(API_VERSION, KIND, tier.name, tier.namespace, patch)
+STATUS_CONFLICT_RETRIES = 5
+
+
+def write_status(tier: TierRef, patch: Mapping[str, Any], read: Mapping[str, Any]) -> None:
+    """The one writer of a tier's status, `read` being the tier as this reconcile read it.
+
+    status.collectedNamespaces is a log, and the bytes a drop freed are reported nowhere else once the drop is
+    done: two reconciles of one tier at once (a peering handover, or a reconcile run beside the operator) would
+    each write the log as they read it plus their own entries, and the later write would erase the other's. So a
+    write that adds to the log is conditional on the version read; when another writer got there first, its new
+    entries go on top of the log as it now stands (the rest of the status is level-based: the next reconcile
+    puts it right)."""
+    added = ns.added_collected(read.get("status") or {}, patch)
+    if not added:
+        kube.patch_status(API_VERSION, KIND, tier.name, tier.namespace, patch)
+        return
+    version = read["metadata"].get("resourceVersion")
+    for _ in range(STATUS_CONFLICT_RETRIES):
+        try:
+            kube.patch_status(API_VERSION, KIND, tier.name, tier.namespace, patch, resource_version=version)
+            return
+        except kube.Conflict:
+            fresh = read_tier(tier.name, tier.namespace)
+            if fresh is None:
+                return
+            version = fresh["metadata"].get("resourceVersion")
+            log_now = (fresh.get("status") or {}).get("collectedNamespaces") or []
+            patch = {**patch, "collectedNamespaces": ns.extend_collected(log_now, added)}
+    raise kube.Conflict(f"{KIND} {tier.namespace}/{tier.name}: status changed {STATUS_CONFLICT_RETRIES} times over")
 
 
 # -- the KV namespace drops ---------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class TierRound:
         return observed, planning.settle(observed, plan), Next.DONE
 
     def write_status(self, patch: Mapping[str, Any]) -> None:
-        io.write_status(self.tier, patch)
+        io.write_status(self.tier, patch, self.body)
 
 
 def reconcile(

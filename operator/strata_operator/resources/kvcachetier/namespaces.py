@@ -320,8 +320,19 @@ def settle_collection(
             records.append(
                 replace_pending(record, f"not collected from {len(failed)} server(s), retried: " + "; ".join(failed))
             )
-    fields = {"namespaces": records, "collectedNamespaces": collected[-COLLECTED_KEPT:]}
+    fields = {"namespaces": records, "collectedNamespaces": extend_collected(collected, [])}
     return {k: v for k, v in fields.items() if v}, events  # an empty list is left out (a tier without wired pods)
+
+
+def added_collected(previous: Mapping[str, Any], patch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The entries of status.collectedNamespaces a status patch adds to the log as it was read."""
+    before = list(previous.get("collectedNamespaces") or [])
+    return [dict(entry) for entry in patch.get("collectedNamespaces") or [] if entry not in before]
+
+
+def extend_collected(log: Iterable[Mapping[str, Any]], added: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """status.collectedNamespaces: the log, then what was added, keeping the last `COLLECTED_KEPT`."""
+    return [dict(entry) for entry in [*log, *added]][-COLLECTED_KEPT:]
 
 
 def replace_pending(record: Mapping[str, Any], why: str) -> dict[str, Any]:
