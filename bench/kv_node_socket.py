@@ -1,20 +1,24 @@
 """The vLLM tier's own calls over the node socket (Unix) and over TCP: store, lookup and load of one request's chunks.
 
 What `strata_kv.vllm.tier.StrataTier` does per request, with its own client code (`EngineLink`, `KVClient.set_from`,
-`get_into`, `STRATA.PREFIX`) against a real `strata-kv`: `--chunks` chunks of `--chunk-kib` each stored one after
-another on one connection, looked up in one STRATA.PREFIX, and loaded into a page-aligned mapping in /dev/shm (what
-vLLM's CPU primary tier is). Both sides share one server; each round runs them back to back in alternating order,
-so a round compares them under one machine state. `--busy N` runs N processes that spin on sched_yield, as vLLM's
-engine core does while its worker computes, so the wake-ups a transfer needs are scheduled the way a busy node
-schedules them.
+`get_into`, `STRATA.PREFIX`) against a real `strata-kv`: `--jobs` requests of `--chunks` chunks of `--chunk-kib`
+each, every request's chunks stored one after another on an I/O thread of its own (the tier's pool), looked up in
+one STRATA.PREFIX each, and loaded into a page-aligned mapping in /dev/shm (what vLLM's CPU primary tier is). Both
+sides share one server; each round runs them back to back in alternating order, so a round compares them under one
+machine state, and the ratio printed is the median of the rounds' unix/tcp ratios. `--busy N` runs N processes that
+spin on sched_yield, as vLLM's engine core does while its worker computes; `--gil-busy N` runs N threads in the
+bench that hold the GIL, as vLLM's scheduler thread does in the process the tier lives in (each return from a
+blocking call then waits for the GIL).
 
-`--strace` also counts the server's system calls per chunk for each side and operation (strace -c on the server
-for one extra pass): the wake-ups of its event loop (epoll_pwait) and the reads and writes a chunk takes.
+`--syscalls` also counts both processes' system calls per chunk for each side and operation (the kernel's
+tracepoints through `perf stat`, one extra pass): the client's sends, receives, polls and GIL waits (futex), the
+server's reads, writes and event-loop wake-ups (epoll_pwait).
 
 `--kvserver DIR` runs another checkout's `strata_kv` (server and client) to compare code: the JSON names it in
 `label`, and `--report a.json b.json ...` plots saved runs side by side.
 
-    .venv/bin/python bench/kv_node_socket.py [--rounds 12] [--chunks 8] [--chunk-kib 1024] [--busy 2] [--strace]
+    .venv/bin/python bench/kv_node_socket.py [--rounds 12] [--jobs 4] [--chunks 8] [--chunk-kib 1024] [--busy 2]
+        [--gil-busy 1] [--syscalls]
         [--kvserver ../other/kvserver --label before] [--json bench/results/kv_node_socket/after.json]
     .venv/bin/python bench/kv_node_socket.py --report a.json b.json --png bench/results/kv_node_socket/socket.png
 """
@@ -30,8 +34,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,41 +72,83 @@ def load_chunks(link: Any, keys: list[bytes], dest: memoryview, chunk: int) -> N
             raise SystemExit(f"chunk {key!r} missing right after its store")
 
 
-def one_request(link: Any, keys: list[bytes], source: memoryview, dest: memoryview, chunk: int) -> dict[str, float]:
-    """Seconds for the tier's three steps on one request's chunks (the tier's own calls, in its order)."""
+def gil_spinner(stop: threading.Event) -> None:
+    """Python bytecode without a pause: vLLM's scheduler thread, which holds the GIL the tier's I/O threads need
+    after every blocking call (the switch interval, 5 ms, is how long one may wait for it)."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+
+
+def each(
+    link: Any,
+    jobs: list[list[bytes]],
+    step: Callable[..., None],
+    view: memoryview,
+    chunk: int,
+    pool: ThreadPoolExecutor,
+) -> None:
+    """`step` (store or load) of every job at once, each on an I/O thread, into or out of its own chunks of `view`."""
+    at = [j * len(keys) * chunk for j, keys in enumerate(jobs)]
+    for future in [pool.submit(step, link, keys, view[a:], chunk) for keys, a in zip(jobs, at, strict=True)]:
+        future.result()
+
+
+def one_request(
+    link: Any, jobs: list[list[bytes]], source: memoryview, dest: memoryview, chunk: int, pool: ThreadPoolExecutor
+) -> dict[str, float]:
+    """Seconds for the tier's three steps on `jobs` (one request's chunks each), the tier's own calls in its order:
+    the jobs' stores on the tier's I/O threads at once, one lookup per job, their loads at once."""
     out = {}
     start = time.perf_counter()
-    store_chunks(link, keys, source, chunk)
+    each(link, jobs, store_chunks, source, chunk, pool)
     out["store"] = time.perf_counter() - start
     start = time.perf_counter()
-    leading, _tiers = link.call(lambda c: c.call("STRATA.PREFIX", *keys))
+    for keys in jobs:
+        leading, _tiers = link.call(lambda c, k=keys: c.call("STRATA.PREFIX", *k))
+        if int(leading) != len(keys):
+            raise SystemExit(f"the server holds {leading} of {len(keys)} chunks just stored")
     out["lookup"] = time.perf_counter() - start
-    if int(leading) != len(keys):
-        raise SystemExit(f"the server holds {leading} of {len(keys)} chunks just stored")
     start = time.perf_counter()
-    load_chunks(link, keys, dest, chunk)
+    each(link, jobs, load_chunks, dest, chunk, pool)
     out["load"] = time.perf_counter() - start
-    if dest[: len(keys) * chunk] != source[: len(keys) * chunk]:
+    size = sum(len(keys) for keys in jobs) * chunk
+    if dest[:size] != source[:size]:
         raise SystemExit("a loaded chunk differs from what was stored")
     return out
 
 
-def syscalls_per_chunk(server_pid: int, run: Callable[[], None], chunks: int) -> dict[str, float]:
-    """The server's system calls during `run()`, per chunk, from `strace -c -p` (counts only)."""
-    with tempfile.NamedTemporaryFile("r", suffix=".strace") as report:
-        tracer = subprocess.Popen(
-            ["strace", "-c", "-f", "-o", report.name, "-p", str(server_pid)], stderr=subprocess.DEVNULL
+SYSCALLS = (
+    "read", "write", "recvfrom", "sendto", "recvmsg", "sendmsg", "poll", "epoll_wait", "epoll_pwait", "futex",
+    "preadv", "preadv2", "mmap", "munmap", "setsockopt", "getsockname", "io_uring_enter",
+)  # fmt: skip
+"""What `--syscalls` counts: the socket's, the event loop's, the GIL's (futex) and a memfd's."""
+
+
+def syscalls_per_chunk(pids: dict[str, int], run: Callable[[], None], chunks: int) -> dict[str, dict[str, float]]:
+    """System calls per chunk of each process in `pids` (every thread) during `run()`, counted by the kernel's
+    tracepoints (`perf stat`): cheap enough to leave the transfer's timing, hence its wake-ups, as they are."""
+    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
+    reports = {who: tempfile.NamedTemporaryFile("r", suffix=".perf") for who in pids}  # noqa: SIM115 (closed below)
+    counters = {
+        who: subprocess.Popen(
+            ["perf", "stat", "-x", ",", "-o", reports[who].name, "-e", events, "-p", str(pid)],
+            stderr=subprocess.DEVNULL,
         )
-        time.sleep(1.0)  # attached to every thread before the first call
-        run()
-        tracer.send_signal(signal.SIGINT)
-        tracer.wait(30)
-        counts = {}
-        for line in report.read().splitlines():
-            parts = line.split()
-            if len(parts) >= 5 and parts[-1].isidentifier() and parts[3].isdigit():
-                counts[parts[-1]] = int(parts[3]) / chunks
-        return counts
+        for who, pid in pids.items()
+    }
+    time.sleep(0.5)  # attached to every thread before the first call
+    run()
+    out: dict[str, dict[str, float]] = {}
+    for who, counter in counters.items():
+        counter.send_signal(signal.SIGINT)
+        counter.wait(30)
+        with reports[who] as report:
+            for line in report.read().splitlines():
+                fields = line.split(",")
+                if len(fields) > 2 and fields[2].startswith("syscalls:sys_enter_") and fields[0].isdigit():
+                    out.setdefault(who, {})[fields[2].removeprefix("syscalls:sys_enter_")] = int(fields[0]) / chunks
+    return out
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,7 +158,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from strata_testsupport.kvserver import running_kv_server
 
     chunk = args.chunk_kib * 1024
-    size = chunk * args.chunks
+    size = chunk * args.chunks * args.jobs
     source = mmap.mmap(-1, size)
     source[:] = os.urandom(size)
     with tempfile.TemporaryDirectory(prefix="kv-node-socket-") as tmp:
@@ -122,40 +170,55 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.shared_memory:
             config["listen"] = {"shared_memory": True}
         samples: dict[str, dict[str, list[float]]] = {side: {op: [] for op in OPS} for side in SIDES}
-        syscalls: dict[str, dict[str, dict[str, float]]] = {}
+        syscalls: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
         busy = spinners(args.busy)
+        pool = ThreadPoolExecutor(args.jobs, thread_name_prefix="tier-io")
+        stop_spinning = threading.Event()
+        gil = [threading.Thread(target=gil_spinner, args=(stop_spinning,), daemon=True) for _ in range(args.gil_busy)]
+        for thread in gil:
+            thread.start()
         try:
             with running_kv_server(Path(tmp) / "kv", config, l2_fs=False) as server:
                 endpoints = {
                     "tcp": Endpoint("127.0.0.1", server.port),
                     "unix": Endpoint(unix_socket=server.unix_socket),
                 }
-                links = {side: EngineLink(endpoints[side], max_idle=1) for side in SIDES}
+                links = {side: EngineLink(endpoints[side], max_idle=args.jobs) for side in SIDES}
                 dest, src = memoryview(dest_map), memoryview(source)
+
+                def keys(tag: str, side: str) -> list[list[bytes]]:
+                    return [
+                        [b"%s-%s-%d-%d" % (tag.encode(), side.encode(), j, i) for i in range(args.chunks)]
+                        for j in range(args.jobs)
+                    ]
+
                 for side in SIDES:  # connect, and one request each before anything counts
-                    one_request(
-                        links[side], [b"warm-%s-%d" % (side.encode(), i) for i in range(args.chunks)], src, dest, chunk
-                    )
+                    one_request(links[side], keys("warm", side), src, dest, chunk, pool)
                 for r in range(args.rounds):
                     for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-                        keys = [b"r%d-%s-%d" % (r, side.encode(), i) for i in range(args.chunks)]
-                        for op, seconds in one_request(links[side], keys, src, dest, chunk).items():
+                        for op, seconds in one_request(
+                            links[side], keys(f"r{r}", side), src, dest, chunk, pool
+                        ).items():
                             samples[side][op].append(seconds)
-                if args.strace:
+                if args.syscalls:
+                    # The client's counter starts last: it counts what the process forks later (the other counter).
+                    pids = {"server": server.process.pid, "client": os.getpid()}
                     for side in SIDES:
-                        keys = [b"strace-%s-%d" % (side.encode(), i) for i in range(args.chunks)]
-                        pid, link = server.process.pid, links[side]
+                        jobs = keys("syscalls", side)
+                        chunks = args.jobs * args.chunks
                         syscalls[side] = {
-                            "store": syscalls_per_chunk(
-                                pid, partial(store_chunks, link, keys, src, chunk), args.chunks
-                            ),
-                            "load": syscalls_per_chunk(pid, partial(load_chunks, link, keys, dest, chunk), args.chunks),
+                            op: syscalls_per_chunk(
+                                pids, partial(each, links[side], jobs, step, view, chunk, pool), chunks
+                            )
+                            for op, step, view in (("store", store_chunks, src), ("load", load_chunks, dest))
                         }
                 for link in links.values():
                     link.close()
                 dest.release()
                 src.release()
         finally:
+            stop_spinning.set()
+            pool.shutdown()
             for pid in busy:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -165,18 +228,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "chunks": args.chunks,
         "chunk_bytes": chunk,
         "busy": args.busy,
+        "jobs": args.jobs,
+        "gil_busy": args.gil_busy,
         "shared_memory": args.shared_memory,
         "rounds": args.rounds,
         "cpus": os.cpu_count(),
         "samples_ms": {s: {op: [x * 1000 for x in xs] for op, xs in ops.items()} for s, ops in samples.items()},
-        "server_syscalls_per_chunk": syscalls,
+        "syscalls_per_chunk": syscalls,
     }
 
 
 def summary(run: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """Median and quartiles per side and operation, in ms."""
+    """Median and quartiles per side and operation, in ms; under `unix/tcp`, those of the rounds' ratios."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for side, ops in run["samples_ms"].items():
+    samples = run["samples_ms"]
+    ratios = {op: [u / t for t, u in zip(samples["tcp"][op], samples["unix"][op], strict=True)] for op in OPS}
+    for side, ops in [*samples.items(), ("unix/tcp", ratios)]:
         for op, xs in ops.items():
             q = statistics.quantiles(xs, n=4)
             out.setdefault(side, {})[op] = {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "n": len(xs)}
@@ -204,7 +271,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(OPS), figsize=(11, 3.6))
+    fig, axes = plt.subplots(1, len(OPS), figsize=(max(11, 2.2 * len(runs) + 6), 4.2))
     for ax, op in zip(axes, OPS, strict=True):
         labels, data = [], []
         for run in runs:
@@ -212,10 +279,14 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                 labels.append(f"{run['label']}\n{side}")
                 data.append(run["samples_ms"][side][op])
         ax.boxplot(data, showfliers=False)
-        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
-        ax.set_title(f"{op} ({runs[0]['chunks']} x {runs[0]['chunk_bytes'] >> 10} KiB)")
+        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7, rotation=60)
+        ax.set_title(f"{op} ({runs[0].get('jobs', 1)} x {runs[0]['chunks']} x {runs[0]['chunk_bytes'] >> 10} KiB)")
         ax.set_ylabel("ms")
-    fig.suptitle(f"Strata tier calls, node socket vs TCP ({runs[0]['busy']} busy spinners, {runs[0]['cpus']} CPUs)")
+    first = runs[0]
+    fig.suptitle(
+        f"Strata tier calls, node socket vs TCP ({first.get('jobs', 1)} jobs at once, {first.get('gil_busy', 0)} GIL"
+        f" holder, {first['busy']} busy spinners, {first['cpus']} CPUs)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -226,8 +297,12 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=8, help="chunks per request (2,048 tokens at 256 a chunk)")
     parser.add_argument("--chunk-kib", type=int, default=1024, help="1 MiB: a 256-token chunk of bench/vllm_cpu_ttft")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes beside the bench")
+    parser.add_argument("--jobs", type=int, default=1, help="requests moved at once, each on an I/O thread of its own")
+    parser.add_argument(
+        "--gil-busy", type=int, default=0, help="threads in the bench holding the GIL (vLLM's scheduler)"
+    )
     parser.add_argument("--shared-memory", action="store_true", help="the server hands values over (nodeSocket)")
-    parser.add_argument("--strace", action="store_true", help="count the server's system calls per chunk")
+    parser.add_argument("--syscalls", action="store_true", help="count both processes' system calls per chunk")
     parser.add_argument("--kvserver", type=Path, default=ROOT / "kvserver", help="the checkout's kvserver/ to run")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--json", type=Path)
@@ -241,11 +316,13 @@ def main() -> None:
             args.json.write_text(json.dumps(run | {"summary": summary(run)}, indent=2))
         for side, ops in summary(run).items():
             cells = "  ".join(f"{op} {v['median']:6.2f} [{v['p25']:5.2f}-{v['p75']:5.2f}]" for op, v in ops.items())
-            print(f"{run['label']:<12} {side:<5} ms median [quartiles], n={run['rounds']}: {cells}")
-        for side, ops in run["server_syscalls_per_chunk"].items():
-            for op, counts in ops.items():
-                top = ", ".join(f"{name} {n:.1f}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:4])
-                print(f"{run['label']:<12} {side:<5} server syscalls per chunk, {op}: {top}")
+            unit = "ratio" if "/" in side else "ms"
+            print(f"{run['label']:<14} {side:<8} {unit} median [quartiles], n={run['rounds']}: {cells}")
+        for side, ops in run.get("syscalls_per_chunk", {}).items():
+            for op, processes in ops.items():
+                for who, counts in processes.items():
+                    top = ", ".join(f"{name} {n:.1f}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]) if n)
+                    print(f"{run['label']:<14} {side:<8} {op:<5} {who} syscalls per chunk: {top}")
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
         plot(runs, args.png)

@@ -7,11 +7,11 @@ stats) and reads large values without per-chunk copies.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import socket
+import struct
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from .wire import shared_memory
 from .wire.resp import command
@@ -43,8 +43,26 @@ def _decode(kind: int, line: bytes, read_exact: Callable[[int], bytes]) -> tuple
     raise KVError(f"unexpected reply type byte {kind!r}: the connection is out of step; reconnect")
 
 
+RECEIVE_AHEAD = 64 * 1024
+"""Bytes asked for when a reply's header is read; a large value's bulk then goes straight into its buffer."""
+
+
+def _timeval(seconds: float | None) -> bytes:
+    """SO_RCVTIMEO/SO_SNDTIMEO's struct timeval; None or 0: wait for ever."""
+    whole = int(seconds or 0)
+    return struct.pack("@ll", whole, int(((seconds or 0) - whole) * 1_000_000))
+
+
 class KVClient:
-    """Blocking client over TCP or a Unix socket; one request in flight per client."""
+    """Blocking client over TCP or a Unix socket; one request in flight per client.
+
+    The socket stays in blocking mode and its timeouts are the kernel's (SO_SNDTIMEO, SO_RCVTIMEO), not Python's:
+    with a Python timeout every send and receive is a poll and a non-blocking call, each returning to Python (and
+    to the GIL, which an engine's scheduler thread holds) once per socket buffer's worth. A Unix socket's buffer
+    is its sender's SO_SNDBUF, which a stock node caps at 416 KiB (net.core.wmem_max): an 8 MiB chunk cost 20
+    sends and 21 polls there against 2 and 3 over TCP, whose buffers grow by themselves. Blocking, the kernel
+    moves a whole chunk in one `sendmsg` and one `recv_into(MSG_WAITALL)` over either transport.
+    """
 
     def __init__(
         self,
@@ -62,19 +80,23 @@ class KVClient:
         else:
             self._sock = socket.create_connection((host, port), timeout=timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._file = cast(io.BufferedReader, self._sock.makefile("rb", buffering=256 * 1024))
+        self.settimeout(timeout)
+        self._buffer = bytearray(RECEIVE_AHEAD)
+        self._start = self._end = 0  # what of `_buffer` holds received bytes not yet taken
         self._shared_memory = bool(unix_socket)
         """Whether `get_into` asks for memory (STRATA.GETFD): on a Unix socket until the server says it is off."""
         if token is not None:
             self.call("AUTH", token)
 
     def close(self) -> None:
-        self._file.close()
         self._sock.close()
 
     def settimeout(self, timeout: float | None) -> None:
-        """Bound each later send and receive (the constructor's timeout also bounds the connect)."""
-        self._sock.settimeout(timeout)
+        """Bound each later send and receive (the constructor's timeout also bounds the connect): the kernel's
+        timeouts on a blocking socket (see the class)."""
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
 
     def __enter__(self) -> KVClient:
         return self
@@ -82,24 +104,62 @@ class KVClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _read_exact(self, n: int) -> bytes:
-        data = self._file.read(n)
-        if len(data) != n:
+    def _receive(self, into: memoryview, flags: int = 0) -> int:
+        """One `recv_into`; a kernel timeout (EAGAIN on a blocking socket) is raised as the TimeoutError it is."""
+        try:
+            n = self._sock.recv_into(into, into.nbytes, flags)
+        except BlockingIOError as e:
+            raise TimeoutError("timed out waiting for the KV server") from e
+        if not n:
             raise ConnectionError("server closed the connection mid-reply")
-        return data
+        return n
+
+    def _readline(self) -> bytes:
+        """One reply line, CRLF included."""
+        while True:
+            end = self._buffer.find(b"\r\n", self._start, self._end)
+            if end >= 0:
+                line = bytes(self._buffer[self._start : end + 2])
+                self._start = end + 2
+                return line
+            if self._start == self._end:
+                self._start = self._end = 0
+            elif self._end - self._start >= len(self._buffer):  # a line longer than the buffer: make room
+                self._buffer.extend(bytes(len(self._buffer)))
+            elif self._end == len(self._buffer):  # move what is left to the front
+                self._buffer[: self._end - self._start] = self._buffer[self._start : self._end]
+                self._start, self._end = 0, self._end - self._start
+            self._end += self._receive(memoryview(self._buffer)[self._end :])
+
+    def _readinto(self, target: memoryview) -> None:
+        """Fill `target` (format "B"): what was received ahead first, the rest in one waiting receive per try."""
+        have = min(self._end - self._start, target.nbytes)
+        target[:have] = self._buffer[self._start : self._start + have]
+        self._start += have
+        while have < target.nbytes:
+            have += self._receive(target[have:], socket.MSG_WAITALL)
+
+    def _read_exact(self, n: int) -> bytes:
+        data = bytearray(n)
+        self._readinto(memoryview(data))
+        return bytes(data)
 
     def _read_reply(self) -> Reply:
-        line = self._file.readline()
-        if not line.endswith(b"\r\n"):
-            raise ConnectionError("server closed the connection")
+        line = self._readline()
         is_array, value = _decode(line[0], line[1:-2], self._read_exact)
         if is_array:
             return None if value < 0 else [self._read_reply() for _ in range(value)]
         return value
 
+    def _sendall(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except BlockingIOError as e:
+            raise TimeoutError("timed out sending to the KV server") from e
+
     def call(self, *args: bytes | str | int) -> Reply:
         """Send one command, return its reply; raise KVError on an error reply."""
-        self._sock.sendall(command(*args))
+        self._sendall(command(*args))
         reply = self._read_reply()
         if isinstance(reply, KVError):
             raise reply
@@ -115,10 +175,13 @@ class KVClient:
             raise reply
 
     def _send_parts(self, parts: list[memoryview]) -> None:
-        """Send `parts` in as few `sendmsg` calls as the socket takes them (one for a chunk that fits its buffer):
-        each call is a trip through the kernel and back into the GIL, which the engine's other threads want."""
+        """Send `parts` in one blocking `sendmsg` (more only after a signal or the timeout cut one short): each call
+        is a trip through the kernel and back into the GIL, which the engine's other threads want."""
         while parts:
-            sent = self._sock.sendmsg(parts)
+            try:
+                sent = self._sock.sendmsg(parts)
+            except BlockingIOError as e:
+                raise TimeoutError("timed out sending to the KV server") from e
             while parts and sent >= parts[0].nbytes:
                 sent -= parts[0].nbytes
                 parts.pop(0)
@@ -141,10 +204,8 @@ class KVClient:
                 raise ConnectionError(str(e)) from e
             except shared_memory.SharedValueError as e:
                 raise KVError(str(e)) from e
-        self._sock.sendall(command("GET", key))
-        line = self._file.readline()
-        if not line.endswith(b"\r\n"):
-            raise ConnectionError("server closed the connection")
+        self._sendall(command("GET", key))
+        line = self._readline()
         if line[:1] != b"$":
             is_array, value = _decode(line[0], line[1:-2], self._read_exact)
             if is_array:
@@ -159,12 +220,7 @@ class KVClient:
         if n != target.nbytes:
             self._read_exact(n + 2)
             raise KVError(f"value of {key!r} is {n} bytes, the buffer for it {target.nbytes}")
-        got = 0
-        while got < n:
-            k = self._file.readinto(target[got:])
-            if not k:
-                raise ConnectionError("server closed the connection mid-reply")
-            got += k
+        self._readinto(target)
         self._read_exact(2)
         return True
 

@@ -72,3 +72,64 @@ def test_a_client_on_the_unix_socket_asks_for_a_send_buffer_a_chunk_fits(kv_serv
     with KVClient(unix_socket=kv_server.unix_socket) as c:
         granted = c._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # the kernel doubles what it grants
     assert granted >= 2 * min(UNIX_SEND_BUFFER, _wmem_max())
+
+
+class _CountingSocket:
+    """The client's socket, counting the calls that move bytes (each a return to Python and to the GIL)."""
+
+    def __init__(self, sock: object) -> None:
+        self._sock = sock
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._sock, name)
+        if name in ("send", "sendall", "sendmsg", "recv", "recv_into", "recvmsg"):
+
+            def counted(*args: object) -> object:
+                self.calls.append(name)
+                return attr(*args)
+
+            return counted
+        return attr
+
+
+STOCK_SEND_BUFFER = 212992
+"""Linux's default net.core.wmem_max: what an unprivileged process on a stock node gets for SO_SNDBUF at most."""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_chunk_far_larger_than_the_send_buffer_takes_one_send_and_one_waiting_receive(
+    kv_server: KVServerProcess, transport: str
+) -> None:
+    """A chunk moves in a fixed number of calls, whatever the socket buffers: a Unix socket's in-flight bytes are
+    its sender's SO_SNDBUF, capped at 416 KiB on a stock node, where Python's socket timeouts turned an 8 MiB
+    chunk into 20 sends and 21 polls (and a GET's bulk into 21 receives), each one a wait for the GIL in an engine."""
+    import socket
+
+    value = bytes(range(256)) * (32 * 1024)  # 8 MiB
+    key = b"many-buffers-" + transport.encode()
+    unix = kv_server.unix_socket if transport == "unix" else None
+    with KVClient("127.0.0.1", kv_server.port, unix_socket=unix, timeout=30) as c:
+        c._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STOCK_SEND_BUFFER)
+        c.get_into(b"absent", memoryview(bytearray(1)))  # the Unix side learns here that GETFD is off
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        c.set_from(key, memoryview(value))
+        assert counting.calls.count("sendmsg") == 1, counting.calls
+        counting.calls.clear()
+        into = bytearray(len(value))
+        assert c.get_into(key, memoryview(into))
+        assert into == value
+        # the reply's header (with what came along), the rest of the bulk, its CRLF
+        assert counting.calls.count("recv_into") <= 3, counting.calls
+
+
+def test_a_server_that_does_not_answer_times_the_call_out() -> None:
+    import socket
+
+    with (
+        socket.create_server(("127.0.0.1", 0)) as silent,
+        KVClient("127.0.0.1", silent.getsockname()[1], timeout=0.2) as c,
+        pytest.raises(TimeoutError),
+    ):
+        c.ping()
