@@ -59,7 +59,14 @@ def checked_status_writes() -> Iterator[list[str]]:
     violations: list[str] = []
     patch_status = kube.patch_status
 
-    def checked(api_version: str, kind: str, name: str, namespace: str, status: Mapping[str, Any]) -> bool:
+    def checked(
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> bool:
         key = (kind, namespace, name)
         merged = merge_patch(written.get(key, {}), status)
         try:
@@ -67,8 +74,11 @@ def checked_status_writes() -> Iterator[list[str]]:
         except AssertionError as error:
             violations.append(f"{namespace}/{name}: {error}")
             raise
+        # Recorded only once written: a conditional write that meets a newer version raises `kube.Conflict`
+        # and changes nothing.
+        applied = patch_status(api_version, kind, name, namespace, status, resource_version=resource_version)
         written[key] = merged
-        return patch_status(api_version, kind, name, namespace, status)
+        return applied
 
     kube.patch_status = checked  # type: ignore[assignment]
     try:
