@@ -67,6 +67,24 @@ def write_engine_cache(vllm_cache_root: Path, seed: int = 0, complete: bool = Tr
     return files
 
 
+def write_torch_cache(inductor_cache_dir: Path, seed: int = 0, entries: bool = True) -> dict[str, bytes]:
+    """What stock torch.compile leaves in TORCHINDUCTOR_CACHE_DIR (vLLM on CPU, `DYNAMO_TRACE_ONCE`): a kernel's
+    source and library and, when `entries`, the FX graph and AOTAutograd cache entries inductor writes once the
+    graph is compiled. Returns every file's bytes by path relative to the directory."""
+    files = {
+        f"xq/cxq{seed}.cpp": b'extern "C" void kernel() {}\n',
+        f"xq/cxq{seed}.so": os.urandom(70_000),
+    }
+    if entries:
+        files[f"fxgraph/ab/fabc{seed}/{'7' * 52}"] = os.urandom(4096)
+        files[f"aotautograd/ah{seed}/{'9' * 52}"] = os.urandom(1000)
+    for rel, data in files.items():
+        path = inductor_cache_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every regular file under `root` by relative path (links are not followed, and show up as a failure)."""
     out = {}

@@ -1,6 +1,7 @@
 """`strata-loader compile` as the pod runs it: a subprocess per command, real directories, the engine's
 environment. A restore never fails the engine (a miss exits 0 with its reason); a refused capture is one line and
-exit status 1; `--follow` captures only once vLLM's completion file is there; none of it needs torch."""
+exit status 1; `--follow` captures only once the compiler has written its last file (vLLM's completion file, or
+inductor's cache entries where vLLM compiles nothing of its own); none of it needs torch."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from typing import Any
 import pytest
 import strata_loader
 from strata_loader.contract import CompileRestoreReport
-from strata_testsupport.compilecache import AVX2_TARGET, COMPLETION_FILE, real_key, tree_bytes, write_engine_cache
+from strata_testsupport.compilecache import (
+    AVX2_TARGET,
+    COMPLETION_FILE,
+    real_key,
+    tree_bytes,
+    write_engine_cache,
+    write_torch_cache,
+)
 
 KEY = real_key()
 SOURCES = [str(Path(strata_loader.__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[3] / "units")]
@@ -162,6 +170,45 @@ def test_follow_captures_only_once_the_compile_is_complete(tmp_path: Path, key_f
     )
     assert rc == 0, err
     assert (tmp_path / "node" / COMPLETION_FILE).read_bytes() == files[COMPLETION_FILE]
+
+
+def test_follow_captures_a_stock_torch_compile_once_inductor_has_written_its_entries(
+    tmp_path: Path, key_file: Path
+) -> None:
+    """vLLM on CPU compiles with stock torch.compile: nothing under a directory of vLLM's own and no completion file
+    of its own; inductor's cache entries in TORCHINDUCTOR_CACHE_DIR are what says the graph is compiled."""
+    engine, inductor = tmp_path / "engine", tmp_path / "inductor"
+    write_torch_cache(inductor, entries=False)  # kernels being built, no entry yet
+    follow = subprocess.Popen(
+        cli_command(
+            "capture",
+            *("--store", str(tmp_path / "store"), "--key", str(key_file), "--follow"),
+            *("--inductor-cache-dir", str(inductor), "--quiet-seconds", "0.3", "--poll-seconds", "0.05"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(engine),
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # stable, but no graph is compiled yet
+            follow.wait(timeout=3)
+        files = write_torch_cache(inductor)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        follow.kill()
+        follow.wait()
+    assert follow.returncode == 0, err
+    event = json.loads(out.strip().splitlines()[-1])
+    assert event["event"] == "captured" and event["files"] == len(files)
+    rc, out_restore, err = compile_cli(
+        "restore",
+        *("--store", str(tmp_path / "store"), "--key", str(key_file)),
+        *("--inductor-cache-dir", str(tmp_path / "node-inductor")),
+        vllm_cache_root=tmp_path / "node",
+    )
+    assert (rc, out_restore["event"]) == (0, "restored"), err
+    assert tree_bytes(tmp_path / "node-inductor") == files
 
 
 def test_follow_gives_up_without_a_complete_compile(tmp_path: Path, key_file: Path) -> None:
