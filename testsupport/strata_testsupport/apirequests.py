@@ -25,7 +25,6 @@ import contextlib
 import contextvars
 import os
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,9 +39,9 @@ APPLY_PATCH = "application/apply-patch+yaml"
 NAMESPACE_SUBRESOURCES = ("status", "finalize")
 """What may follow /namespaces/<name>/ and is a subresource of that Namespace, not a resource inside it."""
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-AUTHORIZER_CATCH_UP_SECONDS = 10.0
-"""The authorizer reads RBAC objects from its informers: a grant applied a moment ago may not be seen yet, so a
-denial is asked again until this long after the apply."""
+AUTHORIZER_CATCH_UP_SECONDS = 30.0
+"""The authorizer reads RBAC objects from its informers: a grant applied a moment ago may not be seen yet. Before
+any recorded request is asked, each binding applied must show (`binding_probes`), for at most this long."""
 
 
 @dataclass(frozen=True)
@@ -345,27 +344,68 @@ def service_account_allowed(k8s: Any, namespace: str, account: str, attributes: 
     return bool(review.status.allowed)
 
 
+def binding_probes(objects: Iterable[Mapping[str, Any]], account: str, account_namespace: str) -> list[dict[str, Any]]:
+    """For each of the service account's bindings among the chart's `objects`, the review attributes of one
+    request its role grants (its first rule's first verb, resource and name), where the binding grants it: all
+    allowed once the authorizer has seen every role and binding applied."""
+    objects = list(objects)
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
+    probes = []
+    for binding in objects:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": account_namespace}
+        if not any({k: s.get(k) for k in subject} == subject for s in binding.get("subjects") or []):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace")
+        role = roles.get((ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"]))
+        if role is None or not role.get("rules"):
+            continue
+        rule = role["rules"][0]
+        resource_name, _, subresource = rule["resources"][0].partition("/")
+        attributes = {
+            "verb": rule["verbs"][0],
+            "group": rule["apiGroups"][0],
+            "resource": resource_name,
+            "subresource": subresource,
+            "name": (rule.get("resourceNames") or [""])[0],
+        }
+        if namespace:
+            attributes["namespace"] = namespace
+        probes.append({"resourceAttributes": attributes})
+    return probes
+
+
 @contextlib.contextmanager
 def chart_rbac(k8s: Any, helm: Any, mode: InstallMode, namespace: str) -> Iterator[str]:
     """The chart's RBAC objects (and nothing else) rendered for `mode` and applied in `namespace`; yields the
-    service account's name. Everything applied is deleted afterwards."""
+    service account's name once the API server's authorizer has seen them. Everything applied is deleted
+    afterwards."""
     from kubernetes.dynamic.exceptions import NotFoundError
 
-    from strata_testsupport.kube import resource
+    from strata_testsupport.kube import resource, wait_for
 
     release = f"rbac{uuid.uuid4().hex[:6]}"
     objects = [o for o in helm.template(mode.values(), release=release, namespace=namespace) if o["kind"] in RBAC_KINDS]
     (account,) = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
-    for obj in objects:
-        meta = obj["metadata"]
-        resource(k8s, obj["apiVersion"], obj["kind"]).server_side_apply(
-            body=obj,
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            field_manager="strata-rbac-check",
-            force_conflicts=True,
-        )
     try:
+        for obj in objects:
+            meta = obj["metadata"]
+            resource(k8s, obj["apiVersion"], obj["kind"]).server_side_apply(
+                body=obj,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                field_manager="strata-rbac-check",
+                force_conflicts=True,
+            )
+        probes = binding_probes(objects, account, namespace)
+        assert probes, f"the chart ({mode.name}) binds no role to its service account {account}"
+        wait_for(
+            lambda: all(service_account_allowed(k8s, namespace, account, p) for p in probes),
+            timeout=AUTHORIZER_CATCH_UP_SECONDS,
+            what=f"the authorizer to grant the chart's rules ({mode.name}) to {namespace}/{account}",
+        )
         yield account
     finally:
         for obj in objects:
@@ -394,30 +434,21 @@ def chart_denials(k8s: Any, recorded: Iterable[Recorded], helm: Any = None, tmp:
         namespaced = scopes(k8s)
         namespaces = resource(k8s, "v1", "Namespace")
         denials = []
-        for mode in (
-            InstallMode("cluster-wide", None),
-            InstallMode("namespaced", f"rbac-watched-{uuid.uuid4().hex[:6]}"),
-        ):
+        modes = (InstallMode("cluster-wide", None), InstallMode("namespaced", f"rbac-watched-{uuid.uuid4().hex[:6]}"))
+        for mode in modes:
             release_namespace = f"rbac-{uuid.uuid4().hex[:8]}"
             made = [release_namespace] + ([mode.watched] if mode.watched else [])
             for name in made:
                 namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
             try:
                 with chart_rbac(k8s, helm, mode, release_namespace) as account:
-                    applied = time.monotonic()
-                    pending = list(recorded)
-                    while True:
-                        pending = [
-                            r
-                            for r in pending
-                            if not service_account_allowed(
-                                k8s, release_namespace, account, review_attributes(r.request, mode, namespaced)
-                            )
-                        ]
-                        if not pending or time.monotonic() - applied > AUTHORIZER_CATCH_UP_SECONDS:
-                            break
-                        time.sleep(1.0)
-                    denials += [f"{mode.name}: {r.request.describe()} (first made during {r.test})" for r in pending]
+                    denials += [
+                        f"{mode.name}: {r.request.describe()} (first made during {r.test})"
+                        for r in recorded
+                        if not service_account_allowed(
+                            k8s, release_namespace, account, review_attributes(r.request, mode, namespaced)
+                        )
+                    ]
             finally:
                 for name in made:
                     namespaces.delete(name=name)
