@@ -237,12 +237,12 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
             recorder.add(parse(method, url, content_type=_content_type(kwargs.get("headers"))))
         return await kopf_request(method, url, *args, **kwargs)
 
-    RESTClientObject.request = recorded_rest  # type: ignore[method-assign]
-    kopf_api.request = recorded_kopf  # type: ignore[assignment]
+    RESTClientObject.request = recorded_rest
+    kopf_api.request = recorded_kopf
     try:
         yield recorder
     finally:
-        RESTClientObject.request = rest_request  # type: ignore[method-assign]
+        RESTClientObject.request = rest_request
         kopf_api.request = kopf_request
 
 

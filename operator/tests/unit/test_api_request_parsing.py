@@ -14,6 +14,7 @@ from strata_testsupport.apirequests import (
     InstallMode,
     Recorder,
     as_operator,
+    binding_probes,
     parse,
     review_attributes,
 )
@@ -165,3 +166,63 @@ def test_the_operator_mark_follows_tasks_and_copied_contexts_but_not_bare_thread
         "bare thread": False,
     }
     assert OPERATOR.get() is False, "as_operator leaves the caller's context unmarked"
+
+
+def test_the_authorizer_is_awaited_on_one_rule_of_each_of_the_accounts_bindings() -> None:
+    """chart_rbac asks these until all are allowed before it asks about any recorded request: a denial is then
+    the chart's, not an authorizer that has not seen the new bindings yet. Bindings of other accounts are left out."""
+    account = {"kind": "ServiceAccount", "name": "op", "namespace": "sys"}
+    objects = [
+        {"kind": "ServiceAccount", "metadata": {"name": "op", "namespace": "sys"}},
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "cluster"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}],
+        },
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "namespaced"},
+            "rules": [{"apiGroups": ["strata.dev"], "resources": ["modelcaches/status"], "verbs": ["patch"]}],
+        },
+        {
+            "kind": "Role",
+            "metadata": {"name": "tls", "namespace": "sys"},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tls"], "verbs": ["get"]}],
+        },
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "cluster"},
+            "roleRef": {"kind": "ClusterRole", "name": "cluster"},
+            "subjects": [account],
+        },
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "namespaced", "namespace": "watched"},
+            "roleRef": {"kind": "ClusterRole", "name": "namespaced"},
+            "subjects": [account],
+        },
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "tls", "namespace": "sys"},
+            "roleRef": {"kind": "Role", "name": "tls"},
+            "subjects": [account],
+        },
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "csi"},
+            "roleRef": {"kind": "ClusterRole", "name": "cluster"},
+            "subjects": [{"kind": "ServiceAccount", "name": "csi-driver", "namespace": "sys"}],
+        },
+    ]
+    assert [p["resourceAttributes"] for p in binding_probes(objects, "op", "sys")] == [
+        {"verb": "get", "group": "", "resource": "nodes", "subresource": "", "name": ""},
+        {
+            "verb": "patch",
+            "group": "strata.dev",
+            "resource": "modelcaches",
+            "subresource": "status",
+            "name": "",
+            "namespace": "watched",
+        },
+        {"verb": "get", "group": "", "resource": "secrets", "subresource": "", "name": "tls", "namespace": "sys"},
+    ]
