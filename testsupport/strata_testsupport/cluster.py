@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes.dynamic import DynamicClient
 
+from strata_testsupport.apirequests import Recorder, chart_denials, operator_runner, recording
+from strata_testsupport.helm import helm_path
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for
 from strata_testsupport.status import checked_status_writes
 
@@ -87,13 +90,38 @@ def status_writes() -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def operator(strata_crds: list[dict[str, Any]], control_plane: Any, status_writes: list[str]) -> Iterator[Any]:
-    """Strata's operator running in-process (kopf's KopfRunner) against the local control plane."""
-    from kopf.testing import KopfRunner
+def operator_api_requests(k8s: DynamicClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorder]:
+    """Every API request the in-process operator and its webhook make in this session (`strata_testsupport.
+    apirequests`). At the session's end each must be granted by the chart's RBAC, installed for all namespaces and
+    for one: a request the chart does not grant fails the session, naming the request and the test that made it."""
+    recorder = Recorder()
+    with recording(recorder):
+        yield recorder
+    if not os.access(helm_path(), os.X_OK):
+        message = f"no Helm CLI at {helm_path()} (bash hack/build-helm.sh): the operator's requests were not checked"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message, pytrace=False)
+        warnings.warn(message, stacklevel=1)
+        return
+    denials = chart_denials(k8s, recorder.recorded, tmp=tmp_path_factory.mktemp("rbac-helm"))
+    if denials:
+        pytest.fail(
+            "the chart's RBAC (charts/strata/templates/rbac.yaml, webhook.yaml) refuses requests the operator made,"
+            " per install mode:\n" + "\n".join(denials),
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def operator(
+    strata_crds: list[dict[str, Any]], control_plane: Any, status_writes: list[str], operator_api_requests: Recorder
+) -> Iterator[Any]:
+    """Strata's operator running in-process (kopf's KopfRunner) against the local control plane; its API requests
+    are recorded (`operator_api_requests`)."""
     from strata_operator.cli import HANDLERS_MODULE
 
     args = ["run", "-m", HANDLERS_MODULE, "--standalone", "--all-namespaces", "--verbose"]
-    with KopfRunner(args, timeout=60) as runner:
+    with operator_runner(args, timeout=60) as runner:
         yield runner
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None, runner.exception

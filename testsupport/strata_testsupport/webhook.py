@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.dynamic import DynamicClient
 
+from strata_testsupport.apirequests import as_operator
 from strata_testsupport.kube import resource
 from strata_testsupport.localcluster.pki import WEBHOOK_CLIENT_NAME
 
@@ -223,7 +224,8 @@ class RunningWebhook:
         server = AdmissionServer(self.cert_dir, host="127.0.0.1", port=self.port)
         if self.access is not None:
             server.access = self.access
-        asyncio.run_coroutine_threadsafe(server.start(), self._loop).result(timeout=30)
+        # Started as the operator's: the tasks that serve admission carry the mark of its API requests.
+        as_operator(asyncio.run_coroutine_threadsafe, server.start(), self._loop).result(timeout=30)
         server.requests, server.deletion_requests = previous
         self.port, self._server = server.port, server
 

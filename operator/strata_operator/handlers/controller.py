@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import copy
 import enum
 from collections.abc import Callable, Mapping
@@ -151,8 +152,12 @@ async def run_daemon(
         while not stopped:
             full = waker.take()
             snapshot = copy.deepcopy(dict(body))
+            # In the daemon's context, as kopf runs its sync handlers and asyncio.to_thread its functions: a bare
+            # run_in_executor starts the thread's work in an empty context, losing what the daemon's task carries
+            # (the tests' API-request recorder marks the operator's requests by a context variable).
+            context = contextvars.copy_context()
             try:
-                events = await loop.run_in_executor(memory.executor, reconcile, snapshot, waker, full)
+                events = await loop.run_in_executor(memory.executor, context.run, reconcile, snapshot, waker, full)
             except Exception as error:  # an API hiccup must not end the daemon: back off and try again
                 failures += 1
                 waker.full = True
