@@ -326,24 +326,6 @@ def review_attributes(
     return {"resourceAttributes": attributes}
 
 
-def service_account_allowed(k8s: Any, namespace: str, account: str, attributes: Mapping[str, Any]) -> bool:
-    """The API server's own RBAC decision for service account `namespace/account`."""
-    from strata_testsupport.kube import resource
-
-    review = resource(k8s, "authorization.k8s.io/v1", "SubjectAccessReview").create(
-        body={
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": f"system:serviceaccount:{namespace}:{account}",
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
-                **attributes,
-            },
-        }
-    )
-    return bool(review.status.allowed)
-
-
 def binding_probes(objects: Iterable[Mapping[str, Any]], account: str, account_namespace: str) -> list[dict[str, Any]]:
     """For each of the service account's bindings among the chart's `objects`, the review attributes of one
     request its role grants (its first rule's first verb, resource and name), where the binding grants it: all
@@ -384,7 +366,7 @@ def chart_rbac(k8s: Any, helm: Any, mode: InstallMode, namespace: str) -> Iterat
     afterwards."""
     from kubernetes.dynamic.exceptions import NotFoundError
 
-    from strata_testsupport.kube import resource, wait_for
+    from strata_testsupport.kube import resource, service_account_allowed, wait_for
 
     release = f"rbac{uuid.uuid4().hex[:6]}"
     objects = [o for o in helm.template(mode.values(), release=release, namespace=namespace) if o["kind"] in RBAC_KINDS]
@@ -422,7 +404,7 @@ def chart_denials(k8s: Any, recorded: Iterable[Recorded], helm: Any = None, tmp:
     import tempfile
 
     from strata_testsupport.helm import Helm, helm_path
-    from strata_testsupport.kube import resource
+    from strata_testsupport.kube import resource, service_account_allowed
 
     recorded = list(recorded)
     if not recorded:

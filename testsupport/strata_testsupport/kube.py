@@ -112,6 +112,12 @@ def service_account_may(
     attributes = {"verb": verb, "group": group, "resource": resource_name, "subresource": subresource, "name": name}
     if where:
         attributes["namespace"] = where
+    return service_account_allowed(client, namespace, account, {"resourceAttributes": attributes})
+
+
+def service_account_allowed(client: DynamicClient, namespace: str, account: str, attributes: Mapping[str, Any]) -> bool:
+    """The API server's own RBAC decision for service account `namespace/account`, on a SubjectAccessReview spec's
+    `resourceAttributes` or `nonResourceAttributes` as given."""
     review = resource(client, "authorization.k8s.io/v1", "SubjectAccessReview").create(
         body={
             "apiVersion": "authorization.k8s.io/v1",
@@ -119,7 +125,7 @@ def service_account_may(
             "spec": {
                 "user": f"system:serviceaccount:{namespace}:{account}",
                 "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
-                "resourceAttributes": attributes,
+                **attributes,
             },
         }
     )

@@ -60,12 +60,7 @@ def checked_status_writes() -> Iterator[list[str]]:
     patch_status = kube.patch_status
 
     def checked(
-        api_version: str,
-        kind: str,
-        name: str,
-        namespace: str,
-        status: Mapping[str, Any],
-        resource_version: str | None = None,
+        api_version: str, kind: str, name: str, namespace: str, status: Mapping[str, Any], **options: Any
     ) -> bool:
         key = (kind, namespace, name)
         merged = merge_patch(written.get(key, {}), status)
@@ -76,7 +71,7 @@ def checked_status_writes() -> Iterator[list[str]]:
             raise
         # Recorded only once written: a conditional write that meets a newer version raises `kube.Conflict`
         # and changes nothing.
-        applied = patch_status(api_version, kind, name, namespace, status, resource_version=resource_version)
+        applied = patch_status(api_version, kind, name, namespace, status, **options)
         written[key] = merged
         return applied
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,24 +141,27 @@ def test_if_missing_leaves_a_stored_cache_alone(tmp_path: Path, key_file: Path) 
     assert compile_cli(*args, vllm_cache_root=tmp_path / "engine")[1]["event"] == "present"
 
 
-def test_follow_captures_only_once_the_compile_is_complete(tmp_path: Path, key_file: Path) -> None:
-    engine = tmp_path / "engine"
-    write_engine_cache(engine, complete=False)
+def follow_then_finish(
+    tmp_path: Path, key_file: Path, vllm_cache_root: Path, finish: Callable[[], dict[str, bytes]], *args: str
+) -> dict[str, bytes]:
+    """`compile capture --follow` into `tmp_path/store` (polling fast, a short quiet period) while the engine's
+    output is incomplete: it must still be waiting after 3 s. Then `finish` writes the rest, and the capture must
+    take all of it. Returns what `finish` wrote."""
     follow = subprocess.Popen(
         cli_command(
             "capture",
             *("--store", str(tmp_path / "store"), "--key", str(key_file), "--follow"),
-            *("--quiet-seconds", "0.3", "--poll-seconds", "0.05"),
+            *("--quiet-seconds", "0.3", "--poll-seconds", "0.05", *args),
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cli_env(engine),
+        env=cli_env(vllm_cache_root),
     )
     try:
-        with pytest.raises(subprocess.TimeoutExpired):  # stable, but vLLM has not said it is done
+        with pytest.raises(subprocess.TimeoutExpired):  # stable, but the compiler has not written its last file
             follow.wait(timeout=3)
-        files = write_engine_cache(engine)  # the rest, and vllm_compile_cache.py
+        files = finish()
         out, err = follow.communicate(timeout=120)
     finally:
         follow.kill()
@@ -165,6 +169,13 @@ def test_follow_captures_only_once_the_compile_is_complete(tmp_path: Path, key_f
     assert follow.returncode == 0, err
     event = json.loads(out.strip().splitlines()[-1])
     assert event["event"] == "captured" and event["files"] == len(files)
+    return files
+
+
+def test_follow_captures_only_once_the_compile_is_complete(tmp_path: Path, key_file: Path) -> None:
+    engine = tmp_path / "engine"
+    write_engine_cache(engine, complete=False)
+    files = follow_then_finish(tmp_path, key_file, engine, lambda: write_engine_cache(engine))  # vllm_compile_cache.py
     rc, _, err = compile_cli(
         "restore", "--store", str(tmp_path / "store"), "--key", str(key_file), vllm_cache_root=tmp_path / "node"
     )
@@ -179,35 +190,16 @@ def test_follow_captures_a_stock_torch_compile_once_inductor_has_written_its_ent
     of its own; inductor's cache entries in TORCHINDUCTOR_CACHE_DIR are what says the graph is compiled."""
     engine, inductor = tmp_path / "engine", tmp_path / "inductor"
     write_torch_cache(inductor, entries=False)  # kernels being built, no entry yet
-    follow = subprocess.Popen(
-        cli_command(
-            "capture",
-            *("--store", str(tmp_path / "store"), "--key", str(key_file), "--follow"),
-            *("--inductor-cache-dir", str(inductor), "--quiet-seconds", "0.3", "--poll-seconds", "0.05"),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(engine),
+    files = follow_then_finish(
+        tmp_path, key_file, engine, lambda: write_torch_cache(inductor), "--inductor-cache-dir", str(inductor)
     )
-    try:
-        with pytest.raises(subprocess.TimeoutExpired):  # stable, but no graph is compiled yet
-            follow.wait(timeout=3)
-        files = write_torch_cache(inductor)
-        out, err = follow.communicate(timeout=120)
-    finally:
-        follow.kill()
-        follow.wait()
-    assert follow.returncode == 0, err
-    event = json.loads(out.strip().splitlines()[-1])
-    assert event["event"] == "captured" and event["files"] == len(files)
-    rc, out_restore, err = compile_cli(
+    rc, out, err = compile_cli(
         "restore",
         *("--store", str(tmp_path / "store"), "--key", str(key_file)),
         *("--inductor-cache-dir", str(tmp_path / "node-inductor")),
         vllm_cache_root=tmp_path / "node",
     )
-    assert (rc, out_restore["event"]) == (0, "restored"), err
+    assert (rc, out["event"]) == (0, "restored"), err
     assert tree_bytes(tmp_path / "node-inductor") == files
 
 
