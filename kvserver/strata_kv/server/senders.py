@@ -27,7 +27,9 @@ SEND_CHUNK = 4 * 1024 * 1024  # one sender job's most; the connection's next chu
 SEND_VIEWS = 512  # buffers per sendmsg, well under IOV_MAX (1024 on Linux)
 
 SENDER_NICE = 10
-"""How much less CPU a sender thread asks for than the event loop (Linux nice, per thread)."""
+"""How much less CPU a sender thread asks for than the event loop: added to the loop's nice value (Linux nice, per
+thread), up to the lowest priority there is (`LOWEST_NICE`)."""
+LOWEST_NICE = 19
 
 
 class SenderPool:
@@ -124,9 +126,14 @@ def _yield_to_the_loop() -> None:
     other connection, runs first and the senders take what is left. Interleaved on 2 shared cores (4 rounds, 2
     threads, medians), a small GET's p99 beside 8 clients' GETs went from 15.3 to 11.0 ms at 4 MiB and from 24.9 to
     16.5 ms at 64 MiB, at the same GB/s within the rounds' spread (the loop alone: 8.4 and 10.0 ms). Where the
-    system refuses (no per-thread priorities), the thread runs at the loop's."""
+    system refuses (no per-thread priorities), the thread runs at the loop's.
+
+    Relative to the nice value the thread started with (the loop's: a new thread inherits its creator's), never an
+    absolute one: a server started at nice 15 (a pod's priority, `nice` on a shared host) would otherwise raise its
+    senders above its loop where it may (root), the opposite of the point."""
     with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SENDER_NICE)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(LOWEST_NICE, os.getpriority(os.PRIO_PROCESS, tid) + SENDER_NICE))
 
 
 def take(views: list[memoryview], limit: int) -> list[memoryview]:
