@@ -187,7 +187,9 @@ def fresh_engine_restores(site: Site, first: dict[str, Any], seen: set[str], che
         f"{init} s, the first engine's {first['init_engine_s']} s",
     )
     checks.check(
-        "b4 the engine answers", answer["usage"]["completion_tokens"] == 4, json.dumps(answer["choices"][0]["text"])
+        "b4 the engine answers",
+        answer["usage"]["completion_tokens"] >= 1,
+        f"{answer['usage']['completion_tokens']} tokens: {answer['choices'][0]['text']!r}",
     )
     capture = wait_capture(site, name)
     checks.check("b5 its sidecar stores nothing (present)", capture.get("event") == "present", json.dumps(capture))
@@ -226,8 +228,14 @@ def other_config_misses_and_captures(site: Site, copy: Path, first_key: str, see
     deployments = resource(site.client, "apps/v1", "Deployment")
     body = deployments.get(name=DEPLOYMENT, namespace=site.namespace).to_dict()
     (engine,) = body["spec"]["template"]["spec"]["containers"]
-    engine["args"][engine["args"].index("--max-model-len") + 1] = str(OTHER_MAX_MODEL_LEN)
-    deployments.replace(namespace=site.namespace, body=body)
+    args = engine["args"]
+    args[args.index("--max-model-len") + 1] = str(OTHER_MAX_MODEL_LEN)
+    deployments.patch(
+        name=DEPLOYMENT,
+        namespace=site.namespace,
+        body=[{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}],
+        content_type="application/json-patch+json",
+    )
     pod = ready_engine(site, DEPLOYMENT, seen, timeout=1800)
     name = pod["metadata"]["name"]
     restore = wait_restore(site, name)

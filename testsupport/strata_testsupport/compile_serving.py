@@ -160,10 +160,12 @@ def wait_capture(site: Site, pod_name: str, timeout: float = 900) -> dict[str, A
         for line in log.splitlines():
             if line.startswith("strata-loader compile: error:"):
                 return {"event": "error", "line": line}
-            if line.startswith("{"):
-                with_event: dict[str, Any] = json.loads(line)
-                if with_event.get("event") in CAPTURE_OUTCOMES:
-                    return with_event
+            try:
+                said = json.loads(line) if line.startswith("{") else None
+            except ValueError:
+                said = None
+            if isinstance(said, dict) and said.get("event") in CAPTURE_OUTCOMES:
+                return said
         return None
 
     found: dict[str, Any] = wait_for(outcome, timeout=timeout, interval=2, what=f"{pod_name}'s capture sidecar")
