@@ -9,7 +9,8 @@ compiler below.
 The stock CPU image (`STOCK_VLLM_IMAGE`) holds no C++ compiler, and vLLM on CPU compiles with stock torch.compile,
 whose inductor backend writes C++ and builds it with `$CXX`. The images stay as they are: the node's own g++ (Debian
 bookworm's, the release the image is built from) is mounted read-only into the engine container (`host_toolchain`):
-the driver's directory apart from the image's (`CXX` and `COMPILER_PATH`, where g++ finds `as` and `ld`), and
+the driver's directory apart from the image's (`CXX`; `COMPILER_PATH`, where g++ finds `as` and `ld`; and
+`GCC_EXEC_PREFIX`, since a driver run from another directory looks for cc1plus relative to itself only), and
 gcc's own directory, the headers (C++, libc, Python's) and the library directory (cc1plus's, as's and ld's shared
 libraries, crt*.o, libc's linker script) over the image's, which hold none of it. The key container copies the
 engine's env and mounts, so it sees what the engine sees.
@@ -82,6 +83,7 @@ def with_host_toolchain(pod: dict[str, Any], engine: dict[str, Any]) -> None:
         *engine.get("env", []),
         {"name": "CXX", "value": f"{TOOLCHAIN_BIN}/g++"},
         {"name": "COMPILER_PATH", "value": TOOLCHAIN_BIN},
+        {"name": "GCC_EXEC_PREFIX", "value": "/usr/lib/gcc/"},
     ]
 
 
