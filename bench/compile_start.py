@@ -293,8 +293,9 @@ def run_local(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from strata_operator.webhook.vllm_packages import VLLM_VERSION_ANNOTATION
 
     python = args.vllm_python
+    env = g.serve_env({}, args.device, args.cpu_kvcache_gib) | {"TORCH_LOGS": TORCH_CACHE_LOGS}
     version = subprocess.run(
-        [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
+        [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True, env=env
     ).stdout.strip()
     generated = args.model is None
     model = args.model or work / f"model-{args.shape}"
@@ -306,7 +307,6 @@ def run_local(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         engine_args += ["--block-size", "32"]
     if generated:
         engine_args += ["--load-format", "dummy"]
-    env = g.serve_env({}, args.device, args.cpu_kvcache_gib) | {"TORCH_LOGS": TORCH_CACHE_LOGS}
     if aot_compile_off({VLLM_VERSION_ANNOTATION: version}):  # as the webhook sets it for this vLLM
         env["VLLM_USE_AOT_COMPILE"] = "0"
     loader_env = env | {"PYTHONPATH": f"{REPO / 'loader'}:{REPO / 'units'}"}
