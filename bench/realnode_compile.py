@@ -172,8 +172,7 @@ def fresh_engine_restores(site: Site, first: dict[str, Any], seen: set[str], che
         f"{restore.event}: key {restore.key}, generation {restore.generation}, {restore.files} files, "
         f"{restore.bytes} bytes",
     )
-    answer = complete(pod, [7, 8, 9, 10], max_tokens=4)
-    log = checks.keep_logs(site, pod, "b-fresh")
+    log = pod_log(site.client, site.namespace, name, container="vllm")  # the start, before any request
     counts = compile_line_counts(log)
     checks.check(
         "b2 torch loads from the restored cache",
@@ -186,10 +185,13 @@ def fresh_engine_restores(site: Site, first: dict[str, Any], seen: set[str], che
         init is not None and first["init_engine_s"] is not None and init < first["init_engine_s"],
         f"{init} s, the first engine's {first['init_engine_s']} s",
     )
+    answer = complete(pod, [7, 8, 9, 10], max_tokens=4)
+    after = compile_line_counts(checks.keep_logs(site, pod, "b-fresh"))
     checks.check(
         "b4 the engine answers",
         answer["usage"]["completion_tokens"] >= 1,
-        f"{answer['usage']['completion_tokens']} tokens: {answer['choices'][0]['text']!r}",
+        f"{answer['usage']['completion_tokens']} tokens: {answer['choices'][0]['text']!r}; torch's cache lines "
+        f"after the request {after}",
     )
     capture = wait_capture(site, name)
     checks.check("b5 its sidecar stores nothing (present)", capture.get("event") == "present", json.dumps(capture))
