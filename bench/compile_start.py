@@ -213,7 +213,7 @@ def run_node(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 prime = start("cold")
                 print(f"prime (not counted): {brief(prime)}", file=sys.stderr)
                 samples = rounds(args.rounds, start)
-    title = f"vLLM CPU (stock image), {'~20M' if args.shape == 'small' else '~100M'}-parameter Llama, real node"
+    title = f"vLLM CPU (stock image), {'~23M' if args.shape == 'small' else '~100M'}-parameter Llama, real node"
     return {"backend": "node", "shape": shape, "prime": prime, "samples": samples, "title": title}
 
 
