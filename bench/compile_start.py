@@ -54,9 +54,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-for _part in ("testsupport", "loader", "operator", "units"):
-    if str(REPO / _part) not in sys.path:
-        sys.path.insert(0, str(REPO / _part))
+sys.path.insert(0, str(REPO / "testsupport"))  # the rest is installed in the venv
 
 from strata_testsupport.compile_logs import (  # noqa: E402
     TORCH_CACHE_LOGS,
@@ -170,24 +168,9 @@ NODE_SHAPES = ("small", "test")
 
 
 def run_node(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from strata_testsupport.compile_serving import (
-        SMALL_MODEL,
-        host_toolchain_missing,
-        node_local_compile_cache,
-    )
-    from strata_testsupport.kube import new_dynamic_client
-    from strata_testsupport.localcluster.node import (
-        NODE_IP,
-        STOCK_VLLM_IMAGE,
-        RealNode,
-        node_images_archive,
-        stock_vllm_image_archive,
-    )
-    from strata_testsupport.pods import s3_secret, wait_phase
-    from strata_testsupport.realnode import held_shared_pvc, install_strata, pod_security_namespace
-    from strata_testsupport.s3 import running_s3_server
-    from strata_testsupport.scenarios import Site
-    from strata_testsupport.serving import TEST_MODEL, make_model, upload_model_dir
+    from strata_testsupport.compile_serving import SMALL_MODEL, compile_cache_on_the_node, host_toolchain_missing
+    from strata_testsupport.localcluster.node import STOCK_VLLM_IMAGE
+    from strata_testsupport.serving import TEST_MODEL, make_model
 
     missing = host_toolchain_missing()
     if missing:
@@ -195,24 +178,13 @@ def run_node(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             f"the node has no C++ toolchain to lend the engine: {missing} (apt-get install g++, python3-dev)"
         )
     shape = SMALL_MODEL if args.shape == "small" else TEST_MODEL
-    model = make_model(work / "llama", shape)
-    with RealNode(node_images_archive()) as node:
-        node.import_images(stock_vllm_image_archive())
-        client = new_dynamic_client(str(node.kubeconfig))
-        install_strata(node, client)
-        with running_s3_server(host=NODE_IP) as s3:
-            for namespace in pod_security_namespace(client, "privileged"):
-                s3_secret(client, namespace, "s3-credentials", s3.access_key, s3.secret_key)
-                site = Site(client, namespace, s3.endpoint_url, "s3-credentials", held_shared_pvc, region=s3.region)
-                copy = node_local_compile_cache(site, s3, "llama", upload_model_dir(s3, model))
-                status = wait_phase(client, namespace, "llama", {"Ready", "Degraded", "Failed"}, timeout=1200)
-                if status["phase"] != "Ready":
-                    raise SystemExit(f"the cache did not become Ready: {status.get('conditions')}")
-
-                start = functools.partial(node_start, site, STOCK_VLLM_IMAGE, "llama", copy)
-                prime = start("cold")
-                print(f"prime (not counted): {brief(prime)}", file=sys.stderr)
-                samples = rounds(args.rounds, start)
+    with compile_cache_on_the_node(make_model(work / "llama", shape), "llama") as (site, copy, status):
+        if status["phase"] != "Ready":
+            raise SystemExit(f"the cache did not become Ready: {status.get('conditions')}")
+        start = functools.partial(node_start, site, STOCK_VLLM_IMAGE, "llama", copy)
+        prime = start("cold")
+        print(f"prime (not counted): {brief(prime)}", file=sys.stderr)
+        samples = rounds(args.rounds, start)
     title = f"vLLM CPU (stock image), {'~23M' if args.shape == 'small' else '~100M'}-parameter Llama, real node"
     return {"backend": "node", "shape": shape, "prime": prime, "samples": samples, "title": title}
 

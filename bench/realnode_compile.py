@@ -38,33 +38,25 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-for _part in ("testsupport", "loader", "operator", "units"):
-    if str(REPO / _part) not in sys.path:
-        sys.path.insert(0, str(REPO / _part))
+sys.path.insert(0, str(REPO / "testsupport"))  # the rest is installed in the venv
 
 from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAINER  # noqa: E402
 from strata_testsupport.compile_logs import compile_line_counts, init_engine_seconds  # noqa: E402
 from strata_testsupport.compile_serving import (  # noqa: E402
     SMALL_MODEL,
     captured_events,
+    compile_cache_on_the_node,
     compiled_engine_deployment,
     host_toolchain_missing,
-    node_local_compile_cache,
     stored_keys,
     wait_capture,
     wait_restore,
 )
-from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # noqa: E402
+from strata_testsupport.kube import resource, wait_for  # noqa: E402
 from strata_testsupport.localcluster.node import (  # noqa: E402
-    NODE_IP,
     STOCK_VLLM_IMAGE,
-    RealNode,
-    node_images_archive,
-    stock_vllm_image_archive,
 )
-from strata_testsupport.pods import API, cache_status, pod_log, s3_secret, wait_phase  # noqa: E402
-from strata_testsupport.realnode import held_shared_pvc, install_strata, pod_security_namespace  # noqa: E402
-from strata_testsupport.s3 import running_s3_server  # noqa: E402
+from strata_testsupport.pods import API, cache_status, pod_log  # noqa: E402
 from strata_testsupport.scenarios import Site  # noqa: E402
 from strata_testsupport.serving import (  # noqa: E402
     TEST_MODEL,
@@ -74,7 +66,6 @@ from strata_testsupport.serving import (  # noqa: E402
     fresh_engine,
     make_model,
     ready_engine,
-    upload_model_dir,
 )
 
 CACHE, DEPLOYMENT = "llama", "vllm-compiled"
@@ -316,24 +307,15 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="realnode-compile-") as tmp:
         model = make_model(Path(tmp) / "llama", SMALL_MODEL if args.shape == "small" else TEST_MODEL)
-        with RealNode(node_images_archive()) as node:
-            node.import_images(stock_vllm_image_archive())
-            client = new_dynamic_client(str(node.kubeconfig))
-            install_strata(node, client)
-            with running_s3_server(host=NODE_IP) as s3:
-                for namespace in pod_security_namespace(client, "privileged"):
-                    s3_secret(client, namespace, "s3-credentials", s3.access_key, s3.secret_key)
-                    site = Site(client, namespace, s3.endpoint_url, "s3-credentials", held_shared_pvc, region=s3.region)
-                    copy = node_local_compile_cache(site, s3, CACHE, upload_model_dir(s3, model))
-                    status = wait_phase(client, namespace, CACHE, {"Ready", "Degraded", "Failed"}, timeout=1200)
-                    ready = status["phase"] == "Ready"
-                    checks.check("the NodeLocal cache with compileCache is Ready", ready, str(status.get("conditions")))
-                    try:
-                        if ready:
-                            prove(site, copy, checks)
-                    except Exception as error:
-                        checks.check("the proof ran to its end", False, f"{type(error).__name__}: {error}"[:4000])
-                        diagnose(site, checks)
+        with compile_cache_on_the_node(model, CACHE) as (site, copy, status):
+            ready = status["phase"] == "Ready"
+            checks.check("the NodeLocal cache with compileCache is Ready", ready, str(status.get("conditions")))
+            try:
+                if ready:
+                    prove(site, copy, checks)
+            except Exception as error:
+                checks.check("the proof ran to its end", False, f"{type(error).__name__}: {error}"[:4000])
+                diagnose(site, checks)
     summary = {"checks": checks.results, "wall_s": round(time.monotonic() - started, 1), "shape": args.shape}
     (args.output / "checks.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{'FAIL' if checks.failed else 'PASS'}: {sum(r['ok'] for r in checks.results)}/{len(checks.results)} checks")

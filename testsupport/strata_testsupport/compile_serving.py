@@ -22,6 +22,8 @@ import datetime
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,32 @@ def node_local_compile_cache(site: Site, s3: Any, name: str, uri: str) -> Path:
     spec["compileCache"] = {"enabled": True}
     model_cache(site.client, site.namespace, name, spec)
     return NODE_LOCAL_ROOT / site.namespace / name
+
+
+@contextmanager
+def compile_cache_on_the_node(model: Path, cache: str) -> Iterator[tuple[Site, Path, dict[str, Any]]]:
+    """The real node with Strata installed and the stock CPU vLLM image imported, an S3 server holding `model`, and
+    in a `privileged` namespace (the engine mounts the node's toolchain) a NodeLocal ModelCache `cache` of it with
+    the compile cache on, waited for until it settles. Yields the site, the node copy's directory and the cache's
+    status, Ready or not: what a cache that failed means is the caller's to say."""
+    from strata_testsupport.kube import new_dynamic_client
+    from strata_testsupport.localcluster.node import NODE_IP, RealNode, node_images_archive, stock_vllm_image_archive
+    from strata_testsupport.pods import s3_secret, wait_phase
+    from strata_testsupport.realnode import held_shared_pvc, install_strata, pod_security_namespace
+    from strata_testsupport.s3 import running_s3_server
+    from strata_testsupport.serving import upload_model_dir
+
+    with RealNode(node_images_archive()) as node:
+        node.import_images(stock_vllm_image_archive())
+        client = new_dynamic_client(str(node.kubeconfig))
+        install_strata(node, client)
+        with running_s3_server(host=NODE_IP) as s3:
+            for namespace in pod_security_namespace(client, "privileged"):
+                s3_secret(client, namespace, "s3-credentials", s3.access_key, s3.secret_key)
+                site = Site(client, namespace, s3.endpoint_url, "s3-credentials", held_shared_pvc, region=s3.region)
+                copy = node_local_compile_cache(site, s3, cache, upload_model_dir(s3, model))
+                status = wait_phase(client, namespace, cache, {"Ready", "Degraded", "Failed"}, timeout=1200)
+                yield site, copy, status
 
 
 def stored_keys(copy: Path) -> list[str]:

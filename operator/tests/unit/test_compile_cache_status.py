@@ -57,7 +57,7 @@ def test_hits_and_misses_are_counted_over_the_live_engines() -> None:
     status, _ = compile_status({}, pods, store=STORE, per_node=False)
     assert (status["hits"], status["misses"]) == (2, 1)
     assert status["lastMiss"] == "pod bb: target differs (this engine: 'cuda:sm_80', the cache: 'cuda:sm_90')"
-    assert status["summary"] == "1 key, 2 hits, 1 misses" and status["store"] == STORE
+    assert status["summary"] == "1 key, 2 hits, 1 miss" and status["store"] == STORE
 
 
 def test_a_key_seen_first_is_recorded_with_one_event_and_kept_when_its_pods_go() -> None:

@@ -86,6 +86,11 @@ def store_location(owner: CacheRef, spec: ModelCacheSpec) -> str:
     return f"{posixpath.join(storage.node_copy_path(owner, spec), COMPILE_STORE_DIR)}/ on each node"
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """`1 key`, `2 keys`, `0 misses`: the summary `kubectl get` prints reads as English."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def compile_status(
     previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, store: str, per_node: bool
 ) -> tuple[dict[str, Any], list[Event]]:
@@ -130,7 +135,7 @@ def compile_status(
         "hits": hits,
         "misses": len(misses),
         "caches": [{k: v for k, v in c.items() if v is not None} for c in newest],
-        "summary": f"{len(newest)} key{'' if len(newest) == 1 else 's'}, {hits} hits, {len(misses)} misses",
+        "summary": f"{_count(len(newest), 'key')}, {_count(hits, 'hit')}, {_count(len(misses), 'miss', 'misses')}",
     }
     if misses:
         status["lastMiss"] = f"pod {misses[-1].pod}: {misses[-1].report.reason or 'no reason given'}"
