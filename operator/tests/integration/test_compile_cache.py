@@ -135,5 +135,5 @@ def test_a_vllm_pod_is_wired_to_the_compile_cache_and_its_restore_is_counted(
         return found or None
 
     (event,) = wait_for(captured, timeout=30, what="the CompileCacheCaptured Event")
-    assert printed_row(k8s, API_VERSION, "modelcaches", namespace, cache)["Compile Cache"] == "1 key, 1 hits, 0 misses"
+    assert printed_row(k8s, API_VERSION, "modelcaches", namespace, cache)["Compile Cache"] == "1 key, 1 hit, 0 misses"
     assert KEY[:12] in event["message"] and "pod engine started from it" in event["message"]
