@@ -461,3 +461,45 @@ class CompileRestoreReport(BaseModel):
             return cls.model_validate_json(text)
         except ValueError:
             return None
+
+
+CAPTURE_OUTCOMES = ("captured", "unchanged", "present", "not-captured", "refused")
+"""How a capture sidecar's `compile capture --follow --if-missing --stay` ended: stored a new generation; found
+the same files already stored; found the key stored by another engine; gave up waiting for a complete compile;
+refused (over the store's limit, a link or odd entry, nothing to capture)."""
+CAPTURE_FAILURES = ("not-captured", "refused")
+
+
+class CompileCaptureReport(BaseModel):
+    """The one JSON line `strata-loader compile capture` prints on stdout when it is done. The capture sidecar
+    runs until its pod stops (a native sidecar that exits is restarted), so this line in its log, not a
+    termination message, is how the operator learns of a capture while the engine serves (status.compileCache
+    and the `CompileCacheCaptured` Event at capture time)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event: Literal["captured", "unchanged", "present", "not-captured", "refused"]
+    key: str | None = Field(default=None, description="the engine's key digest (None: the key file was unreadable)")
+    summary: str | None = Field(default=None, description="the key for people: engine, torch, target")
+    reason: str | None = Field(default=None, description="not-captured or refused: why")
+    generation: str | None = None
+    files: int | None = None
+    bytes: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.event in CAPTURE_FAILURES
+
+    @classmethod
+    def from_log(cls, text: str) -> CompileCaptureReport | None:
+        """The last report in a capture sidecar's log (stdout and stderr interleaved, possibly cut at the front
+        by a byte limit), or None before it printed one. Other lines (torch's or a cut one) are skipped."""
+        for line in reversed(text.splitlines()):
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                return cls.model_validate_json(line)
+            except ValueError:
+                continue
+        return None

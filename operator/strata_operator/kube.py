@@ -130,6 +130,25 @@ def list_objects(
     return list(json.loads(response.data).get("items") or [])
 
 
+POD_LOG_TIMEOUT_SECONDS = 10.0
+"""The API server fetches a log from the pod's kubelet: an unreachable one must not hold a reconcile for long."""
+
+
+def pod_log(namespace: str, name: str, container: str, *, tail_lines: int, limit_bytes: int) -> str:
+    """The last `tail_lines` lines of a container's log, at most `limit_bytes` of them (the API server counts the
+    limit from the first of those lines)."""
+    core = kubernetes.client.CoreV1Api(dynamic_client().client)
+    text = core.read_namespaced_pod_log(
+        name,
+        namespace,
+        container=container,
+        tail_lines=tail_lines,
+        limit_bytes=limit_bytes,
+        _request_timeout=POD_LOG_TIMEOUT_SECONDS,
+    )
+    return str(text)
+
+
 def merge_patch(api_version: str, kind: str, name: str, namespace: str | None, body: Mapping[str, Any]) -> Any:
     """A JSON merge patch (None deletes a key): what label and annotation edits need, unlike apply, which
     would drop the keys other owners set."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from strata_units import parse_bytes
 
-from ..contract import CompileRestoreReport
+from ..contract import CompileCaptureReport, CompileRestoreReport
 from ..core.messages import one_line, write_termination_message
 from .key import CompileKey, aot_compile_reloads
 from .manifest import INDUCTOR_ROOT, VLLM_ROOT
@@ -149,43 +149,48 @@ def run_restore(args: argparse.Namespace) -> int:
 
 def run_capture(args: argparse.Namespace) -> int:
     if not args.stay:
-        return _capture(args)
+        _say_report(_capture(args))
+        return 0
     stopped = _stop_on_sigterm()
     try:
-        _capture(args)
+        report = _capture(args)
     except Exception as e:  # said once; a sidecar that exits is restarted and would try again and again
         print(f"strata-loader compile: error: {one_line(e)}", file=sys.stderr, flush=True)
+        report = CompileCaptureReport(event="refused", key=_digest_or_none(args.key), reason=one_line(e))
+    _say_report(report)  # the operator reads this line from the sidecar's log
     stopped()
     return 0
 
 
-def _capture(args: argparse.Namespace) -> int:
+def _say_report(report: CompileCaptureReport) -> None:
+    _say(report.event, **report.model_dump(exclude={"event"}, exclude_none=True))
+
+
+def _digest_or_none(path: Path) -> str | None:
+    try:
+        return CompileKey.from_json(path.read_bytes()).digest
+    except Exception:
+        return None
+
+
+def _capture(args: argparse.Namespace) -> CompileCaptureReport:
     from .follow import wait_until_complete
 
     key = CompileKey.from_json(args.key.read_bytes())
     max_bytes = parse_bytes(args.max_bytes, minimum=1) if args.max_bytes else None
     store = CompileStore(args.store, max_bytes=max_bytes)
     sources = cache_dirs(args)
+    said = CompileCaptureReport(event="present", key=key.digest, summary=key.summary)
     if args.if_missing and _present(store, key):
-        _say("present", key=key.digest)
-        return 0
+        return said
     if args.follow and not wait_until_complete(sources, args.quiet_seconds, args.poll_seconds, args.timeout_seconds):
-        _say(
-            "not-captured", key=key.digest, reason=f"no complete, stable compile output after {args.timeout_seconds} s"
-        )
-        return 0
+        reason = f"no complete, stable compile output after {args.timeout_seconds:g} s"
+        return said.model_copy(update={"event": "not-captured", "reason": reason})
     if args.follow and args.if_missing and _present(store, key):  # another engine of the revision was faster
-        _say("present", key=key.digest)
-        return 0
+        return said
     captured = store.capture(key, sources)
-    _say(
-        "unchanged" if captured.unchanged else "captured",
-        key=key.digest,
-        generation=captured.generation,
-        files=captured.files,
-        bytes=captured.bytes,
-    )
-    return 0
+    outcome = {"generation": captured.generation, "files": captured.files, "bytes": captured.bytes}
+    return said.model_copy(update={"event": "unchanged" if captured.unchanged else "captured", **outcome})
 
 
 def _stop_on_sigterm() -> Callable[[], None]:

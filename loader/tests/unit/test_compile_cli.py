@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import strata_loader
-from strata_loader.contract import CompileRestoreReport
+from strata_loader.contract import CompileCaptureReport, CompileRestoreReport
 from strata_testsupport.compilecache import (
     AVX2_TARGET,
     COMPLETION_FILE,
@@ -75,6 +75,8 @@ def test_capture_then_restore_in_the_engines_environment(tmp_path: Path, key_fil
     rc, out, err = compile_cli("capture", "--store", store, "--key", str(key_file), vllm_cache_root=tmp_path / "engine")
     assert rc == 0, err
     assert out["event"] == "captured" and out["key"] == KEY.digest and out["files"] == len(files)
+    report = CompileCaptureReport.from_log(json.dumps(out))  # what the operator reads from the sidecar's log
+    assert report is not None and report.summary == KEY.summary and report.bytes == sum(map(len, files.values()))
     rc, out, err = compile_cli("restore", "--store", store, "--key", str(key_file), vllm_cache_root=tmp_path / "node")
     assert (rc, out["event"], out["files"]) == (0, "restored", len(files)), err
     assert tree_bytes(tmp_path / "node") == files
@@ -291,7 +293,8 @@ def test_a_restore_reports_its_hit_or_miss_in_the_termination_message(
 
 
 def test_a_capture_that_stays_waits_for_sigterm_even_after_a_refusal(tmp_path: Path, key_file: Path) -> None:
-    """A native sidecar that exits is restarted by the kubelet: `--stay` keeps it until the pod stops it."""
+    """A native sidecar that exits is restarted by the kubelet: `--stay` keeps it until the pod stops it. The
+    refusal is also a `refused` report on stdout, the line the operator reads from the sidecar's log."""
     proc = subprocess.Popen(
         cli_command("capture", "--store", str(tmp_path / "store"), "--key", str(key_file), "--stay"),
         env=cli_env(tmp_path / "empty"),
@@ -302,6 +305,10 @@ def test_a_capture_that_stays_waits_for_sigterm_even_after_a_refusal(tmp_path: P
     assert proc.stderr is not None
     line = proc.stderr.readline()  # the refusal (nothing to capture) is said once, then it waits
     assert line.startswith("strata-loader compile: error:"), line
+    assert proc.stdout is not None
+    report = CompileCaptureReport.from_log(proc.stdout.readline())
+    assert report is not None and report.event == "refused" and report.failed and report.key == KEY.digest
+    assert report.reason is not None and "nothing to capture" in report.reason
     assert proc.poll() is None
     proc.terminate()
     assert proc.wait(timeout=60) == 0  # stopped; one that did not stay would have exited 1 by itself

@@ -562,30 +562,49 @@ class ImageStatus(CRDModel):
 
 
 class CompileCacheEntry(CRDModel):
-    """One compile key the store holds, as the engines that restored it reported it."""
+    """One compile key the store holds, as the sidecar that captured it or the engines that restored it reported
+    it."""
 
     key: str = Field(description="The compile key's SHA-256 (the store's directory name).")
     summary: str | None = Field(default=None, description="The key for people: engine, torch, target.")
-    generation: str | None = Field(default=None, description="The stored generation engines restored last.")
+    generation: str | None = Field(
+        default=None, description="The newest stored generation captured or restored by an engine."
+    )
     captured: str | None = Field(default=None, description="When that generation was captured.")
     bytes: int | None = Field(default=None, description="Bytes of that generation.")
     size: str | None = Field(default=None, description="bytes for humans.")
     files: int | None = Field(default=None, description="Files in that generation.")
     nodes: list[str] | None = Field(
-        default=None, description="NodeLocal: the nodes whose store engines restored it from (each node has its own)."
+        default=None,
+        description="NodeLocal: the nodes whose store holds it, captured or restored there (each node has its own).",
     )
 
 
+class CompileCaptureFailure(CRDModel):
+    """A live engine's capture that stored nothing, from its capture sidecar's log."""
+
+    pod: str = Field(description="The engine's pod.")
+    key: str = Field(description="The compile key it tried to store.")
+    outcome: str = Field(description="not-captured (no complete compile in time) or refused.")
+    reason: str = Field(description="Why, as the sidecar said it.")
+
+
 class CompileCacheStatus(CRDModel):
-    """What the engines' restore init containers reported (their termination messages), counted over the live
-    consumer pods, and the keys they found stored."""
+    """What the engines' restore init containers (their termination messages) and capture sidecars (their logs)
+    reported, counted over the live consumer pods, and the keys the store holds."""
 
     store: str | None = Field(default=None, description="Where the store is: the claim's or each node's directory.")
     hits: int = Field(default=0, description="Live engines that started from a stored compile cache.")
     misses: int = Field(default=0, description="Live engines that found none for their key (they compile).")
+    capturing: int = Field(
+        default=0, description="Of the misses, the engines whose capture has not said how it ended yet."
+    )
     last_miss: str | None = Field(default=None, description="The newest miss's reason (the parts that differ).")
     caches: list[CompileCacheEntry] = Field(
-        default_factory=list, description="The keys engines restored, newest capture first (at most 16)."
+        default_factory=list, description="The keys captured or restored, newest capture first (at most 16)."
+    )
+    capture_failures: list[CompileCaptureFailure] = Field(
+        default_factory=list, description="Live engines whose capture stored nothing, with why (at most 16)."
     )
     summary: str | None = Field(default=None, description="Keys, hits and misses for humans (printer column).")
 

@@ -57,15 +57,22 @@ class Waker:
         self.event = asyncio.Event()
         self.full = True
         self.tags: dict[str, Any] = {}
+        self.recheck: float | None = None
+        """Seconds after which the reconcile asked to run again (a status refresh), sooner than the resync."""
 
     def wake(self, *, full: bool = True) -> None:
         self.full = self.full or full
         self.event.set()
 
+    def recheck_in(self, seconds: float) -> None:
+        """Called from the reconcile's thread: a plain assignment, read by the daemon once the reconcile is done."""
+        self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
+
     def take(self) -> bool:
         """Clear the wake-up before a reconcile; returns whether it must be a full one."""
         full, self.full = self.full, False
         self.event.clear()
+        self.recheck = None
         return full
 
 
@@ -169,9 +176,10 @@ async def run_daemon(
             failures = 0
             for type_, reason, message in events:
                 kopf.event(body, type=type_, reason=reason, message=message[:1024])
-            if await sleep(waker.event, stopped, resync_seconds):
+            timeout = min(resync_seconds, waker.recheck or resync_seconds)
+            if await sleep(waker.event, stopped, timeout):
                 await stopped.wait(DEBOUNCE_SECONDS)
-            else:
+            elif timeout == resync_seconds:
                 waker.full = True  # a resync re-applies everything: it is the safety net for missed events
     finally:
         if memory.wakers.get(key) is waker:

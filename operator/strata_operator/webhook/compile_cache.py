@@ -11,8 +11,9 @@ container ever writes it: the capture sidecar. In order, the pod gets:
    `contract.CompileRestoreReport`) is how the operator counts hits and misses and learns of stored keys.
 3. `strata-compile-capture` (a native sidecar: an init container with `restartPolicy: Always`, the runtime image
    as the user that owns the model's files): `compile capture --follow --if-missing --stay`, the store mounted
-   read-write; it waits for the engine's compile to finish, stores it unless the key is already there, then
-   waits for the pod to stop (a sidecar that exits is restarted).
+   read-write; it waits for the engine's compile to finish, stores it unless the key is already there, prints
+   how that went (the log line the operator reads), then waits for the pod to stop (a sidecar that exits is
+   restarted).
 
 The engine gets the emptyDir, VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR in it (what torch compiles before vLLM
 points inductor into its own directory), and VLLM_USE_AOT_COMPILE=0 where its vLLM cannot reload its own AOT
@@ -31,7 +32,7 @@ from strata_loader.vllm import support
 
 from strata_operator.api import GROUP
 from strata_operator.api.modelcache import CompileCache
-from strata_operator.resources.modelcache.compile_cache import COMPILE_STORE_DIR, RESTORE_CONTAINER
+from strata_operator.resources.modelcache.compile_cache import CAPTURE_CONTAINER, COMPILE_STORE_DIR, RESTORE_CONTAINER
 from strata_operator.resources.runtime_image import RuntimeImage
 from strata_operator.resources.security import RUNTIME_UID, container_security_context
 from strata_operator.webhook.pod_edits import WiringConflict, add_mount, add_named
@@ -47,7 +48,7 @@ KEY_FILE = f"{KEY_PATH}/key.json"
 STORE = f"{STORE_PATH}/{COMPILE_STORE_DIR}"
 VLLM_CACHE_ROOT = f"{CACHE_PATH}/vllm"
 INDUCTOR_CACHE_DIR = f"{CACHE_PATH}/inductor"
-KEY_CONTAINER, CAPTURE_CONTAINER = "strata-compile-key", "strata-compile-capture"
+KEY_CONTAINER = "strata-compile-key"
 SMALL_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 """Restore and capture copy and hash files one at a time: small, but bounded where a quota wants limits."""
 

@@ -14,6 +14,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError
 from strata_loader.contract import CompileRestoreReport
 from strata_operator.api import API_VERSION
 from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAINER, RESTORE_CONTAINER
+from strata_testsupport.apirequests import Recorder
 from strata_testsupport.kube import printed_row, resource, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
@@ -67,22 +68,35 @@ def test_the_api_server_fills_the_compile_cache_defaults(k8s: DynamicClient, str
     assert "compileCache.maxBytes" in message_of(refused.value)
 
 
-def report_restore(k8s: DynamicClient, namespace: str, pod: str, report: CompileRestoreReport) -> None:
-    """The restore init container ended with its report, written into the pod's status as the kubelet does."""
+def report_restore(
+    k8s: DynamicClient, namespace: str, pod: str, report: CompileRestoreReport, *, capture_running: bool = False
+) -> None:
+    """The restore init container ended with its report, written into the pod's status as the kubelet does;
+    `capture_running`: and the capture sidecar started after it."""
     terminated = {"exitCode": 0, "reason": "Completed", "message": report.to_termination_message()}
-    status = {
-        "phase": "Running",
-        "initContainerStatuses": [
+    statuses = [
+        {
+            "name": RESTORE_CONTAINER,
+            "image": "vllm/vllm-openai:latest",
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": terminated},
+        }
+    ]
+    if capture_running:
+        running = {"startedAt": "2025-12-06T00:00:00Z"}
+        statuses.append(
             {
-                "name": RESTORE_CONTAINER,
-                "image": "vllm/vllm-openai:latest",
+                "name": CAPTURE_CONTAINER,
+                "image": "strata-runtime:test",
                 "imageID": "",
-                "ready": False,
+                "ready": True,
                 "restartCount": 0,
-                "state": {"terminated": terminated},
+                "state": {"running": running},
             }
-        ],
-    }
+        )
+    status = {"phase": "Running", "initContainerStatuses": statuses}
     resource(k8s, "v1", "Pod").status.patch(
         name=pod, namespace=namespace, body={"status": status}, content_type="application/strategic-merge-patch+json"
     )
@@ -137,3 +151,32 @@ def test_a_vllm_pod_is_wired_to_the_compile_cache_and_its_restore_is_counted(
     (event,) = wait_for(captured, timeout=30, what="the CompileCacheCaptured Event")
     assert printed_row(k8s, API_VERSION, "modelcaches", namespace, cache)["Compile Cache"] == "1 key, 1 hit, 0 misses"
     assert KEY[:12] in event["message"] and "pod engine started from it" in event["message"]
+
+
+def test_an_engine_that_missed_awaits_its_capture_and_the_sidecars_log_is_asked_for(
+    k8s: DynamicClient, operator: Any, operator_api_requests: Recorder, namespace: str, pod_webhook: RunningWebhook
+) -> None:
+    """A miss whose capture sidecar runs is an awaited capture (status.compileCache.capturing), and the operator
+    asks the API server for the sidecar's log: the only place its result is while the engine serves. Here no
+    kubelet serves logs (the API server refuses: the pod has no node), which the reconcile survives, still
+    awaiting; the real node reads a real sidecar's log (bench/realnode_compile.py)."""
+    cache = ready_shared_cache(k8s, namespace, compileCache={"enabled": True})
+    labels = {"strata.dev/model-cache": cache}
+    create_pod(k8s, namespace, pod_body("missed", labels, command=["vllm", "serve"], securityContext=RESTRICTED))
+    missed = CompileRestoreReport(event="miss", key=KEY, reason=f"holds no compile cache yet for key {KEY[:12]}")
+    report_restore(k8s, namespace, "missed", missed, capture_running=True)
+    status = wait_for_status(
+        k8s,
+        namespace,
+        cache,
+        lambda s: (s.get("compileCache") or {}).get("capturing") == 1,
+        "an awaited capture",
+    )
+    assert status["compileCache"]["misses"] == 1 and status["compileCache"]["caches"] == []
+    assert "captureFailures" not in status["compileCache"]
+
+    def log_asked() -> list[Any] | None:
+        made = operator_api_requests.made("get", "pods", subresource="log")
+        return [r for r in made if (r.namespace, r.name) == (namespace, "missed")] or None
+
+    wait_for(log_asked, timeout=30, what="the operator's read of the capture sidecar's log")

@@ -1,18 +1,26 @@
 """status.compileCache as a pure function of the consumer pods' restore reports (their init container's
-termination message): hits and misses of the live engines, the keys the store holds, and the Event of a new key."""
+termination message) and the capture reports read from their sidecars' logs: hits and misses of the live engines,
+the captures still awaited, the keys the store holds, the Event of a new key (at capture time) and of a capture
+that failed."""
 
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
-from strata_loader.contract import CompileRestoreReport
+from strata_loader.contract import CompileCaptureReport, CompileRestoreReport
 from strata_operator.resources.modelcache.compile_cache import (
+    CAPTURE_CONTAINER,
+    CAPTURE_FAILED_EVENT,
+    CAPTURE_POLL_SECONDS,
     CAPTURED_EVENT,
     MAX_ENTRIES,
     RESTORE_CONTAINER,
+    awaited_captures,
     captured_at,
     compile_status,
+    pods_to_read,
     restore_report,
 )
 from strata_operator.resources.modelcache.observed import Observed
@@ -34,16 +42,35 @@ def report(event: str, key: str | None = KEY_A, **fields: Any) -> str:
 
 
 def engine_pod(
-    name: str, message: str | None, *, phase: str = "Running", node: str = "n1", last: bool = False
+    name: str,
+    message: str | None,
+    *,
+    phase: str = "Running",
+    node: str = "n1",
+    last: bool = False,
+    capturing: bool = False,
 ) -> dict[str, Any]:
+    """A wired engine's pod as the kubelet reports it; `capturing`: its capture sidecar runs."""
     terminated = {"exitCode": 0, "message": message} if message is not None else None
     state = {"terminated": terminated} if terminated else {"running": {}}
-    status = {"name": RESTORE_CONTAINER, "lastState" if last else "state": state}
+    statuses = [{"name": RESTORE_CONTAINER, "lastState" if last else "state": state}]
+    if capturing:
+        statuses.append({"name": CAPTURE_CONTAINER, "state": {"running": {"startedAt": "2026-12-06T07:00:00Z"}}})
     return {
         "metadata": {"name": name, "creationTimestamp": f"2026-12-06T07:{len(name):02d}:00Z", "uid": name},
         "spec": {"nodeName": node},
-        "status": {"phase": phase, "initContainerStatuses": [status]},
+        "status": {"phase": phase, "initContainerStatuses": statuses},
     }
+
+
+def capture(event: str, key: str = KEY_A, **fields: Any) -> CompileCaptureReport:
+    """A capture sidecar's report, read back from its log line as the operator reads it."""
+    if event in ("captured", "unchanged"):
+        fields = {"generation": GEN_1, "files": 12, "bytes": 3 * 2**20, **fields}
+    line = CompileCaptureReport(event=event, key=key, summary="vllm 0.33.0, torch 2.14.0, cuda:sm_90", **fields)  # type: ignore[arg-type]
+    parsed = CompileCaptureReport.from_log(f"torch noise\n{line.model_dump_json(exclude_none=True)}\n")
+    assert parsed is not None
+    return parsed
 
 
 def test_hits_and_misses_are_counted_over_the_live_engines() -> None:
@@ -138,3 +165,103 @@ def test_the_plan_reports_the_compile_cache_only_when_it_is_on() -> None:
     on = plan(Observed(owner, {}, now, spec=on_spec, consumer_pods=pods))
     assert on.status["compileCache"]["store"] == STORE and on.status["compileCache"]["hits"] == 1
     assert CAPTURED_EVENT in [reason for _, reason, _ in on.events]
+
+
+MISSED = report("miss", reason="holds no compile cache yet")
+
+
+def test_an_engine_that_missed_awaits_its_capture_and_its_log_is_read_once_the_sidecar_runs() -> None:
+    pods = [
+        engine_pod("a", MISSED, capturing=True),
+        engine_pod("bb", MISSED),  # its sidecar has not started: nothing to read yet, but awaited
+        engine_pod("ccc", report("restored", key=KEY_B)),  # a hit captures nothing
+        engine_pod("dddd", report("miss", key=None, reason="compile key: not JSON"), capturing=True),  # no key
+    ]
+    assert awaited_captures({}, pods) == ["a", "bb"] and pods_to_read({}, pods) == ["a"]
+    status, events = compile_status({}, pods, store=STORE, per_node=False)
+    assert status["capturing"] == 2 and [reason for _, reason, _ in events] == [CAPTURED_EVENT]  # KEY_B's restore
+    # once the store holds the key (status says so), nobody is awaited any more
+    held = {"compileCache": {"caches": [{"key": KEY_A}]}}
+    assert awaited_captures(held, pods) == [] and pods_to_read(held, pods) == []
+
+
+def test_a_capture_is_recorded_with_its_event_when_the_sidecar_reports_it_not_when_an_engine_restores_it() -> None:
+    pods = [engine_pod("a", MISSED, capturing=True, node="n2")]
+    status, events = compile_status({}, pods, store=STORE, per_node=True, captures={"a": capture("captured")})
+    assert status["caches"] == [
+        {
+            "key": KEY_A,
+            "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90",
+            "generation": GEN_1,
+            "captured": "2025-12-06T00:00:00Z",
+            "bytes": 3 * 2**20,
+            "size": "3.0MiB",
+            "files": 12,
+            "nodes": ["n2"],
+        }
+    ]
+    assert status["capturing"] == 0 and (status["hits"], status["misses"]) == (0, 1)
+    ((kind, reason, message),) = events
+    assert (kind, reason) == ("Normal", CAPTURED_EVENT)
+    assert message == (
+        f"compile cache {KEY_A[:12]} (vllm 0.33.0, torch 2.14.0, cuda:sm_90, 3.0MiB) is stored: captured from pod a"
+        " on node n2"
+    )
+    # the next engine restores it: a hit, and no second Event
+    later = [*pods, engine_pod("bb", report("restored"), node="n2")]
+    again, events = compile_status({"compileCache": status}, later, store=STORE, per_node=True)
+    assert events == [] and again["caches"] == status["caches"] and again["hits"] == 1
+
+
+def test_a_key_another_engine_stored_first_is_recorded_without_claiming_the_capture() -> None:
+    pods = [engine_pod("a", MISSED, capturing=True)]
+    status, events = compile_status({}, pods, store=STORE, per_node=False, captures={"a": capture("present")})
+    assert status["caches"] == [{"key": KEY_A, "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90"}]
+    assert status["capturing"] == 0
+    assert events[0][2] == (
+        f"compile cache {KEY_A[:12]} (vllm 0.33.0, torch 2.14.0, cuda:sm_90) is stored:"
+        " pod a on node n1 found it stored"
+    )
+
+
+def test_a_failed_capture_is_listed_while_its_pod_lives_with_one_warning_and_is_not_read_again() -> None:
+    pods = [engine_pod("a", MISSED, capturing=True)]
+    refused = capture("refused", reason="the store would hold 21.0GiB, over its limit of 20.0GiB")
+    status, events = compile_status({}, pods, store=STORE, per_node=False, captures={"a": refused})
+    assert status["captureFailures"] == [{"pod": "a", "key": KEY_A, "outcome": "refused", "reason": refused.reason}]
+    assert status["capturing"] == 0 and status["caches"] == []
+    ((kind, reason, message),) = events
+    assert (kind, reason) == ("Warning", CAPTURE_FAILED_EVENT) and refused.reason in message and "pod a" in message
+    previous = {"compileCache": status}
+    assert pods_to_read(previous, pods) == []  # its log says nothing new: not read again
+    again, events = compile_status(previous, pods, store=STORE, per_node=False, captures={"a": refused})
+    assert events == [] and again["captureFailures"] == status["captureFailures"]
+    gone, _ = compile_status(previous, [], store=STORE, per_node=False)
+    assert "captureFailures" not in gone  # the pod went: so did its failure
+
+
+def test_a_capture_report_is_found_in_a_log_whatever_else_it_holds() -> None:
+    line = json.dumps({"event": "captured", "key": KEY_A, "generation": GEN_1, "files": 3, "bytes": 10})
+    log = f'strata-loader compile: error: x\n{line}\n{{"cut'
+    found = CompileCaptureReport.from_log(log)
+    assert found is not None and (found.event, found.files, found.failed) == ("captured", 3, False)
+    assert CompileCaptureReport.from_log("nothing yet\n") is None
+    assert CompileCaptureReport.from_log('{"event": "restored"}') is None  # not a capture's report
+
+
+def test_the_plan_asks_for_a_recheck_only_while_a_capture_is_awaited() -> None:
+    from strata_operator.api.modelcache import ModelCacheSpec
+
+    owner = CacheRef("llama", "serving", "u1", generation=1)
+    spec = {
+        "source": {"uri": "s3://models/llama"},
+        "storage": {"mode": "SharedPVC", "sharedPVC": {"size": "1Gi"}},
+        "compileCache": {"enabled": True},
+    }
+    parsed = ModelCacheSpec.model_validate(spec)
+    now = datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)
+    pods = [engine_pod("a", MISSED, capturing=True)]
+    awaiting = plan(Observed(owner, {}, now, spec=parsed, consumer_pods=pods))
+    assert awaiting.recheck_seconds == CAPTURE_POLL_SECONDS
+    done = plan(Observed(owner, {}, now, spec=parsed, consumer_pods=pods, capture_reports={"a": capture("captured")}))
+    assert done.recheck_seconds is None and CAPTURED_EVENT in [reason for _, reason, _ in done.events]

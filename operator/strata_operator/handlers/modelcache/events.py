@@ -72,7 +72,13 @@ async def modelcache_daemon(
         waker.tags["uses_nodes"] = uses_nodes(snapshot.get("spec") or {})
         consumers = controller.count_consumers(index, waker, key)
         previous, events = reconcile(
-            snapshot, previous, mine.nodes, runtime_of(process), wake=waker.wake, consumers=consumers
+            snapshot,
+            previous,
+            mine.nodes,
+            runtime_of(process),
+            wake=waker.wake,
+            recheck=waker.recheck_in,
+            consumers=consumers,
         )
         waker.tags["evicted"] = any(n.get("phase") == PHASE_EVICTED for n in previous.get("nodes") or [])
         return events

@@ -15,11 +15,13 @@ cache's own namespace is read, and the node's message says so.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError, ResourceNotFoundError
 from strata_loader import contract
+from strata_loader.contract import CompileCaptureReport
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
@@ -28,7 +30,7 @@ from strata_operator.handlers.common import ensure_token_secret
 from strata_operator.handlers.modelcache import image_lookup
 from strata_operator.handlers.modelcache.node_cache import NodeCache, patch_node_label
 from strata_operator.resources.core import MODEL_CACHE_LABEL, Event, Problem, label_selector, parse_spec
-from strata_operator.resources.modelcache import capacity, demand, draft, fanout, image, peers, storage
+from strata_operator.resources.modelcache import capacity, compile_cache, demand, draft, fanout, image, peers, storage
 from strata_operator.resources.modelcache import status as st
 from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.names import CACHE_LABEL, ROLE_LABEL
@@ -38,6 +40,7 @@ from strata_operator.resources.modelcache.status import SpecError
 from strata_operator.resources.runtime_image import RuntimeImage
 
 FORBIDDEN = 403
+log = logging.getLogger(__name__)
 
 
 def gather(
@@ -102,12 +105,43 @@ def gather(
         )
     if mode == StorageMode.NODE_LOCAL:
         observed.consumers_on, observed.waiting = consumer_pods(observed.consumer_pods)
+    if spec.compile_cache.enabled:
+        awaited = compile_cache.pods_to_read(previous, observed.consumer_pods)
+        observed.capture_reports = read_capture_reports(owner.namespace, awaited)
     if inputs:
         observed.inputs_checked = True
         observed.input_problem = input_problem(owner, spec)
         if mode == StorageMode.NODE_LOCAL:
             observed.capacity = gather_capacity(owner)
     return observed
+
+
+CAPTURE_LOG_LINES = 20
+CAPTURE_LOG_BYTES = 64 * 1024
+"""A capture sidecar prints its report last (and little before it): the tail of its log is enough, and a bound
+keeps a noisy one cheap."""
+
+
+def read_capture_reports(namespace: str, pods: Sequence[str]) -> dict[str, CompileCaptureReport]:
+    """The capture report in each pod's sidecar log, for the pods whose log holds one. A log that cannot be read
+    (the kubelet unreachable, the pod just gone, an install without `pods/log`) is read again at the next poll."""
+    found = {}
+    for name in pods:
+        try:
+            text = kube.pod_log(
+                namespace,
+                name,
+                compile_cache.CAPTURE_CONTAINER,
+                tail_lines=CAPTURE_LOG_LINES,
+                limit_bytes=CAPTURE_LOG_BYTES,
+            )
+        except ApiException as error:
+            reason = kube.api_error_message(error)
+            log.info("compile capture log of pod %s/%s not readable yet: %s", namespace, name, reason)
+            continue
+        if (report := CompileCaptureReport.from_log(text)) is not None:
+            found[name] = report
+    return found
 
 
 def consumer_pods(pods: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], list[demand.WaitingPod]]:

@@ -82,13 +82,17 @@ def reconcile(
     *,
     now: datetime.datetime | None = None,
     wake: Callable[[], None] | None = None,
+    recheck: Callable[[float], None] | None = None,
     consumers: int | None = None,
 ) -> tuple[dict[str, Any], list[Event]]:
     """Returns (the status now stored, Events to post). `previous` is the status last seen or written; `wake`
-    asks the daemon for another reconcile right after this one (when the plan says so); `consumers`: the live
-    pods naming the cache (None: unknown, status.consumers stays as stored)."""
+    asks the daemon for another reconcile right after this one (when the plan says so), `recheck` for one after
+    so many seconds; `consumers`: the live pods naming the cache (None: unknown, status.consumers stays as
+    stored)."""
     kind = CacheRound(body, previous, nodes, runtime, now=now, consumers=consumers)
     plan = controller.converge(kind).plan
     if plan.wake_again and wake is not None:
         wake()
+    if plan.recheck_seconds is not None and recheck is not None:
+        recheck(plan.recheck_seconds)
     return plan.status, kind.events + plan.events

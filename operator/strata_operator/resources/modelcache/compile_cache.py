@@ -1,11 +1,18 @@
-"""status.compileCache: what the engines' restore init containers reported, as a pure function of the consumer pods.
+"""status.compileCache: what the engines' restore and capture containers reported, as a pure function of the
+consumer pods and the capture reports read from their sidecars' logs.
 
-The operator reads the compile cache the way it reads a preload: from a container's termination message. Each
-wired engine's `strata-compile-restore` init container ends with a `contract.CompileRestoreReport` (restored, with
-the key, generation and size; or a miss with its reason). Counted over the live consumer pods these are the hits
-and misses; a key restored for the first time is a key the store holds, recorded in `caches` (kept when its pods
-go) with an Event `CompileCacheCaptured`. The capture sidecar itself runs until its pod stops, so a capture is
-seen once the next engine of that key restores it.
+Each wired engine's `strata-compile-restore` init container ends with a `contract.CompileRestoreReport` in its
+termination message (restored, with the key, generation and size; or a miss with its reason). Counted over the
+live consumer pods these are the hits and misses.
+
+An engine that missed compiles, and its `strata-compile-capture` sidecar stores the result. That sidecar runs
+until its pod stops (a native sidecar that exits is restarted and takes the pod out of Ready), so it has no
+termination message while the engine serves: it prints a `contract.CompileCaptureReport` as its last log line,
+and the operator reads the log of each capture still awaited (`awaited_captures`, a few lines by
+`handlers/modelcache/io.read_capture_reports`) every `CAPTURE_POLL_SECONDS` until it says how it ended. A key
+seen for the first time, captured or restored, is recorded in `caches` (kept when its pods go) with an Event
+`CompileCacheCaptured`; a capture that failed is listed in `captureFailures` while its pod lives, with a Warning
+Event `CompileCaptureFailed`.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strata_loader.contract import CompileRestoreReport
+from strata_loader.contract import CompileCaptureReport, CompileRestoreReport
 from strata_units import format_bytes
 
 from strata_operator.api.modelcache import ModelCacheSpec, StorageMode
@@ -29,8 +36,17 @@ COMPILE_STORE_DIR = ".strata-compile-cache"
 (NodeLocal), so the model's own clean-up (the claim deleted with the cache, the node copy's `rm -rf`) removes it."""
 RESTORE_CONTAINER = "strata-compile-restore"
 """The init container whose termination message reports a hit or a miss (the webhook adds it)."""
+CAPTURE_CONTAINER = "strata-compile-capture"
+"""The native sidecar that stores a missed engine's compile output; its last log line reports how that went."""
 MAX_ENTRIES = 16
 CAPTURED_EVENT = "CompileCacheCaptured"
+CAPTURE_FAILED_EVENT = "CompileCaptureFailed"
+LOG_READS_PER_ROUND = 8
+"""Sidecar logs read in one reconcile at most (each is a request the API server passes on to a kubelet)."""
+CAPTURE_POLL_SECONDS = 10.0
+"""How often the sidecars' logs are read while a capture is awaited: its Event comes at most this late. A capture
+finishes `--quiet-seconds` (30 s) after the compiler's last file, so a shorter interval would mostly read nothing
+new; one log read per awaited pod, only while its sidecar runs."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
@@ -56,15 +72,49 @@ def restore_report(pod: Mapping[str, Any]) -> CompileRestoreReport | None:
     return None
 
 
+def live(pod: Mapping[str, Any]) -> bool:
+    """Pending or running, not deleting: an engine that counts (an ended pod is no longer one)."""
+    ended = (pod.get("status") or {}).get("phase") in capacity.ENDED_POD_PHASES
+    return not ended and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def capture_started(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's capture sidecar has run (running now, or ended once): only then can its log say anything."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") == CAPTURE_CONTAINER:
+            state = status.get("state") or {}
+            return bool(state.get("running") or state.get("terminated") or status.get("lastState"))
+    return False
+
+
+def awaited_captures(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The live pods whose restore missed for a key the status does not hold yet and whose capture has not been
+    seen to fail: their sidecar is (or will be) capturing, and its log is read until it says how that ended."""
+    held = {c.get("key") for c in (previous.get("compileCache") or {}).get("caches") or []}
+    failed = {f.get("pod") for f in (previous.get("compileCache") or {}).get("captureFailures") or []}
+    awaited = []
+    for engine in engine_reports(pods):
+        report = engine.report
+        if report.event == "miss" and report.key and report.key not in held and engine.pod not in failed:
+            awaited.append(engine.pod)
+    return awaited
+
+
+def pods_to_read(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The awaited captures whose sidecar has started, oldest pod first, at most `LOG_READS_PER_ROUND`: the logs
+    worth reading now. A fleet that starts at once all misses the same key; the first capture of it ends the
+    wait of all the others."""
+    started = {str((p.get("metadata") or {}).get("name")) for p in pods if capture_started(p)}
+    return [name for name in awaited_captures(previous, pods) if name in started][:LOG_READS_PER_ROUND]
+
+
 def engine_reports(pods: Sequence[Mapping[str, Any]]) -> list[EngineReport]:
     """The reports of the live pods (ended pods are no longer engines), oldest pod first."""
     found = []
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in capacity.ENDED_POD_PHASES:
+        if not live(pod) or (report := restore_report(pod)) is None:
             continue
         meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp") or (report := restore_report(pod)) is None:
-            continue
         created = str(meta.get("creationTimestamp") or "")
         found.append(EngineReport(str(meta.get("name")), (pod.get("spec") or {}).get("nodeName"), created, report))
     return sorted(found, key=lambda r: (r.created, r.pod))
@@ -92,41 +142,75 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 
 def compile_status(
-    previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, store: str, per_node: bool
+    previous: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    store: str,
+    per_node: bool,
+    captures: Mapping[str, CompileCaptureReport] | None = None,
 ) -> tuple[dict[str, Any], list[Event]]:
-    """status.compileCache from the stored one and the consumer pods, and an Event for each key seen first now.
-    `per_node`: NodeLocal, where every node has a store of its own (an entry lists the nodes it was restored on)."""
+    """status.compileCache from the stored one, the consumer pods and the capture reports read now from their
+    sidecars' logs (by pod name), and the Events of keys seen first now and of captures that failed.
+    `per_node`: NodeLocal, where every node has a store of its own (an entry lists the nodes that hold it)."""
     reports = engine_reports(pods)
-    stored = (previous.get("compileCache") or {}).get("caches") or []
-    caches: dict[str, dict[str, Any]] = {c["key"]: dict(c) for c in stored if c.get("key")}
+    before = previous.get("compileCache") or {}
+    caches: dict[str, dict[str, Any]] = {c["key"]: dict(c) for c in before.get("caches") or [] if c.get("key")}
     events: list[Event] = []
+    live_pods = {str((p.get("metadata") or {}).get("name")): p for p in pods if live(p)}
+
+    def entry_for(key: str, summary: str | None, size: int | None, how: str) -> dict[str, Any]:
+        entry = caches.get(key)
+        if entry is None:
+            entry = caches[key] = {"key": key}
+            about = [summary or "no summary"] + ([format_bytes(size, approximate=True)] if size is not None else [])
+            message = f"compile cache {key[:12]} ({', '.join(about)}) is stored: {how}"
+            events.append(("Normal", CAPTURED_EVENT, message))
+        return entry
+
+    def record(entry: dict[str, Any], summary: str | None, generation: str | None, files: Any, size: Any) -> None:
+        if generation and generation >= str(entry.get("generation") or ""):
+            entry.update(
+                summary=summary or entry.get("summary"),
+                generation=generation,
+                captured=captured_at(generation),
+                bytes=size,
+                size=format_bytes(size or 0, approximate=True),
+                files=files,
+            )
+        elif summary and not entry.get("summary"):
+            entry["summary"] = summary
+
+    def held_on(entry: dict[str, Any], node: str | None) -> None:
+        if per_node and node and node not in (entry.get("nodes") or []):
+            entry["nodes"] = sorted([*(entry.get("nodes") or []), node])
+
+    failures = [f for f in before.get("captureFailures") or [] if f.get("pod") in live_pods]
+    for name, capture in sorted((captures or {}).items()):
+        pod = live_pods.get(name)
+        if pod is None or not capture.key:
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        if capture.failed:
+            if not any(f.get("pod") == name for f in failures):
+                reason = capture.reason or "no reason given"
+                failures.append({"pod": name, "key": capture.key, "outcome": capture.event, "reason": reason})
+                message = f"pod {name} did not store compile cache {capture.key[:12]} ({capture.event}): {reason}"
+                events.append(("Warning", CAPTURE_FAILED_EVENT, message))
+            continue
+        where = f" on node {node}" if node else ""
+        how = f"captured from pod {name}{where}"
+        if capture.event == "present":  # stored by another engine first: its generation comes with a restore
+            how = f"pod {name}{where} found it stored"
+        entry = entry_for(capture.key, capture.summary, capture.bytes, how)
+        record(entry, capture.summary, capture.generation, capture.files, capture.bytes)
+        held_on(entry, node)
     for engine in reports:
         report = engine.report
         if report.event != "restored" or not report.key:
             continue
-        entry = caches.get(report.key)
-        if entry is None:
-            entry = caches[report.key] = {"key": report.key}
-            size = format_bytes(report.bytes or 0, approximate=True)
-            events.append(
-                (
-                    "Normal",
-                    CAPTURED_EVENT,
-                    f"compile cache {report.key[:12]} ({report.summary or 'no summary'}, {size}) is stored: pod "
-                    f"{engine.pod} started from it",
-                )
-            )
-        if report.generation and report.generation >= str(entry.get("generation") or ""):
-            entry.update(
-                summary=report.summary or entry.get("summary"),
-                generation=report.generation,
-                captured=captured_at(report.generation),
-                bytes=report.bytes,
-                size=format_bytes(report.bytes or 0, approximate=True),
-                files=report.files,
-            )
-        if per_node and engine.node and engine.node not in (entry.get("nodes") or []):
-            entry["nodes"] = sorted([*(entry.get("nodes") or []), engine.node])
+        entry = entry_for(report.key, report.summary, report.bytes, f"pod {engine.pod} started from it")
+        record(entry, report.summary, report.generation, report.files, report.bytes)
+        held_on(entry, engine.node)
     newest = sorted(caches.values(), key=lambda c: (c.get("captured") or "", c["key"]), reverse=True)[:MAX_ENTRIES]
     hits = sum(1 for r in reports if r.report.event == "restored")
     misses = [r for r in reports if r.report.event == "miss"]
@@ -137,6 +221,9 @@ def compile_status(
         "caches": [{k: v for k, v in c.items() if v is not None} for c in newest],
         "summary": f"{_count(len(newest), 'key')}, {_count(hits, 'hit')}, {_count(len(misses), 'miss', 'misses')}",
     }
+    if failures:
+        status["captureFailures"] = failures[-MAX_ENTRIES:]
+    status["capturing"] = len(awaited_captures({"compileCache": status}, pods))
     if misses:
         status["lastMiss"] = f"pod {misses[-1].pod}: {misses[-1].report.reason or 'no reason given'}"
     return status, events

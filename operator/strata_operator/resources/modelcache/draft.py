@@ -59,6 +59,9 @@ class Plan:
     wake_again: bool = False
     """Reconcile once more after this one: fan-out decides from the node states a plan starts with, and this
     plan saw a copy become Ready (the node label it sets wakes nobody: the operator's own write)."""
+    recheck_seconds: float | None = None
+    """Reconcile again this soon although nothing wakes the cache: a capture is awaited, and its sidecar's log,
+    which no watch sees, will say how it ended (`compile_cache.CAPTURE_POLL_SECONDS`)."""
 
 
 class Planner:

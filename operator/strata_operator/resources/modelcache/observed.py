@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata_loader.contract import CompileCaptureReport
+
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import capacity, demand, fanout
@@ -57,6 +59,9 @@ class Observed:
     """ImageVolume: the registry's answer when gather looked the reference up now (`image.lookup_due`)."""
     consumer_pods: Sequence[Mapping[str, Any]] = ()
     """NodeLocal, or with compileCache on: the pods labelled with the cache's name (their restore reports)."""
+    capture_reports: Mapping[str, CompileCaptureReport] = field(default_factory=dict)
+    """compileCache on: the capture reports read now from the sidecars' logs of awaited captures, by pod name
+    (a pod whose log holds none yet is absent)."""
     consumers: int | None = None
     """The live pods that name the cache (the daemon's pod index); None: not known, the stored count stays."""
     resolve_request: str = ""

@@ -54,13 +54,16 @@ def plan(observed: Observed) -> Plan:
     desired = st.render_status(previous, outcome, observed.owner.generation, now=observed.now.strftime(TIME_FORMAT))
     desired = with_consumers(desired, previous, observed.consumers)
     compile_events: list[Event] = []
+    recheck = None
     if spec is not None and spec.compile_cache.enabled:
         desired["compileCache"], compile_events = cc.compile_status(
             previous,
             observed.consumer_pods,
             store=cc.store_location(observed.owner, spec),
             per_node=spec.storage.mode == StorageMode.NODE_LOCAL,
+            captures=observed.capture_reports,
         )
+        recheck = cc.CAPTURE_POLL_SECONDS if desired["compileCache"]["capturing"] else None
     return Plan(
         status=desired,
         actions=planner.actions,
@@ -73,6 +76,7 @@ def plan(observed: Observed) -> Plan:
         again=planner.again,
         token_secret=planner.token_secret,
         wake_again=planner.wake_again,
+        recheck_seconds=recheck,
     )
 
 
