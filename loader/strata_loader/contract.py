@@ -430,19 +430,24 @@ def aot_compile_reloads(version: str) -> bool:
     return ".".join(version.strip().split(".")[:2]) not in AOT_COMPILE_CANNOT_RELOAD
 
 
-class CompileRestoreReport(BaseModel):
-    """What `strata-loader compile restore` writes to its termination message: the restore init container's hit or
-    miss, which the operator reads from the consumer pods' status (status.compileCache of the ModelCache)."""
+class CompileReport(BaseModel):
+    """What a compile container says when it is done: the key it worked on and what it found or stored."""
 
     model_config = ConfigDict(extra="ignore")
 
-    event: Literal["restored", "miss"]
     key: str | None = Field(default=None, description="the engine's key digest (None: the key file was unreadable)")
     summary: str | None = Field(default=None, description="the key for people: engine, torch, target")
-    reason: str | None = Field(default=None, description="a miss: why (the parts that differ, or what failed)")
+    reason: str | None = Field(default=None, description="a miss or a failed capture: why")
     generation: str | None = None
     files: int | None = None
     bytes: int | None = None
+
+
+class CompileRestoreReport(CompileReport):
+    """What `strata-loader compile restore` writes to its termination message: the restore init container's hit or
+    miss, which the operator reads from the consumer pods' status (status.compileCache of the ModelCache)."""
+
+    event: Literal["restored", "miss"]
 
     def to_termination_message(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
         """Compact JSON of at most `limit` bytes: a long reason is shortened, never the rest."""
@@ -463,28 +468,20 @@ class CompileRestoreReport(BaseModel):
             return None
 
 
-CAPTURE_OUTCOMES = ("captured", "unchanged", "present", "not-captured", "refused")
-"""How a capture sidecar's `compile capture --follow --if-missing --stay` ended: stored a new generation; found
-the same files already stored; found the key stored by another engine; gave up waiting for a complete compile;
-refused (over the store's limit, a link or odd entry, nothing to capture)."""
 CAPTURE_FAILURES = ("not-captured", "refused")
 
 
-class CompileCaptureReport(BaseModel):
+class CompileCaptureReport(CompileReport):
     """The one JSON line `strata-loader compile capture` prints on stdout when it is done. The capture sidecar
     runs until its pod stops (a native sidecar that exits is restarted), so this line in its log, not a
     termination message, is how the operator learns of a capture while the engine serves (status.compileCache
-    and the `CompileCacheCaptured` Event at capture time)."""
+    and the `CompileCacheCaptured` Event at capture time).
 
-    model_config = ConfigDict(extra="ignore")
+    `event`: stored a new generation (captured); found the same files already stored (unchanged); found the key
+    stored by another engine (present); gave up waiting for a complete compile (not-captured); refused (over the
+    store's limit, a link or odd entry, nothing to capture)."""
 
     event: Literal["captured", "unchanged", "present", "not-captured", "refused"]
-    key: str | None = Field(default=None, description="the engine's key digest (None: the key file was unreadable)")
-    summary: str | None = Field(default=None, description="the key for people: engine, torch, target")
-    reason: str | None = Field(default=None, description="not-captured or refused: why")
-    generation: str | None = None
-    files: int | None = None
-    bytes: int | None = None
 
     @property
     def failed(self) -> bool:

@@ -31,6 +31,16 @@ KEY_A, KEY_B = "a" * 64, "b" * 64
 GEN_1 = "gen-1764979200000000000-0123abcd"  # 2025-12-06T00:00:00Z
 GEN_2 = "gen-1764982800000000000-89abcdef"  # an hour later
 STORE = "claim llama-model, .strata-compile-cache/"
+ENTRY_A = {
+    "key": KEY_A,
+    "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90",
+    "generation": GEN_1,
+    "captured": "2025-12-06T00:00:00Z",
+    "bytes": 3 * 2**20,
+    "size": "3.0MiB",
+    "files": 12,
+}
+"""KEY_A's entry in status.compileCache.caches, as `report("restored")` or `capture("captured")` reports it."""
 
 
 def report(event: str, key: str | None = KEY_A, **fields: Any) -> str:
@@ -89,17 +99,7 @@ def test_hits_and_misses_are_counted_over_the_live_engines() -> None:
 
 def test_a_key_seen_first_is_recorded_with_one_event_and_kept_when_its_pods_go() -> None:
     status, events = compile_status({}, [engine_pod("a", report("restored"))], store=STORE, per_node=False)
-    assert status["caches"] == [
-        {
-            "key": KEY_A,
-            "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90",
-            "generation": GEN_1,
-            "captured": "2025-12-06T00:00:00Z",
-            "bytes": 3 * 2**20,
-            "size": "3.0MiB",
-            "files": 12,
-        }
-    ]
+    assert status["caches"] == [ENTRY_A]
     assert [(kind, reason) for kind, reason, _ in events] == [("Normal", CAPTURED_EVENT)]
     assert KEY_A[:12] in events[0][2] and "pod a started from it" in events[0][2]
     previous = {"compileCache": status}
@@ -188,18 +188,7 @@ def test_an_engine_that_missed_awaits_its_capture_and_its_log_is_read_once_the_s
 def test_a_capture_is_recorded_with_its_event_when_the_sidecar_reports_it_not_when_an_engine_restores_it() -> None:
     pods = [engine_pod("a", MISSED, capturing=True, node="n2")]
     status, events = compile_status({}, pods, store=STORE, per_node=True, captures={"a": capture("captured")})
-    assert status["caches"] == [
-        {
-            "key": KEY_A,
-            "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90",
-            "generation": GEN_1,
-            "captured": "2025-12-06T00:00:00Z",
-            "bytes": 3 * 2**20,
-            "size": "3.0MiB",
-            "files": 12,
-            "nodes": ["n2"],
-        }
-    ]
+    assert status["caches"] == [{**ENTRY_A, "nodes": ["n2"]}]
     assert status["capturing"] == 0 and (status["hits"], status["misses"]) == (0, 1)
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Normal", CAPTURED_EVENT)
