@@ -138,15 +138,18 @@ def pod_log(namespace: str, name: str, container: str, *, tail_lines: int, limit
     """The last `tail_lines` lines of a container's log, at most `limit_bytes` of them (the API server counts the
     limit from the first of those lines)."""
     core = kubernetes.client.CoreV1Api(dynamic_client().client)
-    text = core.read_namespaced_pod_log(
+    # The raw bytes: left to deserialize the answer, the client parses a log that is one JSON document and returns
+    # the repr of the Python object (single quotes), which is no longer the JSON the container printed.
+    response = core.read_namespaced_pod_log(
         name,
         namespace,
         container=container,
         tail_lines=tail_lines,
         limit_bytes=limit_bytes,
         _request_timeout=POD_LOG_TIMEOUT_SECONDS,
+        _preload_content=False,
     )
-    return str(text)
+    return bytes(response.data).decode(errors="replace")
 
 
 def merge_patch(api_version: str, kind: str, name: str, namespace: str | None, body: Mapping[str, Any]) -> Any:

@@ -1,11 +1,14 @@
 """The real node itself: a pod from the runtime image built here starts under `restricted` Pod Security, cluster
-DNS answers `<svc>.<ns>.svc` names, and kube-proxy carries a Service's ClusterIP to the API server."""
+DNS answers `<svc>.<ns>.svc` names, kube-proxy carries a Service's ClusterIP to the API server, and a container's
+log comes back through the API server from the kubelet as the container printed it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from strata_loader.contract import CompileCaptureReport
+from strata_operator import kube
 from strata_testsupport.kube import resource
 from strata_testsupport.localcluster.node import NODE_NAME
 from strata_testsupport.pods import run_pod
@@ -39,3 +42,22 @@ def test_a_restricted_pod_resolves_services_and_reaches_the_api_server(node_k8s,
     service = resource(node_k8s, "v1", "Service").get(name="kubernetes", namespace="default")
     assert result["address"] == service.spec.clusterIP
     assert result["version"].startswith("v1.37")
+
+
+def test_the_operators_log_read_returns_a_json_line_as_the_container_printed_it(
+    real_node, node_k8s, restricted_namespace, monkeypatch
+):
+    """The operator learns of a compile capture from the sidecar's last log line (`kube.pod_log`). A log that is
+    one JSON document must come back as printed: left to deserialize it, the kubernetes client parsed it and
+    returned the Python repr (single quotes), which no JSON parser reads."""
+    line = json.dumps({"event": "captured", "key": "ab" * 32, "generation": "gen-1-ab", "files": 3, "bytes": 10})
+    run_pod(node_k8s, restricted_namespace, "json-log", ["python", "-c", f"print({line!r})"])
+    monkeypatch.setenv("KUBECONFIG", str(real_node.kubeconfig))
+    kube.reset_clients()
+    try:
+        text = kube.pod_log(restricted_namespace, "json-log", "main", tail_lines=20, limit_bytes=64 * 1024)
+    finally:
+        kube.reset_clients()
+    assert text == line + "\n"
+    report = CompileCaptureReport.from_log(text)
+    assert report is not None and (report.event, report.files) == ("captured", 3)
