@@ -32,6 +32,7 @@ controlplane:
 	@bash hack/build-controlplane.sh
 	@bash hack/build-helm.sh >/dev/null
 	@bash hack/build-kstatus.sh >/dev/null
+	@bash hack/build-kind.sh >/dev/null
 
 # The real node: kubelet, kube-proxy and CoreDNS built once into the cache, and the images it runs (built on a
 # local Debian base, no pull; rebuilt only when their inputs change). The tests serve with the stock vLLM image
@@ -57,9 +58,11 @@ vllm-venv:
 # The parts build side by side (three at a time): the vLLM venvs, the dev venv and the Hub server download and
 # unpack while the Go builds keep the cores busy, instead of after them (a fresh machine's first build was ~46 min
 # one after another). The builds that share a product (the CPU vLLM venv: vllm-venv and the serving image) take
-# the same lock in the cache and build it once.
+# the same lock in the cache and build it once. Last, the Go build cache goes (hack/trim-go-cache.sh, ~6.6 GB):
+# every Go binary, the kind tier's included, is built and cached by then, and that tier needs the disk.
 setup:
 	@$(MAKE) --no-print-directory -j3 setup-parts
+	@bash hack/trim-go-cache.sh
 
 setup-parts: venv system controlplane node hub vllm-venv
 

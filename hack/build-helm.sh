@@ -5,6 +5,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck disable=SC2034  # read by go-build.sh
+label=helm
+# shellcheck disable=SC1091  # sourced from this directory: the project's Go build cache
+source "$here/go-build.sh"
 helm_version="$(awk '$1=="require" && $2=="helm.sh/helm/v3" {print $3}' "$here/helm/go.mod")"
 # Helm's own Makefile stamps the Kubernetes version of its client-go into the binary; without it `helm template`
 # assumes Kubernetes v1.20 and refuses charts that need newer (and lint checks deprecations against 1.20).

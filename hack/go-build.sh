@@ -3,6 +3,15 @@
 # once, and the version stamp Kubernetes binaries carry. Callers set `here`, `bin_dir` and `label`.
 # shellcheck disable=SC2154  # here, bin_dir and label are the caller's
 
+# Go's build cache for these builds is the project's own, under its cache, not the user's: it is scratch space the
+# builds share (the Kubernetes commands compile the same packages) and `make setup` lets it go once every binary is
+# built (hack/trim-go-cache.sh: about 6.6 GB). Each build script holds it shared while it runs, so a trim never
+# pulls it from under a build another session started.
+export GOCACHE="${XDG_CACHE_HOME:-$HOME/.cache}/strata/go-build"
+mkdir -p "$GOCACHE"
+exec 7>"$GOCACHE.lock"
+flock -s 7
+
 build() {  # build <module dir> <output name> <package> [extra ldflags]
   local dir="$1" name="$2" pkg="$3" extra="${4:-}"
   if [[ -x "$bin_dir/$name" ]]; then return 0; fi
