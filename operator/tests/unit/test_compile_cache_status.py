@@ -20,6 +20,7 @@ from strata_operator.resources.modelcache.compile_cache import (
     awaited_captures,
     captured_at,
     compile_status,
+    engine_reports,
     pods_to_read,
     restore_report,
 )
@@ -177,12 +178,29 @@ def test_an_engine_that_missed_awaits_its_capture_and_its_log_is_read_once_the_s
         engine_pod("ccc", report("restored", key=KEY_B)),  # a hit captures nothing
         engine_pod("dddd", report("miss", key=None, reason="compile key: not JSON"), capturing=True),  # no key
     ]
-    assert awaited_captures({}, pods) == ["a", "bb"] and pods_to_read({}, pods) == ["a"]
+    assert awaited_captures({}, engine_reports(pods)) == ["a", "bb"] and pods_to_read({}, pods) == ["a"]
     status, events = compile_status({}, pods, store=STORE, per_node=False)
     assert status["capturing"] == 2 and [reason for _, reason, _ in events] == [CAPTURED_EVENT]  # KEY_B's restore
     # once the store holds the key (status says so), nobody is awaited any more
     held = {"compileCache": {"caches": [{"key": KEY_A}]}}
-    assert awaited_captures(held, pods) == [] and pods_to_read(held, pods) == []
+    assert awaited_captures(held["compileCache"], engine_reports(pods)) == [] and pods_to_read(held, pods) == []
+
+
+def test_the_captures_status_counts_as_awaited_are_the_ones_the_next_round_reads() -> None:
+    """status.compileCache.capturing and the next round's log reads agree: a capture reported now ends the wait of
+    every engine that missed its key, a failed one ends its own, in the count and in the reads alike."""
+    missed_b = report("miss", key=KEY_B, reason="holds no compile cache yet")
+    pods = [
+        engine_pod("a", MISSED, capturing=True),
+        engine_pod("bb", MISSED, capturing=True),  # a's key: a's capture ends its wait too
+        engine_pod("ccc", missed_b, capturing=True),
+        engine_pod("dddd", missed_b),  # awaited, but its sidecar has not started: nothing to read yet
+        engine_pod("eeeee", missed_b, capturing=True),
+    ]
+    refused = capture("refused", key=KEY_B, reason="the store would hold 21.0GiB, over its limit of 20.0GiB")
+    captures = {"a": capture("captured"), "eeeee": refused}
+    status, _ = compile_status({}, pods, store=STORE, per_node=False, captures=captures)
+    assert status["capturing"] == 2 and pods_to_read({"compileCache": status}, pods) == ["ccc"]
 
 
 def test_a_capture_is_recorded_with_its_event_when_the_sidecar_reports_it_not_when_an_engine_restores_it() -> None:

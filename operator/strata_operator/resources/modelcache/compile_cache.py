@@ -87,13 +87,14 @@ def capture_started(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def awaited_captures(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The live pods whose restore missed for a key the status does not hold yet and whose capture has not been
-    seen to fail: their sidecar is (or will be) capturing, and its log is read until it says how that ended."""
-    held = {c.get("key") for c in (previous.get("compileCache") or {}).get("caches") or []}
-    failed = {f.get("pod") for f in (previous.get("compileCache") or {}).get("captureFailures") or []}
+def awaited_captures(compile_cache: Mapping[str, Any], engines: Sequence[EngineReport]) -> list[str]:
+    """The live engines whose restore missed for a key `compile_cache` (a status.compileCache) does not hold yet and
+    whose capture has not been seen to fail: their sidecar is (or will be) capturing, and its log is read until it
+    says how that ended. The one definition of an awaited capture: status counts them, the next round reads them."""
+    held = {c.get("key") for c in compile_cache.get("caches") or []}
+    failed = {f.get("pod") for f in compile_cache.get("captureFailures") or []}
     awaited = []
-    for engine in engine_reports(pods):
+    for engine in engines:
         report = engine.report
         if report.event == "miss" and report.key and report.key not in held and engine.pod not in failed:
             awaited.append(engine.pod)
@@ -105,7 +106,8 @@ def pods_to_read(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]])
     worth reading now. A fleet that starts at once all misses the same key; the first capture of it ends the
     wait of all the others."""
     started = {str((p.get("metadata") or {}).get("name")) for p in pods if capture_started(p)}
-    return [name for name in awaited_captures(previous, pods) if name in started][:LOG_READS_PER_ROUND]
+    awaited = awaited_captures(previous.get("compileCache") or {}, engine_reports(pods))
+    return [name for name in awaited if name in started][:LOG_READS_PER_ROUND]
 
 
 def engine_reports(pods: Sequence[Mapping[str, Any]]) -> list[EngineReport]:
@@ -223,7 +225,7 @@ def compile_status(
     }
     if failures:
         status["captureFailures"] = failures[-MAX_ENTRIES:]
-    status["capturing"] = len(awaited_captures({"compileCache": status}, pods))
+    status["capturing"] = len(awaited_captures(status, reports))
     if misses:
         status["lastMiss"] = f"pod {misses[-1].pod}: {misses[-1].report.reason or 'no reason given'}"
     return status, events
