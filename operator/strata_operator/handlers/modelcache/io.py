@@ -52,9 +52,12 @@ def gather(
     inputs: bool = False,
     now: datetime.datetime | None = None,
     consumers: int | None = None,
+    capture_reports: Mapping[str, CompileCaptureReport] | None = None,
 ) -> Observed:
     """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use.
-    `consumers`: the live pods naming the cache (the daemon's pod index), passed through to status.consumers."""
+    `consumers`: the live pods naming the cache (the daemon's pod index), passed through to status.consumers.
+    `capture_reports`: the capture sidecars' logs as an earlier gather of this reconcile read them, used instead of
+    reading them again (None: read them now)."""
     owner = CacheRef.from_body(body)
     observed = Observed(
         owner=owner,
@@ -105,7 +108,9 @@ def gather(
         )
     if mode == StorageMode.NODE_LOCAL:
         observed.consumers_on, observed.waiting = consumer_pods(observed.consumer_pods)
-    if spec.compile_cache.enabled:
+    if spec.compile_cache.enabled and capture_reports is not None:
+        observed.capture_reports = capture_reports
+    elif spec.compile_cache.enabled:
         awaited = compile_cache.pods_to_read(previous, observed.consumer_pods)
         observed.capture_reports = read_capture_reports(owner.namespace, awaited)
     if inputs:
