@@ -3,7 +3,7 @@ ModelCache's stops.
 
 What differs from the tier's: every round gathers afresh (a plan that creates a SharedPVC claim names its
 preload Job after the claim's uid, so it asks for `Next.GATHER`), but for the capture sidecars' logs, read once
-per reconcile (`CacheRound.capture_reports`); a plan may ask for more reads before it is carried out
+per reconcile (`CacheRound.capture_logs`); a plan may ask for more reads before it is carried out
 (`needs_inputs`: the references a new Job would use, NodeLocal's capacity), and is then discarded unexecuted; a
 write the API server refuses is reported by planning once more with the refusal, never retried in the same
 reconcile; and a plan may ask the daemon for another reconcile right after (`wake_again`). The
@@ -17,14 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_loader.contract import CompileCaptureReport
-
 from strata_operator.handlers import controller
 from strata_operator.handlers.controller import Next
 from strata_operator.handlers.modelcache import io
 from strata_operator.handlers.modelcache.node_cache import NodeCache
 from strata_operator.resources.core import Event
 from strata_operator.resources.modelcache import plan as planning
+from strata_operator.resources.modelcache.compile_cache import CaptureLogs
 from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -45,7 +44,7 @@ class CacheRound:
     consumers: int | None = None
     events: list[Event] = field(default_factory=list)
     """The Events of the writes carried out, in order."""
-    capture_reports: Mapping[str, CompileCaptureReport] | None = None
+    capture_logs: CaptureLogs | None = None
     """The capture sidecars' logs as this reconcile's first gather read them, reused by the later ones: each read
     is a request the API server passes on to a kubelet, and a plan that asks for more reads (or gathers again to
     see a claim it created) needs nothing new from the logs."""
@@ -63,9 +62,9 @@ class CacheRound:
             inputs=more,
             now=self.now,
             consumers=self.consumers,
-            capture_reports=self.capture_reports,
+            capture_logs=self.capture_logs,
         )
-        self.capture_reports = observed.capture_reports
+        self.capture_logs = observed.capture_logs
         return observed
 
     def plan(self, observed: Observed) -> Plan:
