@@ -606,6 +606,11 @@ class CompileCacheStatus(CRDModel):
     capture_failures: list[CompileCaptureFailure] = Field(
         default_factory=list, description="Live engines whose capture stored nothing, with why (at most 16)."
     )
+    capture_logs_forbidden: str | None = Field(
+        default=None,
+        description="Why the operator cannot read the capture sidecars' logs (the API server refuses it get on "
+        "pods/log here) and what to grant; the captures stay awaited meanwhile. Absent while the logs are readable.",
+    )
     summary: str | None = Field(default=None, description="Keys, hits and misses for humans (printer column).")
 
 

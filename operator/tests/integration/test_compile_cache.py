@@ -5,17 +5,24 @@ Event for the new key."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 from strata_loader.contract import CompileRestoreReport
+from strata_operator import kube
 from strata_operator.api import API_VERSION
+from strata_operator.handlers.modelcache import io
+from strata_operator.resources.modelcache import compile_cache as cc
 from strata_operator.webhook.compile_cache import CAPTURE_CONTAINER, KEY_CONTAINER, RESTORE_CONTAINER
 from strata_testsupport.apirequests import Recorder
-from strata_testsupport.kube import printed_row, resource, wait_for
+from strata_testsupport.kube import printed_row, resource, service_account_may, wait_for
 from strata_testsupport.webhook import RunningWebhook
 
 from .test_modelcache_support import create_cache, events_for, get_cache, unique, wait_for_status
@@ -180,3 +187,76 @@ def test_an_engine_that_missed_awaits_its_capture_and_the_sidecars_log_is_asked_
         return [r for r in made if (r.namespace, r.name) == (namespace, "missed")] or None
 
     wait_for(log_asked, timeout=30, what="the operator's read of the capture sidecar's log")
+
+
+LOG_READER = "no-pod-logs"
+"""A service account the test's log reads impersonate: bound to no role at first, like an operator installed with
+a chart older than `pods/log` or a Role of the user's own."""
+
+
+@contextlib.contextmanager
+def operator_reads_as(monkeypatch: pytest.MonkeyPatch, client: DynamicClient) -> Iterator[None]:
+    """The operator's API calls made from this thread go through `client`; the session's operator, running in its
+    own threads, keeps its admin client (a grant taken away from it would touch every other test)."""
+    shared, here = kube.dynamic_client, threading.get_ident()
+    with monkeypatch.context() as patched:
+        patched.setattr(kube, "dynamic_client", lambda: client if threading.get_ident() == here else shared())
+        yield
+
+
+def test_capture_logs_the_api_server_refuses_are_reported_once_and_read_again_once_granted(
+    k8s: DynamicClient, control_plane: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real API server's RBAC refuses the log read (403): the round ends, status.compileCache says what to
+    grant with one Warning, the capture stays awaited and the plan stops polling every 10 s. Once a Role grants
+    `get pods/log`, the next read is allowed (the API server then answers 400: no kubelet runs this pod) and the
+    report goes away. Only `io.read_capture_logs` reads as the limited account; the status is computed from its
+    answer by the same pure function the reconcile calls."""
+    init = [
+        {"name": RESTORE_CONTAINER, "image": "vllm/vllm-openai:latest"},
+        {"name": CAPTURE_CONTAINER, "image": "strata-runtime:test", "restartPolicy": "Always"},
+    ]
+    body = pod_body("missed", {}, command=["vllm", "serve"])
+    create_pod(k8s, namespace, {**body, "spec": {**body["spec"], "initContainers": init}})
+    missed = CompileRestoreReport(event="miss", key=KEY, reason=f"holds no compile cache yet for key {KEY[:12]}")
+    report_restore(k8s, namespace, "missed", missed, capture_running=True)
+    pods = [resource(k8s, "v1", "Pod").get(name="missed", namespace=namespace).to_dict()]
+    assert cc.pods_to_read({}, pods) == ["missed"]
+
+    api_client = kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    api_client.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{LOG_READER}")
+    with operator_reads_as(monkeypatch, DynamicClient(api_client)):
+        refused = io.read_capture_logs(namespace, ["missed"])
+    assert refused.asked and refused.reports == {}
+    assert refused.forbidden is not None and 'cannot get resource "pods/log"' in refused.forbidden
+    status, events = cc.compile_status({}, pods, store="s", per_node=False, logs=refused)
+    assert status["capturing"] == 1 and refused.forbidden in status["captureLogsForbidden"]
+    assert [(kind, reason) for kind, reason, _ in events] == [("Warning", cc.LOGS_FORBIDDEN_EVENT)]
+    assert cc.capture_poll_seconds(status) is None  # the resync, not every 10 s
+
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "capture-logs", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "capture-logs", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capture-logs"},
+        "subjects": [{"kind": "ServiceAccount", "name": LOG_READER, "namespace": namespace}],
+    }
+    resource(k8s, "rbac.authorization.k8s.io/v1", "Role").create(body=role, namespace=namespace)
+    resource(k8s, "rbac.authorization.k8s.io/v1", "RoleBinding").create(body=binding, namespace=namespace)
+    wait_for(
+        lambda: service_account_may(k8s, namespace, LOG_READER, "get", "pods", subresource="log", where=namespace),
+        timeout=30,
+        what="the authorizer to see the grant of pods/log",
+    )
+    with operator_reads_as(monkeypatch, DynamicClient(api_client)):
+        allowed = io.read_capture_logs(namespace, ["missed"])
+    assert allowed == cc.CaptureLogs(asked=True)  # read, and no report: a 400, handled as before
+    again, events = cc.compile_status({"compileCache": status}, pods, store="s", per_node=False, logs=allowed)
+    assert "captureLogsForbidden" not in again and again["capturing"] == 1 and events == []
+    assert cc.capture_poll_seconds(again) == cc.CAPTURE_POLL_SECONDS

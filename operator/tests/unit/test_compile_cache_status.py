@@ -15,14 +15,18 @@ from strata_operator.resources.modelcache.compile_cache import (
     CAPTURE_FAILED_EVENT,
     CAPTURE_POLL_SECONDS,
     CAPTURED_EVENT,
+    LOGS_FORBIDDEN_EVENT,
     MAX_ENTRIES,
     RESTORE_CONTAINER,
+    CaptureLogs,
     awaited_captures,
     captured_at,
     compile_status,
+    engine_reports,
     pods_to_read,
     restore_report,
 )
+from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
 from strata_operator.resources.modelcache.plan import plan
@@ -177,17 +181,34 @@ def test_an_engine_that_missed_awaits_its_capture_and_its_log_is_read_once_the_s
         engine_pod("ccc", report("restored", key=KEY_B)),  # a hit captures nothing
         engine_pod("dddd", report("miss", key=None, reason="compile key: not JSON"), capturing=True),  # no key
     ]
-    assert awaited_captures({}, pods) == ["a", "bb"] and pods_to_read({}, pods) == ["a"]
+    assert awaited_captures({}, engine_reports(pods)) == ["a", "bb"] and pods_to_read({}, pods) == ["a"]
     status, events = compile_status({}, pods, store=STORE, per_node=False)
     assert status["capturing"] == 2 and [reason for _, reason, _ in events] == [CAPTURED_EVENT]  # KEY_B's restore
     # once the store holds the key (status says so), nobody is awaited any more
     held = {"compileCache": {"caches": [{"key": KEY_A}]}}
-    assert awaited_captures(held, pods) == [] and pods_to_read(held, pods) == []
+    assert awaited_captures(held["compileCache"], engine_reports(pods)) == [] and pods_to_read(held, pods) == []
+
+
+def test_the_captures_status_counts_as_awaited_are_the_ones_the_next_round_reads() -> None:
+    """status.compileCache.capturing and the next round's log reads agree: a capture reported now ends the wait of
+    every engine that missed its key, a failed one ends its own, in the count and in the reads alike."""
+    missed_b = report("miss", key=KEY_B, reason="holds no compile cache yet")
+    pods = [
+        engine_pod("a", MISSED, capturing=True),
+        engine_pod("bb", MISSED, capturing=True),  # a's key: a's capture ends its wait too
+        engine_pod("ccc", missed_b, capturing=True),
+        engine_pod("dddd", missed_b),  # awaited, but its sidecar has not started: nothing to read yet
+        engine_pod("eeeee", missed_b, capturing=True),
+    ]
+    refused = capture("refused", key=KEY_B, reason="the store would hold 21.0GiB, over its limit of 20.0GiB")
+    logs = CaptureLogs({"a": capture("captured"), "eeeee": refused}, asked=True)
+    status, _ = compile_status({}, pods, store=STORE, per_node=False, logs=logs)
+    assert status["capturing"] == 2 and pods_to_read({"compileCache": status}, pods) == ["ccc"]
 
 
 def test_a_capture_is_recorded_with_its_event_when_the_sidecar_reports_it_not_when_an_engine_restores_it() -> None:
     pods = [engine_pod("a", MISSED, capturing=True, node="n2")]
-    status, events = compile_status({}, pods, store=STORE, per_node=True, captures={"a": capture("captured")})
+    status, events = compile_status({}, pods, store=STORE, per_node=True, logs=CaptureLogs({"a": capture("captured")}))
     assert status["caches"] == [{**ENTRY_A, "nodes": ["n2"]}]
     assert status["capturing"] == 0 and (status["hits"], status["misses"]) == (0, 1)
     ((kind, reason, message),) = events
@@ -204,7 +225,7 @@ def test_a_capture_is_recorded_with_its_event_when_the_sidecar_reports_it_not_wh
 
 def test_a_key_another_engine_stored_first_is_recorded_without_claiming_the_capture() -> None:
     pods = [engine_pod("a", MISSED, capturing=True)]
-    status, events = compile_status({}, pods, store=STORE, per_node=False, captures={"a": capture("present")})
+    status, events = compile_status({}, pods, store=STORE, per_node=False, logs=CaptureLogs({"a": capture("present")}))
     assert status["caches"] == [{"key": KEY_A, "summary": "vllm 0.33.0, torch 2.14.0, cuda:sm_90"}]
     assert status["capturing"] == 0
     assert events[0][2] == (
@@ -216,14 +237,14 @@ def test_a_key_another_engine_stored_first_is_recorded_without_claiming_the_capt
 def test_a_failed_capture_is_listed_while_its_pod_lives_with_one_warning_and_is_not_read_again() -> None:
     pods = [engine_pod("a", MISSED, capturing=True)]
     refused = capture("refused", reason="the store would hold 21.0GiB, over its limit of 20.0GiB")
-    status, events = compile_status({}, pods, store=STORE, per_node=False, captures={"a": refused})
+    status, events = compile_status({}, pods, store=STORE, per_node=False, logs=CaptureLogs({"a": refused}))
     assert status["captureFailures"] == [{"pod": "a", "key": KEY_A, "outcome": "refused", "reason": refused.reason}]
     assert status["capturing"] == 0 and status["caches"] == []
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Warning", CAPTURE_FAILED_EVENT) and refused.reason in message and "pod a" in message
     previous = {"compileCache": status}
     assert pods_to_read(previous, pods) == []  # its log says nothing new: not read again
-    again, events = compile_status(previous, pods, store=STORE, per_node=False, captures={"a": refused})
+    again, events = compile_status(previous, pods, store=STORE, per_node=False, logs=CaptureLogs({"a": refused}))
     assert events == [] and again["captureFailures"] == status["captureFailures"]
     gone, _ = compile_status(previous, [], store=STORE, per_node=False)
     assert "captureFailures" not in gone  # the pod went: so did its failure
@@ -238,7 +259,8 @@ def test_a_capture_report_is_found_in_a_log_whatever_else_it_holds() -> None:
     assert CompileCaptureReport.from_log('{"event": "restored"}') is None  # not a capture's report
 
 
-def test_the_plan_asks_for_a_recheck_only_while_a_capture_is_awaited() -> None:
+def planned_with_capture_awaited(previous: dict[str, Any], logs: CaptureLogs | None = None) -> Plan:
+    """The plan of a SharedPVC cache with compileCache on, whose one engine missed and its sidecar runs."""
     from strata_operator.api.modelcache import ModelCacheSpec
 
     owner = CacheRef("llama", "serving", "u1", generation=1)
@@ -250,7 +272,51 @@ def test_the_plan_asks_for_a_recheck_only_while_a_capture_is_awaited() -> None:
     parsed = ModelCacheSpec.model_validate(spec)
     now = datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)
     pods = [engine_pod("a", MISSED, capturing=True)]
-    awaiting = plan(Observed(owner, {}, now, spec=parsed, consumer_pods=pods))
+    return plan(Observed(owner, previous, now, spec=parsed, consumer_pods=pods, capture_logs=logs or CaptureLogs()))
+
+
+def test_the_plan_asks_for_a_recheck_only_while_a_capture_is_awaited() -> None:
+    awaiting = planned_with_capture_awaited({})
     assert awaiting.recheck_seconds == CAPTURE_POLL_SECONDS
-    done = plan(Observed(owner, {}, now, spec=parsed, consumer_pods=pods, capture_reports={"a": capture("captured")}))
+    done = planned_with_capture_awaited({}, CaptureLogs({"a": capture("captured")}, asked=True))
     assert done.recheck_seconds is None and CAPTURED_EVENT in [reason for _, reason, _ in done.events]
+
+
+FORBIDDEN = (
+    'pods "a" is forbidden: User "system:serviceaccount:strata:strata" cannot get resource "pods/log" in API group'
+    ' "" in the namespace "serving"'
+)
+"""The API server's message for a log read its RBAC refuses."""
+
+
+def test_logs_the_api_server_refuses_are_said_once_and_the_capture_stays_awaited_until_a_read_is_allowed() -> None:
+    pods = [engine_pod("a", MISSED, capturing=True)]
+    refused = CaptureLogs(asked=True, forbidden=FORBIDDEN)
+    status, events = compile_status({}, pods, store=STORE, per_node=False, logs=refused)
+    assert status["capturing"] == 1 and status["caches"] == []
+    said = status["captureLogsForbidden"]
+    assert FORBIDDEN in said and "get on pods/log in this namespace" in said and "docs/security.md" in said
+    assert events == [("Warning", LOGS_FORBIDDEN_EVENT, said)]
+    refused_again, events = compile_status({"compileCache": status}, pods, store=STORE, per_node=False, logs=refused)
+    assert refused_again["captureLogsForbidden"] == said and events == []  # once, not at every read
+    # a round that asked nothing (no started sidecar to read) knows no better: it keeps what it knew
+    unasked, events = compile_status({"compileCache": status}, pods, store=STORE, per_node=False)
+    assert unasked["captureLogsForbidden"] == said and events == []
+    # granted: the next read is allowed, whether or not the log holds a report yet
+    allowed, events = compile_status(
+        {"compileCache": status}, pods, store=STORE, per_node=False, logs=CaptureLogs(asked=True)
+    )
+    assert "captureLogsForbidden" not in allowed and allowed["capturing"] == 1 and events == []
+    # nothing awaited any more (the pod went): nothing left to say
+    gone, _ = compile_status({"compileCache": status}, [], store=STORE, per_node=False)
+    assert "captureLogsForbidden" not in gone
+
+
+def test_while_the_logs_are_refused_the_plan_reads_them_at_the_resync_and_polls_again_once_allowed() -> None:
+    refused = planned_with_capture_awaited({}, CaptureLogs(asked=True, forbidden=FORBIDDEN))
+    assert refused.recheck_seconds is None  # the resync, not CAPTURE_POLL_SECONDS
+    assert LOGS_FORBIDDEN_EVENT in [reason for _, reason, _ in refused.events]
+    allowed = planned_with_capture_awaited(refused.status, CaptureLogs(asked=True))
+    assert (
+        allowed.recheck_seconds == CAPTURE_POLL_SECONDS and "captureLogsForbidden" not in allowed.status["compileCache"]
+    )

@@ -52,9 +52,12 @@ def gather(
     inputs: bool = False,
     now: datetime.datetime | None = None,
     consumers: int | None = None,
+    capture_logs: compile_cache.CaptureLogs | None = None,
 ) -> Observed:
     """Read what the plan for this cache looks at; `inputs`: also check the references a new Job would use.
-    `consumers`: the live pods naming the cache (the daemon's pod index), passed through to status.consumers."""
+    `consumers`: the live pods naming the cache (the daemon's pod index), passed through to status.consumers.
+    `capture_logs`: the capture sidecars' logs as an earlier gather of this reconcile read them, used instead of
+    reading them again (None: read them now)."""
     owner = CacheRef.from_body(body)
     observed = Observed(
         owner=owner,
@@ -105,9 +108,11 @@ def gather(
         )
     if mode == StorageMode.NODE_LOCAL:
         observed.consumers_on, observed.waiting = consumer_pods(observed.consumer_pods)
-    if spec.compile_cache.enabled:
+    if spec.compile_cache.enabled and capture_logs is not None:
+        observed.capture_logs = capture_logs
+    elif spec.compile_cache.enabled:
         awaited = compile_cache.pods_to_read(previous, observed.consumer_pods)
-        observed.capture_reports = read_capture_reports(owner.namespace, awaited)
+        observed.capture_logs = read_capture_logs(owner.namespace, awaited)
     if inputs:
         observed.inputs_checked = True
         observed.input_problem = input_problem(owner, spec)
@@ -122,10 +127,11 @@ CAPTURE_LOG_BYTES = 64 * 1024
 keeps a noisy one cheap."""
 
 
-def read_capture_reports(namespace: str, pods: Sequence[str]) -> dict[str, CompileCaptureReport]:
+def read_capture_logs(namespace: str, pods: Sequence[str]) -> compile_cache.CaptureLogs:
     """The capture report in each pod's sidecar log, for the pods whose log holds one. A log that cannot be read
-    (the kubelet unreachable, the pod just gone, an install without `pods/log`) is read again at the next poll."""
-    found = {}
+    (the kubelet unreachable, the pod just gone, its sidecar not started) is read again at the next poll; a read the
+    API server refuses (no `get pods/log` for the operator here) ends the round, and status says so."""
+    found: dict[str, CompileCaptureReport] = {}
     for name in pods:
         try:
             text = kube.pod_log(
@@ -138,10 +144,12 @@ def read_capture_reports(namespace: str, pods: Sequence[str]) -> dict[str, Compi
         except ApiException as error:
             reason = kube.api_error_message(error)
             log.info("compile capture log of pod %s/%s not readable yet: %s", namespace, name, reason)
+            if error.status == FORBIDDEN:
+                return compile_cache.CaptureLogs(found, asked=True, forbidden=reason)
             continue
         if (report := CompileCaptureReport.from_log(text)) is not None:
             found[name] = report
-    return found
+    return compile_cache.CaptureLogs(found, asked=bool(pods))
 
 
 def consumer_pods(pods: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], list[demand.WaitingPod]]:

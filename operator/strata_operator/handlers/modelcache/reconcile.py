@@ -2,10 +2,11 @@
 ModelCache's stops.
 
 What differs from the tier's: every round gathers afresh (a plan that creates a SharedPVC claim names its
-preload Job after the claim's uid, so it asks for `Next.GATHER`); a plan may ask for more reads before it is
-carried out (`needs_inputs`: the references a new Job would use, NodeLocal's capacity), and is then discarded
-unexecuted; a write the API server refuses is reported by planning once more with the refusal, never retried in
-the same reconcile; and a plan may ask the daemon for another reconcile right after (`wake_again`). The
+preload Job after the claim's uid, so it asks for `Next.GATHER`), but for the capture sidecars' logs, read once
+per reconcile (`CacheRound.capture_logs`); a plan may ask for more reads before it is carried out
+(`needs_inputs`: the references a new Job would use, NodeLocal's capacity), and is then discarded unexecuted; a
+write the API server refuses is reported by planning once more with the refusal, never retried in the same
+reconcile; and a plan may ask the daemon for another reconcile right after (`wake_again`). The
 decisions are `resources/modelcache/plan.py`, the reads and writes `handlers/modelcache/io.py`.
 """
 
@@ -22,6 +23,7 @@ from strata_operator.handlers.modelcache import io
 from strata_operator.handlers.modelcache.node_cache import NodeCache
 from strata_operator.resources.core import Event
 from strata_operator.resources.modelcache import plan as planning
+from strata_operator.resources.modelcache.compile_cache import CaptureLogs
 from strata_operator.resources.modelcache.draft import Plan
 from strata_operator.resources.modelcache.observed import Observed
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -42,15 +44,28 @@ class CacheRound:
     consumers: int | None = None
     events: list[Event] = field(default_factory=list)
     """The Events of the writes carried out, in order."""
+    capture_logs: CaptureLogs | None = None
+    """The capture sidecars' logs as this reconcile's first gather read them, reused by the later ones: each read
+    is a request the API server passes on to a kubelet, and a plan that asks for more reads (or gathers again to
+    see a claim it created) needs nothing new from the logs."""
 
     @property
     def owner(self) -> CacheRef:
         return CacheRef.from_body(self.body)
 
     def gather(self, more: bool) -> Observed:
-        return io.gather(
-            self.body, self.previous, self.nodes, self.runtime, inputs=more, now=self.now, consumers=self.consumers
+        observed = io.gather(
+            self.body,
+            self.previous,
+            self.nodes,
+            self.runtime,
+            inputs=more,
+            now=self.now,
+            consumers=self.consumers,
+            capture_logs=self.capture_logs,
         )
+        self.capture_logs = observed.capture_logs
+        return observed
 
     def plan(self, observed: Observed) -> Plan:
         return planning.plan(observed)

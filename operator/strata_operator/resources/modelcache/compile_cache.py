@@ -9,10 +9,12 @@ An engine that missed compiles, and its `strata-compile-capture` sidecar stores 
 until its pod stops (a native sidecar that exits is restarted and takes the pod out of Ready), so it has no
 termination message while the engine serves: it prints a `contract.CompileCaptureReport` as its last log line,
 and the operator reads the log of each capture still awaited (`awaited_captures`, a few lines by
-`handlers/modelcache/io.read_capture_reports`) every `CAPTURE_POLL_SECONDS` until it says how it ended. A key
+`handlers/modelcache/io.read_capture_logs`) every `CAPTURE_POLL_SECONDS` until it says how it ended. A key
 seen for the first time, captured or restored, is recorded in `caches` (kept when its pods go) with an Event
 `CompileCacheCaptured`; a capture that failed is listed in `captureFailures` while its pod lives, with a Warning
-Event `CompileCaptureFailed`.
+Event `CompileCaptureFailed`. Where the API server refuses the operator those logs (its RBAC lacks `get pods/log`,
+an older chart or a Role of its own), `captureLogsForbidden` says so with one Warning `CaptureLogsForbidden`, the
+captures stay awaited, and the logs are tried again at the resync instead of every `CAPTURE_POLL_SECONDS`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import datetime
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from strata_loader.contract import CompileCaptureReport, CompileRestoreReport
@@ -41,6 +43,7 @@ CAPTURE_CONTAINER = "strata-compile-capture"
 MAX_ENTRIES = 16
 CAPTURED_EVENT = "CompileCacheCaptured"
 CAPTURE_FAILED_EVENT = "CompileCaptureFailed"
+LOGS_FORBIDDEN_EVENT = "CaptureLogsForbidden"
 LOG_READS_PER_ROUND = 8
 """Sidecar logs read in one reconcile at most (each is a request the API server passes on to a kubelet)."""
 CAPTURE_POLL_SECONDS = 10.0
@@ -48,6 +51,19 @@ CAPTURE_POLL_SECONDS = 10.0
 finishes `--quiet-seconds` (30 s) after the compiler's last file, so a shorter interval would mostly read nothing
 new; one log read per awaited pod, only while its sidecar runs."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+@dataclass(frozen=True)
+class CaptureLogs:
+    """What one reconcile's reads of the awaited captures' sidecar logs found (`handlers/modelcache/io`)."""
+
+    reports: Mapping[str, CompileCaptureReport] = field(default_factory=dict)
+    """The capture reports, by pod name (a pod whose log holds none yet is absent)."""
+    asked: bool = False
+    """Whether any log was asked for: none is while no awaited capture's sidecar has started."""
+    forbidden: str | None = None
+    """The API server's message when it refused a read (403): the operator may not `get pods/log` here. The reads
+    stop there: RBAC grants per namespace, so the other pods' would be refused alike."""
 
 
 @dataclass(frozen=True)
@@ -87,13 +103,14 @@ def capture_started(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def awaited_captures(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The live pods whose restore missed for a key the status does not hold yet and whose capture has not been
-    seen to fail: their sidecar is (or will be) capturing, and its log is read until it says how that ended."""
-    held = {c.get("key") for c in (previous.get("compileCache") or {}).get("caches") or []}
-    failed = {f.get("pod") for f in (previous.get("compileCache") or {}).get("captureFailures") or []}
+def awaited_captures(compile_cache: Mapping[str, Any], engines: Sequence[EngineReport]) -> list[str]:
+    """The live engines whose restore missed for a key `compile_cache` (a status.compileCache) does not hold yet and
+    whose capture has not been seen to fail: their sidecar is (or will be) capturing, and its log is read until it
+    says how that ended. The one definition of an awaited capture: status counts them, the next round reads them."""
+    held = {c.get("key") for c in compile_cache.get("caches") or []}
+    failed = {f.get("pod") for f in compile_cache.get("captureFailures") or []}
     awaited = []
-    for engine in engine_reports(pods):
+    for engine in engines:
         report = engine.report
         if report.event == "miss" and report.key and report.key not in held and engine.pod not in failed:
             awaited.append(engine.pod)
@@ -105,7 +122,8 @@ def pods_to_read(previous: Mapping[str, Any], pods: Sequence[Mapping[str, Any]])
     worth reading now. A fleet that starts at once all misses the same key; the first capture of it ends the
     wait of all the others."""
     started = {str((p.get("metadata") or {}).get("name")) for p in pods if capture_started(p)}
-    return [name for name in awaited_captures(previous, pods) if name in started][:LOG_READS_PER_ROUND]
+    awaited = awaited_captures(previous.get("compileCache") or {}, engine_reports(pods))
+    return [name for name in awaited if name in started][:LOG_READS_PER_ROUND]
 
 
 def engine_reports(pods: Sequence[Mapping[str, Any]]) -> list[EngineReport]:
@@ -147,11 +165,12 @@ def compile_status(
     *,
     store: str,
     per_node: bool,
-    captures: Mapping[str, CompileCaptureReport] | None = None,
+    logs: CaptureLogs | None = None,
 ) -> tuple[dict[str, Any], list[Event]]:
-    """status.compileCache from the stored one, the consumer pods and the capture reports read now from their
-    sidecars' logs (by pod name), and the Events of keys seen first now and of captures that failed.
+    """status.compileCache from the stored one, the consumer pods and what their sidecars' logs said now, and the
+    Events of keys seen first now, of captures that failed and of logs the operator may no longer read.
     `per_node`: NodeLocal, where every node has a store of its own (an entry lists the nodes that hold it)."""
+    logs = logs or CaptureLogs()
     reports = engine_reports(pods)
     before = previous.get("compileCache") or {}
     caches: dict[str, dict[str, Any]] = {c["key"]: dict(c) for c in before.get("caches") or [] if c.get("key")}
@@ -185,7 +204,7 @@ def compile_status(
             entry["nodes"] = sorted([*(entry.get("nodes") or []), node])
 
     failures = [f for f in before.get("captureFailures") or [] if f.get("pod") in live_pods]
-    for name, capture in sorted((captures or {}).items()):
+    for name, capture in sorted(logs.reports.items()):
         pod = live_pods.get(name)
         if pod is None or not capture.key:
             continue
@@ -223,7 +242,35 @@ def compile_status(
     }
     if failures:
         status["captureFailures"] = failures[-MAX_ENTRIES:]
-    status["capturing"] = len(awaited_captures({"compileCache": status}, pods))
+    status["capturing"] = len(awaited_captures(status, reports))
+    if forbidden := logs_forbidden(before, logs, awaiting=status["capturing"] > 0):
+        status["captureLogsForbidden"] = forbidden
+        if not before.get("captureLogsForbidden"):
+            events.append(("Warning", LOGS_FORBIDDEN_EVENT, forbidden))
     if misses:
         status["lastMiss"] = f"pod {misses[-1].pod}: {misses[-1].report.reason or 'no reason given'}"
     return status, events
+
+
+def logs_forbidden(before: Mapping[str, Any], logs: CaptureLogs, *, awaiting: bool) -> str | None:
+    """status.compileCache.captureLogsForbidden: set by a read the API server refused; kept while captures are
+    awaited and no log was asked for this round (nothing says the grant came); gone once a read is allowed (any
+    other answer, a 404 or a 400 included, is the kubelet's or the pod's) or nothing is awaited any more."""
+    if logs.forbidden is not None:
+        return (
+            f"the API server refuses the operator the capture sidecars' logs ({logs.forbidden}): grant it get on"
+            " pods/log in this namespace (the chart's RBAC does, docs/security.md); until then captures stay"
+            f" awaited and their logs are tried at each resync, not every {CAPTURE_POLL_SECONDS:.0f} s"
+        )
+    if logs.asked or not awaiting:
+        return None
+    return before.get("captureLogsForbidden")
+
+
+def capture_poll_seconds(compile_cache: Mapping[str, Any]) -> float | None:
+    """How soon to read the sidecars' logs again, from status.compileCache: every `CAPTURE_POLL_SECONDS` while a
+    capture is awaited, not sooner than the resync (None) while the API server refuses them: a refusal is mended
+    by a person, not by asking again."""
+    if compile_cache.get("capturing") and not compile_cache.get("captureLogsForbidden"):
+        return CAPTURE_POLL_SECONDS
+    return None

@@ -61,7 +61,7 @@ class Plan:
     plan saw a copy become Ready (the node label it sets wakes nobody: the operator's own write)."""
     recheck_seconds: float | None = None
     """Reconcile again this soon although nothing wakes the cache: a capture is awaited, and its sidecar's log,
-    which no watch sees, will say how it ended (`compile_cache.CAPTURE_POLL_SECONDS`)."""
+    which no watch sees, will say how it ended (`compile_cache.capture_poll_seconds`)."""
 
 
 class Planner:

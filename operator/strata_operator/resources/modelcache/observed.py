@@ -11,11 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_loader.contract import CompileCaptureReport
-
 from strata_operator.api.modelcache import ModelCacheSpec
 from strata_operator.resources.core import Problem
 from strata_operator.resources.modelcache import capacity, demand, fanout
+from strata_operator.resources.modelcache.compile_cache import CaptureLogs
 from strata_operator.resources.modelcache.image import ImageLookup
 from strata_operator.resources.modelcache.nodes import NodeInfo
 from strata_operator.resources.modelcache.owner import CacheRef
@@ -59,9 +58,8 @@ class Observed:
     """ImageVolume: the registry's answer when gather looked the reference up now (`image.lookup_due`)."""
     consumer_pods: Sequence[Mapping[str, Any]] = ()
     """NodeLocal, or with compileCache on: the pods labelled with the cache's name (their restore reports)."""
-    capture_reports: Mapping[str, CompileCaptureReport] = field(default_factory=dict)
-    """compileCache on: the capture reports read now from the sidecars' logs of awaited captures, by pod name
-    (a pod whose log holds none yet is absent)."""
+    capture_logs: CaptureLogs = field(default_factory=CaptureLogs)
+    """compileCache on: what the sidecars' logs of awaited captures said now (their reports, or a refusal)."""
     consumers: int | None = None
     """The live pods that name the cache (the daemon's pod index); None: not known, the stored count stays."""
     resolve_request: str = ""

@@ -61,9 +61,9 @@ def plan(observed: Observed) -> Plan:
             observed.consumer_pods,
             store=cc.store_location(observed.owner, spec),
             per_node=spec.storage.mode == StorageMode.NODE_LOCAL,
-            captures=observed.capture_reports,
+            logs=observed.capture_logs,
         )
-        recheck = cc.CAPTURE_POLL_SECONDS if desired["compileCache"]["capturing"] else None
+        recheck = cc.capture_poll_seconds(desired["compileCache"])
     return Plan(
         status=desired,
         actions=planner.actions,
