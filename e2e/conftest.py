@@ -383,6 +383,25 @@ def kind_workers(k8s_e2e: Any) -> dict[str, str]:
     return workers
 
 
+@pytest.fixture(scope="module")
+def stock_vllm() -> Iterator[Any]:
+    """The stock vLLM CPU image's archive, imported into a worker by the test when its engine needs it and dropped
+    from every worker it is still in at the end."""
+    from strata_testsupport.kindengines import StockImage
+    from strata_testsupport.localcluster.node import NodeUnavailable, stock_vllm_image_archive
+
+    try:
+        archive = stock_vllm_image_archive()
+    except NodeUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    image = StockImage(archive)
+    try:
+        yield image
+    finally:
+        for worker in sorted(image.loaded):
+            image.drop(worker)
+
+
 @pytest.fixture
 def hostpath_namespace(k8s_e2e: Any) -> Iterator[str]:
     """For what the design cannot run restricted: NodeLocal's hostPath (docs/security.md says so); deleted after."""
