@@ -46,7 +46,7 @@ from strata_testsupport.realnode import install_strata, pod_security_namespace  
 from strata_testsupport.s3 import running_s3_server  # noqa: E402
 from strata_testsupport.scenarios import Site, shared_cache_from_s3  # noqa: E402
 from strata_testsupport.serving import (  # noqa: E402
-    TEST_MODEL,
+    MODEL_SHAPES,
     delete_deployment,
     deployment,
     first_answer,
@@ -56,13 +56,6 @@ from strata_testsupport.serving import (  # noqa: E402
 )
 
 SIDES = ("strata-claim", "s3-pull")
-SHAPES: dict[str, dict[str, Any]] = {
-    "test": TEST_MODEL,
-    "1g": TEST_MODEL
-    | {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 12},
-}
-"""`1g` (default): ~250M parameters in float32, ~1 GB of safetensors, so moving the weights is a visible share of
-start-up on this machine; `test`: the serving test's ~400 MB model."""
 PROMPT = [7, 8, 9, 10] * 8
 
 
@@ -83,7 +76,7 @@ def round_trip(site: Site, side: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    model = make_model(work / "llama", SHAPES[args.shape])
+    model = make_model(work / "llama", MODEL_SHAPES[args.shape])
     model_bytes = sum(p.stat().st_size for p in model.iterdir())
     print(f"model: {args.shape}, {model_bytes / 1e6:.0f} MB", file=sys.stderr)
     with RealNode(node_images_archive()) as node:
@@ -167,12 +160,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="1g")
+    parser.add_argument("--shape", choices=sorted(MODEL_SHAPES), default="1g")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "serving_start")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="serving-start-") as tmp:
         measured = measure(args, Path(tmp))
-    result = measured | summary(measured) | {"rounds": args.rounds, "shape": SHAPES[args.shape]}
+    result = measured | summary(measured) | {"rounds": args.rounds, "shape": MODEL_SHAPES[args.shape]}
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "result.json").write_text(json.dumps(result, indent=2))
     plot(result, args.output / "start.png")

@@ -40,6 +40,13 @@ TEST_MODEL = {
 """~100M parameters in float32 (~400 MB): loading is measurable, a 1024-token prefill takes seconds on one core.
 Served in float32 (`--dtype float32`), so a prefix computed and the same prefix loaded give the same greedy tokens
 (cpu_engine.py says why)."""
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "test": TEST_MODEL,
+    "1g": TEST_MODEL
+    | {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 12},
+}
+"""The benches' models: `1g`, ~250M parameters in float32, ~1 GB of safetensors, so moving the weights is a visible
+share of start-up on this machine; `test`, the serving test's ~400 MB model."""
 
 
 def make_model(path: Path, shape: dict[str, Any]) -> Path:
