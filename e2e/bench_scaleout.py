@@ -33,9 +33,9 @@ from kubernetes.client.exceptions import ApiException
 from strata_testsupport.kindengines import (
     LONG_PROMPT,
     complete,
-    cpu_tier,
     engine_workers,
     node_local_cache,
+    s3_tier,
     wait_cache_ready,
     wait_servers_ready,
 )
@@ -201,7 +201,7 @@ def test_scale_out(k8s_e2e, strata_release, kind_s3, kind_workers, hostpath_name
             wait_cache_ready(k8s_e2e, namespace, cache, len(kind_workers), timeout=1800)
             result["preload"] = {"seconds": time.monotonic() - started, "origin_bytes": egress.sent() - sent}
             print(f"preload (once): {result['preload']}", flush=True)
-            cpu_tier(k8s_e2e, kv_s3, namespace, tier)
+            s3_tier(k8s_e2e, kv_s3, namespace, tier, engines=True)
             wait_servers_ready(k8s_e2e, namespace, tier, kind_workers)
 
             for round_no in range(rounds):

@@ -18,14 +18,16 @@ from strata_testsupport.kindengines import (
     CHUNK_TOKENS,
     LONG_PROMPT,
     complete,
-    cpu_tier,
     engine_metric,
     engine_workers,
+    fetched_only_from_the_writer,
     gets,
     node_local_cache,
+    s3_tier,
     server_counters,
     wait_cache_ready,
     wait_servers_ready,
+    written_behind,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.kind, pytest.mark.timeout(3600)]
@@ -67,7 +69,7 @@ def test_a_fresh_engine_on_the_other_worker_answers_from_kv_its_own_server_fetch
             uri = upload_model_dir(kind_s3, make_model(tmp_path / "llama", TEST_MODEL))
             s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
             node_local_cache(k8s_e2e, kind_s3, namespace, cache, uri, ENGINES_LABEL)
-            kv_bucket, kv_prefix = cpu_tier(k8s_e2e, kind_s3, namespace, tier)
+            kv_bucket, kv_prefix = s3_tier(k8s_e2e, kind_s3, namespace, tier, engines=True)
             wait_cache_ready(k8s_e2e, namespace, cache, len(kind_workers))
             on = wait_servers_ready(k8s_e2e, namespace, tier, kind_workers)
 
@@ -103,13 +105,7 @@ def test_a_fresh_engine_on_the_other_worker_answers_from_kv_its_own_server_fetch
                 return held if held >= stored_by_a else None
 
             sets = wait_for(held_by_first, timeout=120, interval=1, what=f"{first}'s server holding A's chunks")
-            objects = kind_s3.client()
-            wait_for(
-                lambda: objects.list_objects_v2(Bucket=kv_bucket, Prefix=kv_prefix).get("KeyCount", 0) >= sets,
-                timeout=120,
-                interval=1,
-                what=f"{sets} chunks written behind to the bucket",
-            )
+            written_behind(kind_s3, kv_bucket, kv_prefix, sets)
             delete_deployment(site, "engine-a")
             stock_vllm.drop(first)  # one worker's copy at a time
 
@@ -136,13 +132,8 @@ def test_a_fresh_engine_on_the_other_worker_answers_from_kv_its_own_server_fetch
             # -- node-locality: the servers' own counters and the S3 server's log -----------------------------------
             assert gets(after[first]) == gets(before[first]), f"{first}'s server answered GETs while B ran: {after}"
             assert after[second]["hits_s3"] >= loaded, f"{second}'s server did not answer B from the bucket: {after}"
-            log = [r for r in kind_s3.requests() if r.path.startswith(f"/{kv_bucket}/{kv_prefix}")]
-            put = {r.path for r in log if r.method == "PUT" and r.client == kind_workers[first]}
-            fetched = {r.path for r in log if r.method == "GET" and r.status in (200, 206)}
-            fetchers = {r.client for r in log if r.method == "GET" and r.status in (200, 206)}
-            assert len(fetched) >= loaded and fetched <= put, (sorted(fetched), sorted(put))
-            assert fetchers == {kind_workers[second]}, f"objects fetched from {fetchers}, not only {second}'s address"
-            print(f"{len(put)} objects PUT from {first}, {len(fetched)} fetched from {second}")
+            addresses = kind_workers[first], kind_workers[second]
+            print(fetched_only_from_the_writer(kind_s3, kv_bucket, kv_prefix, *addresses, at_least=loaded))
         finally:
             for name in ("engine-a", "engine-b"):
                 delete_quietly(k8s_e2e, "apps/v1", "Deployment", name, namespace)

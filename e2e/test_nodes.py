@@ -4,8 +4,6 @@ whose own access log says which node read what (pod traffic leaves the pod netwo
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 # The first test of the session builds the node image, starts the cluster and loads the images.
@@ -75,57 +73,6 @@ def test_a_node_local_model_is_read_from_the_origin_once_and_fanned_out_to_the_o
         assert name not in left.split(), f"{worker} still holds the copy: {left}"
 
 
-def s3_tier(k8s: Any, s3: Any, namespace: str, name: str) -> tuple[str, str]:
-    """A KVCacheTier with the S3 server as its L2 (a server on every worker, the bucket shared by all); returns
-    the bucket and prefix its chunks land under."""
-    from strata_testsupport.kube import resource
-    from strata_testsupport.pods import API, kv_token_secret, s3_secret
-
-    bucket, prefix = s3.create_bucket(), "kv"
-    kv_token_secret(k8s, namespace)
-    s3_secret(k8s, namespace, "s3", s3.access_key, s3.secret_key)
-    spec = {
-        "l1": {"size": "64Mi"},
-        "l2": {"s3": {"bucket": bucket, "prefix": prefix, "endpoint": s3.endpoint_url, "secretRef": {"name": "s3"}}},
-        "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
-        "resources": {"requests": {"cpu": "50m"}},
-    }
-    body = {"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": spec}
-    resource(k8s, API, "KVCacheTier").create(namespace=namespace, body=body)
-    return bucket, prefix
-
-
-def wait_for_servers(k8s: Any, namespace: str, tier: str, nodes: set[str]) -> None:
-    """Until the tier has a ready server on each of `nodes`."""
-    from strata_testsupport.kube import resource, wait_for
-
-    pods = resource(k8s, "v1", "Pod")
-
-    def ready_on() -> set[str]:
-        listed = pods.get(namespace=namespace, label_selector=f"app.kubernetes.io/instance={tier}").to_dict()
-        ready = {
-            p["spec"].get("nodeName")
-            for p in listed["items"]
-            if all(s["ready"] for s in p.get("status", {}).get("containerStatuses") or [{"ready": False}])
-        }
-        return ready if ready >= nodes else set()
-
-    wait_for(ready_on, timeout=300, interval=2, what=f"a ready server of {tier} on each of {sorted(nodes)}")
-
-
-def written_behind(s3: Any, bucket: str, prefix: str, count: int) -> None:
-    """Until `count` chunks are in the bucket (servers write to their L2 behind the client's write)."""
-    from strata_testsupport.kube import wait_for
-
-    objects = s3.client()
-    wait_for(
-        lambda: objects.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) >= count,
-        timeout=120,
-        interval=1,
-        what=f"{count} chunks written behind to the bucket",
-    )
-
-
 def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_never_the_other_server(
     k8s_e2e, strata_release, kind_s3, kind_workers, e2e
 ):
@@ -134,7 +81,8 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
     worker reads every chunk back through its own node's server, which has them only from the bucket. The S3
     server's log shows it: each object the reader's server fetched was written by the writer's node, and fetched
     from the reader's node's address, so the reader never reached the writer's server and its memory."""
-    from strata_testsupport.pods import kv_client_pod
+    from strata_testsupport.kindengines import fetched_only_from_the_writer, s3_tier, wait_servers_ready, written_behind
+    from strata_testsupport.pods import kv_client_pod, s3_secret
     from strata_testsupport.realnode import pod_security_namespace
 
     writer, reader = sorted(kind_workers)
@@ -142,8 +90,9 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
     namespaces = pod_security_namespace(k8s_e2e, "restricted")
     namespace = next(namespaces)
     try:
+        s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
         bucket, prefix = s3_tier(k8s_e2e, kind_s3, namespace, tier)
-        wait_for_servers(k8s_e2e, namespace, tier, set(kind_workers))
+        wait_servers_ready(k8s_e2e, namespace, tier, kind_workers)
         on = {
             node: {"image": e2e.runtime_image, "nodeSelector": {"kubernetes.io/hostname": node}}
             for node in kind_workers
@@ -153,13 +102,8 @@ def test_kv_written_on_one_worker_is_read_on_the_other_through_the_shared_l2_nev
         read = kv_client_pod(k8s_e2e, namespace, tier, "reader", "read", count, **on[reader])
         assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
 
-        log = [r for r in kind_s3.requests() if r.path.startswith(f"/{bucket}/{prefix}")]
-        put = {r.path for r in log if r.method == "PUT" and r.client == kind_workers[writer]}
-        fetched = {r.path for r in log if r.method == "GET" and r.status in (200, 206)}
-        fetchers = {r.client for r in log if r.method == "GET" and r.status in (200, 206)}
-        assert len(fetched) >= count and fetched <= put, (sorted(fetched), sorted(put))
-        assert fetchers == {kind_workers[reader]}, f"objects fetched from {fetchers}, not only {reader}'s address"
-        print(f"{len(put)} objects PUT from {writer}, {len(fetched)} fetched from {reader}")
+        addresses = kind_workers[writer], kind_workers[reader]
+        print(fetched_only_from_the_writer(kind_s3, bucket, prefix, *addresses, at_least=count))
     finally:
         next(namespaces, None)  # deletes the namespace
 
@@ -173,8 +117,17 @@ def test_a_node_that_joins_the_cluster_gets_the_model_from_a_peer_and_the_kv_the
     turns Ready with no read of the origin at all (it came from the first worker's peer), a consumer there reads
     every tensor, the tier starts a server on it, and a client there reads every chunk the first worker wrote, which
     its own server fetched from the bucket."""
+    from strata_testsupport.kindengines import s3_tier, wait_servers_ready, written_behind
     from strata_testsupport.kube import delete_quietly, resource, wait_for
-    from strata_testsupport.pods import API, kv_client_pod, model_cache, read_model_in_pod, s3_model_spec, upload_model
+    from strata_testsupport.pods import (
+        API,
+        kv_client_pod,
+        model_cache,
+        read_model_in_pod,
+        s3_model_spec,
+        s3_secret,
+        upload_model,
+    )
 
     namespace, name, tier, count = hostpath_namespace, "joiner", "pool-kv", 16
     pool = {"strata.dev/e2e-pool": "serving"}  # the spare worker's kubelet registers with it (e2e/kind-config.yaml)
@@ -187,8 +140,9 @@ def test_a_node_that_joins_the_cluster_gets_the_model_from_a_peer_and_the_kv_the
     try:
         bucket, prefix = kind_s3.create_bucket(), "tiny"
         digests = upload_model(kind_s3, bucket, prefix, files=2, tensor_bytes=4 << 20)
+        s3_secret(k8s_e2e, namespace, "s3", kind_s3.access_key, kind_s3.secret_key)
         kv_bucket, kv_prefix = s3_tier(k8s_e2e, kind_s3, namespace, tier)
-        spec = s3_model_spec(kind_s3, bucket, prefix, "s3")  # the Secret s3_tier made
+        spec = s3_model_spec(kind_s3, bucket, prefix, "s3")
         spec["storage"] = {"mode": "NodeLocal", "nodeLocal": {"path": MODELS_DIR, "nodeSelector": pool}}
         model_cache(k8s_e2e, namespace, name, spec)
 
@@ -199,7 +153,7 @@ def test_a_node_that_joins_the_cluster_gets_the_model_from_a_peer_and_the_kv_the
         wait_for(lambda: node_phases() == {first: "Ready"}, timeout=600, interval=2, what=f"{name} Ready on {first}")
         origin_reads = [r for r in kind_s3.requests() if r.method == "GET" and r.path.startswith(f"/{bucket}/{prefix}")]
         assert {r.client for r in origin_reads} == {kind_workers[first]}, origin_reads
-        wait_for_servers(k8s_e2e, namespace, tier, set(kind_workers))
+        wait_servers_ready(k8s_e2e, namespace, tier, kind_workers)
         kv_client_pod(k8s_e2e, namespace, tier, "writer", "write", count, **on(first))
         written_behind(kind_s3, kv_bucket, kv_prefix, count)
 
@@ -220,7 +174,7 @@ def test_a_node_that_joins_the_cluster_gets_the_model_from_a_peer_and_the_kv_the
             read_model_in_pod(k8s_e2e, namespace, "newcomer", snippet, image=e2e.runtime_image, **on_joiner) == digests
         )
 
-        wait_for_servers(k8s_e2e, namespace, tier, {joiner})
+        wait_servers_ready(k8s_e2e, namespace, tier, {joiner})
         read = kv_client_pod(k8s_e2e, namespace, tier, "reader", "read", count, **on(joiner))
         assert all(read[f"chunk-{i:04d}"] for i in range(count)), read
         fetchers = {

@@ -10,7 +10,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,22 +157,34 @@ def gets(counters: dict[str, int]) -> int:
     return counters["hits_l1"] + counters["hits_fs"] + counters["hits_s3"] + counters["misses"]
 
 
-def cpu_tier(k8s: Any, s3: Any, namespace: str, name: str) -> tuple[str, str]:
-    """A KVCacheTier for CPU engines with the S3 server as its L2 (a server on every worker, the bucket shared by
-    all), reached through the node-local Service; returns the bucket and prefix its chunks land under."""
+def s3_tier(k8s: Any, s3: Any, namespace: str, name: str, *, engines: bool = False) -> tuple[str, str]:
+    """A KVCacheTier with the S3 server as its L2 (a server on every worker, the bucket shared by all) and a token
+    of its own, its credentials the Secret `s3` (the caller's); `engines`: sized and connected for CPU vLLM engines
+    (chunks of CHUNK_TOKENS). Returns the bucket and prefix its chunks land under."""
     bucket, prefix = s3.create_bucket(), "kv"
     kv_token_secret(k8s, namespace)
-    spec = {
-        "l1": {"size": "256Mi"},
+    spec: dict[str, Any] = {
+        "l1": {"size": "256Mi" if engines else "64Mi"},
         "l2": {"s3": {"bucket": bucket, "prefix": prefix, "endpoint": s3.endpoint_url, "secretRef": {"name": "s3"}}},
         "auth": {"secretRef": {"name": "kv-token", "key": "token"}},
         "resources": {"requests": {"cpu": "50m"}},
-        "chunkTokens": CHUNK_TOKENS,
-        "connector": {"engine": "cpu", "cpuBytes": "64Mi"},
     }
+    if engines:
+        spec |= {"chunkTokens": CHUNK_TOKENS, "connector": {"engine": "cpu", "cpuBytes": "64Mi"}}
     body = {"apiVersion": API, "kind": "KVCacheTier", "metadata": {"name": name}, "spec": spec}
     resource(k8s, API, "KVCacheTier").create(namespace=namespace, body=body)
     return bucket, prefix
+
+
+def written_behind(s3: Any, bucket: str, prefix: str, count: float) -> None:
+    """Until `count` chunks are in the bucket (servers write to their L2 behind the client's write)."""
+    objects = s3.client()
+    wait_for(
+        lambda: objects.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) >= count,
+        timeout=120,
+        interval=1,
+        what=f"{count} chunks written behind to the bucket",
+    )
 
 
 @contextlib.contextmanager
@@ -210,15 +222,30 @@ def wait_cache_ready(k8s: Any, namespace: str, name: str, nodes: int, timeout: f
     wait_for(ready, timeout=timeout, interval=2, what=f"ModelCache {name} Ready on {nodes} nodes")
 
 
-def wait_servers_ready(k8s: Any, namespace: str, tier: str, workers: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Until the tier has a ready server on every worker; its server pods by node."""
+def wait_servers_ready(k8s: Any, namespace: str, tier: str, nodes: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Until the tier has a ready server on each of `nodes`; its ready server pods by node."""
 
     def ready() -> dict[str, dict[str, Any]] | None:
-        on = servers(k8s, namespace, tier)
-        statuses = [p.get("status", {}).get("containerStatuses") or [{"ready": False}] for p in on.values()]
-        return on if set(on) >= set(workers) and all(s["ready"] for each in statuses for s in each) else None
+        on = {
+            node: pod
+            for node, pod in servers(k8s, namespace, tier).items()
+            if all(s["ready"] for s in pod.get("status", {}).get("containerStatuses") or [{"ready": False}])
+        }
+        return on if set(on) >= set(nodes) else None
 
-    found: dict[str, dict[str, Any]] = wait_for(
-        ready, timeout=300, interval=2, what=f"a ready server of {tier} on each worker"
-    )
+    what = f"a ready server of {tier} on each of {sorted(nodes)}"
+    found: dict[str, dict[str, Any]] = wait_for(ready, timeout=300, interval=2, what=what)
     return found
+
+
+def fetched_only_from_the_writer(s3: Any, bucket: str, prefix: str, writer: str, reader: str, at_least: float) -> str:
+    """From the S3 server's own log: at least `at_least` objects under `bucket/prefix` were fetched, every one of
+    them PUT from the `writer` address and fetched from the `reader` address only (a pod's traffic carries its
+    node's address). Returns a line saying how many."""
+    log = [r for r in s3.requests() if r.path.startswith(f"/{bucket}/{prefix}")]
+    put = {r.path for r in log if r.method == "PUT" and r.client == writer}
+    fetched = {r.path for r in log if r.method == "GET" and r.status in (200, 206)}
+    fetchers = {r.client for r in log if r.method == "GET" and r.status in (200, 206)}
+    assert len(fetched) >= at_least and fetched <= put, (sorted(fetched), sorted(put))
+    assert fetchers == {reader}, f"objects fetched from {fetchers}, not only from {reader}"
+    return f"{len(put)} objects PUT from {writer}, {len(fetched)} fetched from {reader}"
