@@ -5,11 +5,11 @@ whose own access log says which node read what (pod traffic leaves the pod netwo
 from __future__ import annotations
 
 import pytest
+from strata_testsupport.kindengines import MODELS_DIR
 
 # The first test of the session builds the node image, starts the cluster and loads the images.
 pytestmark = [pytest.mark.integration, pytest.mark.kind, pytest.mark.timeout(3600)]
 
-MODELS_DIR = "/var/lib/strata/models"
 MODELS_LABEL = "strata.dev/e2e-models"
 
 
