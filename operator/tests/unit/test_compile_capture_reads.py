@@ -17,6 +17,7 @@ from strata_operator.handlers.modelcache.reconcile import reconcile
 from strata_operator.resources.core import MODEL_CACHE_LABEL
 from strata_operator.resources.modelcache.compile_cache import CaptureLogs
 from strata_operator.resources.runtime_image import RuntimeImage
+from urllib3.exceptions import ReadTimeoutError
 
 from .test_compile_cache_status import MISSED, engine_pod
 
@@ -117,3 +118,21 @@ def test_a_refused_log_read_ends_the_round_and_other_errors_do_not(
         monkeypatch.setattr(kube, "pod_log", refusing(status, api))
         failed = io.read_capture_logs("serving", ["a", "bb"])
         assert api.log_reads == ["a", "bb"] and failed == CaptureLogs(asked=True)
+
+
+def test_a_log_read_the_kubelet_does_not_answer_in_time_is_tried_again_at_the_next_poll(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read past its timeout (urllib3's ReadTimeoutError, what the client raises for `_request_timeout`) is one
+    slow kubelet: the other pods' logs are still read, and the reconcile does not fail on it."""
+
+    def pod_log(_namespace: str, name: str, _container: str, **_: Any) -> str:
+        api.log_reads.append(name)
+        if name == "a":
+            raise ReadTimeoutError(None, f"/api/v1/namespaces/serving/pods/{name}/log", "read timed out")
+        return '{"event": "captured", "key": "k1"}'
+
+    monkeypatch.setattr(kube, "pod_log", pod_log)
+    read = io.read_capture_logs("serving", ["a", "bb"])
+    assert api.log_reads == ["a", "bb"] and read.asked and read.forbidden is None
+    assert set(read.reports) == {"bb"}

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes.dynamic.exceptions import ApiException, NotFoundError, ResourceNotFoundError
 from strata_loader import contract
 from strata_loader.contract import CompileCaptureReport
+from urllib3.exceptions import HTTPError
 
 from strata_operator import kube
 from strata_operator.api import API_VERSION
@@ -129,7 +130,8 @@ keeps a noisy one cheap."""
 
 def read_capture_logs(namespace: str, pods: Sequence[str]) -> compile_cache.CaptureLogs:
     """The capture report in each pod's sidecar log, for the pods whose log holds one. A log that cannot be read
-    (the kubelet unreachable, the pod just gone, its sidecar not started) is read again at the next poll; a read the
+    (the kubelet unreachable or too slow, the pod just gone, its sidecar not started) is read again at the next poll,
+    and the reconcile goes on; a read the
     API server refuses (no `get pods/log` for the operator here) ends the round, and status says so."""
     found: dict[str, CompileCaptureReport] = {}
     for name in pods:
@@ -146,6 +148,9 @@ def read_capture_logs(namespace: str, pods: Sequence[str]) -> compile_cache.Capt
             log.info("compile capture log of pod %s/%s not readable yet: %s", namespace, name, reason)
             if error.status == FORBIDDEN:
                 return compile_cache.CaptureLogs(found, asked=True, forbidden=reason)
+            continue
+        except HTTPError as error:  # the kubelet did not answer within kube.POD_LOG_TIMEOUT_SECONDS, or hung up
+            log.info("compile capture log of pod %s/%s not readable yet: %s", namespace, name, error)
             continue
         if (report := CompileCaptureReport.from_log(text)) is not None:
             found[name] = report
