@@ -233,3 +233,27 @@ def test_the_engines_kv_memory_holds_about_the_users_asked_for_and_the_cpu_tier_
     per_user = serving_scale.MEAN_DOC_TOKENS + serving_scale.CONVERSATION_TOKENS
     assert size["engine_kv_tokens"] == size["engine_blocks"] * 32 == 8 * per_user
     assert size["cpu_bytes"] == f"{8 * per_user * 4096 // 2**20}Mi"
+
+
+def test_rounds_add_up_to_each_sides_median_and_spread_kept_apart() -> None:
+    points = [
+        {"side": "with tier", "tok_s": 300.0},
+        {"side": "without", "tok_s": 100.0},
+        {"side": "without", "tok_s": 90.0},
+        {"side": "with tier", "tok_s": 250.0},
+        {"side": "with tier", "tok_s": 320.0},
+        {"side": "without", "tok_s": 140.0},
+    ]
+    assert wl.over_rounds(points, ["tok_s"]) == {
+        "with tier": {"tok_s": (300.0, 250.0, 320.0)},
+        "without": {"tok_s": (100.0, 90.0, 140.0)},
+    }
+
+
+def test_the_engines_kv_memory_is_read_from_vllms_own_lines() -> None:
+    log = (
+        "INFO 12-07 03:01:02 [core.py:95] Initializing a V1 LLM engine\n"
+        "INFO 12-07 03:01:09 [kv_cache_utils.py:1087] GPU KV cache size: 3,072 tokens\n"
+        "INFO 12-07 03:01:09 [kv_cache_utils.py:1091] Maximum concurrency for 2,048 tokens per request: 1.50x\n"
+    )
+    assert wl.kv_cache_lines(log) == ["GPU KV cache size: 3,072 tokens"]
