@@ -251,9 +251,9 @@ def test_rounds_add_up_to_each_sides_median_and_spread_kept_apart() -> None:
 
 
 def test_the_engines_kv_memory_is_read_from_vllms_own_lines() -> None:
+    size = "CPU KV cache size: 3,072 tokens, Maximum concurrency for 2,048 tokens per request: 1.50x"
     log = (
-        "INFO 12-07 03:01:02 [core.py:95] Initializing a V1 LLM engine\n"
-        "INFO 12-07 03:01:09 [kv_cache_utils.py:1087] GPU KV cache size: 3,072 tokens\n"
-        "INFO 12-07 03:01:09 [kv_cache_utils.py:1091] Maximum concurrency for 2,048 tokens per request: 1.50x\n"
+        "(EngineCore pid=80) INFO 12-07 03:01:02 [core.py:95] Initializing a V1 LLM engine\n"
+        f"(EngineCore pid=80) INFO 12-07 03:01:09 [kv_cache_utils.py:2328] {size}\n"
     )
-    assert wl.kv_cache_lines(log) == ["GPU KV cache size: 3,072 tokens"]
+    assert wl.kv_cache_lines(log) == [size]
