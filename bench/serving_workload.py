@@ -212,4 +212,4 @@ def over_rounds(points: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dic
 def kv_cache_lines(log: str) -> list[str]:
     """vLLM's own lines on its KV cache (its size in tokens) in an engine's log, without their logging prefix: the
     proof that the KV memory is what was asked."""
-    return [line.split("] ", 1)[-1] for line in log.splitlines() if "KV cache" in line]
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "KV cache size" in line]

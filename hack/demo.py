@@ -154,6 +154,18 @@ SERVING_CHUNK_TOKENS = 64
 LONG_PROMPT = [3 + (i * 7919) % 31000 for i in range(1024)]
 
 
+def serving_tier(site: Site, name: str) -> None:
+    """A KVCacheTier for the CPU engines (the node socket with shared memory), once its server pod is ready."""
+    body = {
+        "apiVersion": API,
+        "kind": "KVCacheTier",
+        "metadata": {"name": name},
+        "spec": tier_spec(SERVING_CHUNK_TOKENS),
+    }
+    resource(site.client, API, "KVCacheTier").create(namespace=site.namespace, body=body)
+    ready_server(site, name)
+
+
 def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) -> None:
     banner("An LLM served with Strata: vLLM (CPU) in a Deployment that only names a ModelCache and a KVCacheTier")
     started = time.monotonic()
@@ -177,16 +189,7 @@ def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) 
     size = sum(p.stat().st_size for p in model.iterdir()) / 1e6
     step(f"generated a Llama with a tokenizer ({size:.0f} MB, random weights) and uploaded it to {uri}", started)
     tier = "llm-kv"
-    resource(client, API, "KVCacheTier").create(
-        namespace=namespace,
-        body={
-            "apiVersion": API,
-            "kind": "KVCacheTier",
-            "metadata": {"name": tier},
-            "spec": tier_spec(SERVING_CHUNK_TOKENS),
-        },
-    )
-    ready_server(site, tier)
+    serving_tier(site, tier)
     started = time.monotonic()
     shared_cache_from_s3(site, "llama", uri)
     resource(client, "apps/v1", "Deployment").create(
@@ -212,7 +215,7 @@ def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) 
         started,
     )
     delete_deployment(site, "llm")
-    users_past_kv_memory(site, "llama", tier)
+    users_past_kv_memory(site, "llama")
     for kind, name in (("ModelCache", "llama"), ("KVCacheTier", tier)):
         resource(client, API, kind).delete(name=name, namespace=namespace)
     helm_upgrade(node, "kvSocketDriver.enabled=false")
@@ -240,10 +243,13 @@ SUMMARY = {
 }
 
 
-def users_side(site: Site, name: str, cache: str, tier: str | None, workload: Workload) -> dict[str, Any]:
-    """Fresh replicas of the engine (wired to `tier` by its label, or not), the users for USER_SECONDS, and what the
-    point adds up to; the Deployment is gone on return."""
+def users_side(site: Site, name: str, cache: str, wired: bool, workload: Workload) -> dict[str, Any]:
+    """Fresh replicas of the engine, wired by label to a fresh tier of their own or to none, the users for
+    USER_SECONDS, and what the point adds up to; the Deployment and the tier are gone on return."""
     started = time.monotonic()
+    tier = f"{name}-kv" if wired else None
+    if tier:
+        serving_tier(site, tier)
     body = deployment(name, SERVING_IMAGE, cache, tier, replicas=REPLICAS, kv_blocks=KV_BLOCKS)
     resource(site.client, "apps/v1", "Deployment").create(namespace=site.namespace, body=body)
     try:
@@ -258,11 +264,13 @@ def users_side(site: Site, name: str, cache: str, tier: str | None, workload: Wo
         kv_cache = kv_cache_lines(pod_log(site.client, site.namespace, pods[0]["metadata"]["name"]))
     finally:
         delete_deployment(site, name)
+        if tier:
+            resource(site.client, API, "KVCacheTier").delete(name=tier, namespace=site.namespace)
     point = request_summary(requests, USER_SECONDS) | engine_summary(metric_delta(before, after))
     return point | {"ready_s": ready_s, "primed_prompt_tokens": primed, "kv_cache": kv_cache}
 
 
-def users_past_kv_memory(site: Site, cache: str, tier: str) -> None:
+def users_past_kv_memory(site: Site, cache: str) -> None:
     banner(
         f"Many users past the engines' KV memory: {REPLICAS} replicas behind round-robin (no prefix-aware router), "
         "with and without the tier"
@@ -272,19 +280,18 @@ def users_past_kv_memory(site: Site, cache: str, tier: str) -> None:
         f"  {USERS.users} users, each a document of {USERS.doc_tokens[0]}-{USERS.doc_tokens[1]} tokens ({documents} in "
         f"all) and {USERS.question_tokens}-token questions, {USERS.answer_tokens}-token answers, think ~"
         f"{USERS.think_seconds:.0f}s; each engine's KV memory {KV_BLOCKS * BLOCK_TOKENS} tokens "
-        f"(--num-gpu-blocks-override {KV_BLOCKS}); {ROUNDS} rounds of {USER_SECONDS:.0f}s a side, sides alternated"
+        f"(--num-gpu-blocks-override {KV_BLOCKS}); {ROUNDS} rounds of {USER_SECONDS:.0f}s a side, sides alternated, "
+        "fresh Deployments, documents and tier each round"
     )
     points: list[dict[str, Any]] = []
-    logged: set[str] = set()
     for n in range(ROUNDS):
-        workload = dataclasses.replace(USERS, seed=n)  # fresh documents a round: the tier holds none of them yet
+        workload = dataclasses.replace(USERS, seed=n)
         for side in rotated(SIDES, n):
-            wired = tier if side == "with tier" else None
-            point = users_side(site, f"users-{n + 1}-{'tier' if wired else 'none'}", cache, wired, workload)
+            name = f"users-{n + 1}-{'tier' if side == 'with tier' else 'none'}"
+            point = users_side(site, name, cache, side == "with tier", workload)
             points.append(point | {"side": side})
-            if side not in logged:
-                logged.add(side)
-                print(f"  vLLM ({side}): {'; '.join(point['kv_cache']) or 'no KV cache line in its log'}")
+            if len(points) == 1:
+                print(f"  vLLM: {'; '.join(point['kv_cache']) or 'no KV cache size in its log'}")
             print(
                 f"  round {n + 1} {side}: {REPLICAS} engines ready in {point['ready_s']:.0f}s, "
                 f"{point['primed_prompt_tokens']} prompt tokens primed; {point['requests']} requests, "

@@ -255,5 +255,7 @@ def test_the_engines_kv_memory_is_read_from_vllms_own_lines() -> None:
     log = (
         "(EngineCore pid=80) INFO 12-07 03:01:02 [core.py:95] Initializing a V1 LLM engine\n"
         f"(EngineCore pid=80) INFO 12-07 03:01:09 [kv_cache_utils.py:2328] {size}\n"
+        "(APIServer pid=1) INFO 12-07 03:01:19 [loggers.py:259] Engine 000: Avg prompt throughput: 82.4 tokens/s, "
+        "Running: 0 reqs, CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n"
     )
     assert wl.kv_cache_lines(log) == [size]
