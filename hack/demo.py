@@ -283,6 +283,7 @@ def users_past_kv_memory(site: Site, cache: str) -> None:
         f"(--num-gpu-blocks-override {KV_BLOCKS}); {ROUNDS} rounds of {USER_SECONDS:.0f}s a side, sides alternated, "
         "fresh Deployments, documents and tier each round"
     )
+    started = time.monotonic()
     points: list[dict[str, Any]] = []
     for n in range(ROUNDS):
         workload = dataclasses.replace(USERS, seed=n)
@@ -299,6 +300,7 @@ def users_past_kv_memory(site: Site, cache: str) -> None:
                 flush=True,
             )
     comparison(points)
+    step(f"{ROUNDS} rounds of both sides", started)
 
 
 def comparison(points: list[dict[str, Any]]) -> None:
