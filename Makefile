@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help setup setup-parts venv vllm-venv system controlplane node hub demo test test-unit test-integration lint crds crds-check csi-protos bench images kind-image e2e clean
 
 help:
-	@echo "make demo    set up (first run: ~35 min of builds, cached after) and run the demo (~10 min)"
+	@echo "make demo    set up (first run: ~35 min of builds, cached after) and run the demo (~20 min)"
 	@echo "make test    set up, lint, check the CRDs and run every test tier (unit, integration, real node, kind)"
 	@echo "make lint    ruff + mypy;  make crds  regenerate crds/ from the API models;  make csi-protos  the CSI plugin's gRPC modules"
 	@echo "make bench   run the benchmarks in bench/;  make e2e  kind end-to-end suite (make kind-image: its offline node image)"

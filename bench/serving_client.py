@@ -1,6 +1,7 @@
 """The serving-scale bench's users, as an OpenAI-compatible client of `vllm serve`: each user's turns streamed, the
 time to the first token and the tokens counted per request, the replicas picked round-robin (no prefix-aware
-router). What the users send is `serving_workload`'s."""
+router). What the users send is `serving_workload`'s. `make demo` runs the same users against its Deployment's pods
+(their model is served under another name, hence `model`)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,22 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import aiohttp
 from gpu_vllm import SERVED_NAME
-from serving_workload import User, Workload, next_prompt, remember_answer, think_seconds
+from serving_workload import User, Workload, next_prompt, remember_answer, think_seconds, users
+
+Counters = TypeVar("Counters")
 
 
-async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+async def complete(
+    session: aiohttp.ClientSession, base_url: str, prompt: list[int], max_tokens: int, model: str = SERVED_NAME
+) -> dict[str, Any]:
     """One streamed completion: seconds to the first token and in all, tokens in and out, the answer's text."""
     body = {
-        "model": SERVED_NAME,
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
@@ -66,20 +71,22 @@ class RoundRobin:
         return next(self._urls)
 
 
-async def prime(urls: Sequence[str], workload: Workload, users: Sequence[User], timeout: float) -> int:
+async def prime(
+    urls: Sequence[str], workload: Workload, users: Sequence[User], timeout: float, model: str = SERVED_NAME
+) -> int:
     """Every user's first turn, all at once, one token each: the documents are computed (and offloaded where the
     side offloads) before the point is measured, as for users who have been talking for a while."""
     route = RoundRobin(urls)
     client_timeout = aiohttp.ClientTimeout(total=timeout)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        answers = await asyncio.gather(*(complete(session, route(), next_prompt(workload, u), 1) for u in users))
+        answers = await asyncio.gather(*(complete(session, route(), next_prompt(workload, u), 1, model) for u in users))
     for user, answer in zip(users, answers, strict=True):
         remember_answer(user, answer["text"])
     return sum(a["prompt_tokens"] for a in answers)
 
 
 async def run_users(
-    urls: Sequence[str], workload: Workload, users: Sequence[User], seconds: float
+    urls: Sequence[str], workload: Workload, users: Sequence[User], seconds: float, model: str = SERVED_NAME
 ) -> list[dict[str, Any]]:
     """Each user's turns until `seconds` are up (a request still running then is abandoned and not counted);
     the requests that finished, with when they finished."""
@@ -95,7 +102,7 @@ async def run_users(
             prompt = next_prompt(workload, user)
             try:
                 answer = await asyncio.wait_for(
-                    complete(session, route(), prompt, workload.answer_tokens), deadline - loop.time()
+                    complete(session, route(), prompt, workload.answer_tokens, model), deadline - loop.time()
                 )
             except TimeoutError:
                 return
@@ -108,8 +115,25 @@ async def run_users(
     return done
 
 
-async def single(url: str, prompt: list[int]) -> float:
+async def single(url: str, prompt: list[int], model: str = SERVED_NAME) -> float:
     """TTFT of one request alone (max_tokens 1)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        answer = await complete(session, url, prompt, 1)
+        answer = await complete(session, url, prompt, 1, model)
     return float(answer["ttft_s"])
+
+
+def measured_users(
+    urls: Sequence[str],
+    workload: Workload,
+    seconds: float,
+    prime_timeout: float,
+    counters: Callable[[], Counters],
+    model: str = SERVED_NAME,
+) -> tuple[int, list[dict[str, Any]], Counters, Counters]:
+    """A point's users: every document primed, the counters read, `seconds` of users, the counters read again.
+    Returns the prompt tokens primed, the requests that finished, and the counters before and after."""
+    people = users(workload)
+    primed = asyncio.run(prime(urls, workload, people, prime_timeout, model))
+    before = counters()
+    requests = asyncio.run(run_users(urls, workload, people, seconds, model))
+    return primed, requests, before, counters()

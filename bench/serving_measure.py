@@ -30,8 +30,8 @@ from gpu_vllm import (
     wait_ready,
 )
 from offload_verdict import rfc3339
-from serving_client import prime, run_users, single
-from serving_workload import Workload, engine_summary, metric_delta, metric_sums, request_summary, users
+from serving_client import measured_users, single
+from serving_workload import Workload, engine_summary, kv_cache_lines, metric_delta, metric_sums, request_summary
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.kvcachetier.io import scrape
 from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
@@ -110,7 +110,7 @@ def side_engines(side: str, settings: Settings, work: Path) -> Iterator[Engines]
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         for url in urls:  # the engine's own first-request costs are not the point's
             asyncio.run(single(url, [7, 8, 9, 10] * 8))
-        kv_cache = [line.split("] ", 1)[-1] for line in tail(procs[0][2], 400).splitlines() if "KV cache" in line]
+        kv_cache = kv_cache_lines(tail(procs[0][2], 400))
         yield Engines(urls, ports, server, kv_cache)
 
 
@@ -145,11 +145,9 @@ def run_point(
 ) -> dict[str, Any]:
     """One side at one workload: prime every user's document, then `seconds` of users, counted."""
     with side_engines(side, settings, work) as engines:
-        people = users(workload)
-        primed = asyncio.run(prime(engines.urls, workload, people, settings.start_timeout))
-        pages_before, tier_before = _scrape(engines)
-        requests = asyncio.run(run_users(engines.urls, workload, people, seconds))
-        pages_after, tier_after = _scrape(engines)
+        primed, requests, (pages_before, tier_before), (pages_after, tier_after) = measured_users(
+            engines.urls, workload, seconds, settings.start_timeout, lambda: _scrape(engines)
+        )
         delta = metric_delta(pages_before, pages_after)
     point: dict[str, Any] = {
         "experiment": experiment,

@@ -199,3 +199,17 @@ def rotated(sides: Sequence[str], shift: int) -> list[str]:
 
 def median_range(values: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
+
+
+def over_rounds(points: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, tuple[float, ...]]]:
+    """Per side, each of `keys` as median, min and max over the rounds' points (sides in the order first seen)."""
+    by_side: dict[str, list[Mapping[str, Any]]] = {}
+    for point in points:
+        by_side.setdefault(point["side"], []).append(point)
+    return {side: {k: median_range([p[k] for p in rounds]) for k in keys} for side, rounds in by_side.items()}
+
+
+def kv_cache_lines(log: str) -> list[str]:
+    """vLLM's own lines on its KV cache (its size in tokens) in an engine's log, without their logging prefix: the
+    proof that the KV memory is what was asked."""
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "KV cache size" in line]

@@ -6,11 +6,15 @@ safetensors model into an S3 server the pods reach; a ModelCache preloads it int
 consumer pod reads every tensor back bit for bit; a KVCacheTier runs its server on the node and a client pod
 round-trips chunks through the Service's DNS name; a vLLM Deployment (CPU) labelled with a ModelCache and a
 KVCacheTier serves completions with the weights Strata loaded, and a fresh engine answers the same long prompt with
-KV from Strata's tier; then everything stops and is swept.
+KV from Strata's tier; then many users (the serving-scale bench's user model, bench/serving_workload.py) talk to
+two replicas of it behind round-robin, more than the engines' KV memory holds, with and without the tier, over a
+few rounds; then everything stops and is swept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import sys
 import tempfile
@@ -20,7 +24,20 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testsupport"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from serving_client import measured_users, single  # noqa: E402
+from serving_workload import (  # noqa: E402
+    Workload,
+    engine_summary,
+    kv_cache_lines,
+    metric_delta,
+    metric_sums,
+    over_rounds,
+    request_summary,
+    rotated,
+    users,
+)
 from strata_testsupport.kube import new_dynamic_client, resource, wait_for  # noqa: E402
 from strata_testsupport.localcluster.node import (  # noqa: E402
     NODE_IP,
@@ -39,6 +56,7 @@ from strata_testsupport.pods import (  # noqa: E402
     kv_tier_spec,
     kv_token_secret,
     model_cache,
+    pod_log,
     read_model_in_pod,
     rwx_claim,
     s3_model_spec,
@@ -51,16 +69,22 @@ from strata_testsupport.realnode import helm_upgrade, install_strata, pod_securi
 from strata_testsupport.s3 import running_s3_server  # noqa: E402
 from strata_testsupport.scenarios import Site, ready_server, shared_cache_from_s3  # noqa: E402
 from strata_testsupport.serving import (  # noqa: E402
+    BLOCK_TOKENS,
     LOADED,
+    MAX_MODEL_LEN,
+    SERVED_NAME,
     TEST_MODEL,
     cached_tokens,
     complete,
     delete_deployment,
     deployment,
+    engine_url,
     fresh_engine,
     make_model,
     metric,
+    metrics_page,
     ready_engine,
+    ready_engines,
     stored_chunks_reach,
     tier_spec,
     upload_model_dir,
@@ -130,6 +154,18 @@ SERVING_CHUNK_TOKENS = 64
 LONG_PROMPT = [3 + (i * 7919) % 31000 for i in range(1024)]
 
 
+def serving_tier(site: Site, name: str) -> None:
+    """A KVCacheTier for the CPU engines (the node socket with shared memory), once its server pod is ready."""
+    body = {
+        "apiVersion": API,
+        "kind": "KVCacheTier",
+        "metadata": {"name": name},
+        "spec": tier_spec(SERVING_CHUNK_TOKENS),
+    }
+    resource(site.client, API, "KVCacheTier").create(namespace=site.namespace, body=body)
+    ready_server(site, name)
+
+
 def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) -> None:
     banner("An LLM served with Strata: vLLM (CPU) in a Deployment that only names a ModelCache and a KVCacheTier")
     started = time.monotonic()
@@ -153,16 +189,7 @@ def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) 
     size = sum(p.stat().st_size for p in model.iterdir()) / 1e6
     step(f"generated a Llama with a tokenizer ({size:.0f} MB, random weights) and uploaded it to {uri}", started)
     tier = "llm-kv"
-    resource(client, API, "KVCacheTier").create(
-        namespace=namespace,
-        body={
-            "apiVersion": API,
-            "kind": "KVCacheTier",
-            "metadata": {"name": tier},
-            "spec": tier_spec(SERVING_CHUNK_TOKENS),
-        },
-    )
-    ready_server(site, tier)
+    serving_tier(site, tier)
     started = time.monotonic()
     shared_cache_from_s3(site, "llama", uri)
     resource(client, "apps/v1", "Deployment").create(
@@ -188,9 +215,108 @@ def serve_llm(node: RealNode, client: Any, namespace: str, s3: Any, work: Path) 
         started,
     )
     delete_deployment(site, "llm")
+    users_past_kv_memory(site, "llama")
     for kind, name in (("ModelCache", "llama"), ("KVCacheTier", tier)):
         resource(client, API, kind).delete(name=name, namespace=namespace)
     helm_upgrade(node, "kvSocketDriver.enabled=false")
+
+
+USERS = Workload(
+    users=8,
+    doc_tokens=(768, 1024),
+    question_tokens=32,
+    answer_tokens=16,
+    think_seconds=1.0,
+    max_prompt_tokens=MAX_MODEL_LEN,
+)
+"""Issue 41's user model, sized for 2 cores: each user a document of its own and a stream of questions about it."""
+KV_BLOCKS = 96
+"""Each engine's KV memory: 3,072 tokens, about three users' documents of eight (vLLM needs MAX_MODEL_LEN's)."""
+REPLICAS = 2
+ROUNDS = 3
+USER_SECONDS = 30.0
+SIDES = ("with tier", "without")
+SUMMARY = {
+    "throughput_tok_s": ("total tok/s", "{:.0f}"),
+    "ttft_p50_s": ("TTFT p50 s", "{:.2f}"),
+    "hit_ratio": ("hit ratio", "{:.2f}"),
+}
+
+
+def users_side(site: Site, name: str, cache: str, wired: bool, workload: Workload) -> dict[str, Any]:
+    """Fresh replicas of the engine, wired by label to a fresh tier of their own or to none, the users for
+    USER_SECONDS, and what the point adds up to; the Deployment and the tier are gone on return."""
+    started = time.monotonic()
+    tier = f"{name}-kv" if wired else None
+    if tier:
+        serving_tier(site, tier)
+    body = deployment(name, SERVING_IMAGE, cache, tier, replicas=REPLICAS, kv_blocks=KV_BLOCKS)
+    resource(site.client, "apps/v1", "Deployment").create(namespace=site.namespace, body=body)
+    try:
+        pods = ready_engines(site, name, REPLICAS)
+        urls = [engine_url(pod) for pod in pods]
+        for url in urls:  # the engine's own first-request costs are not the point's
+            asyncio.run(single(url, [7, 8, 9, 10] * 8, SERVED_NAME))
+        ready_s = time.monotonic() - started
+        primed, requests, before, after = measured_users(
+            urls, workload, USER_SECONDS, 600, lambda: [metric_sums(metrics_page(p)) for p in pods], SERVED_NAME
+        )
+        kv_cache = kv_cache_lines(pod_log(site.client, site.namespace, pods[0]["metadata"]["name"]))
+    finally:
+        delete_deployment(site, name)
+        if tier:
+            resource(site.client, API, "KVCacheTier").delete(name=tier, namespace=site.namespace)
+    point = request_summary(requests, USER_SECONDS) | engine_summary(metric_delta(before, after))
+    return point | {"ready_s": ready_s, "primed_prompt_tokens": primed, "kv_cache": kv_cache}
+
+
+def users_past_kv_memory(site: Site, cache: str) -> None:
+    banner(
+        f"Many users past the engines' KV memory: {REPLICAS} replicas behind round-robin (no prefix-aware router), "
+        "with and without the tier"
+    )
+    documents = sum(len(u.document) for u in users(USERS))
+    print(
+        f"  {USERS.users} users, each a document of {USERS.doc_tokens[0]}-{USERS.doc_tokens[1]} tokens ({documents} in "
+        f"all) and {USERS.question_tokens}-token questions, {USERS.answer_tokens}-token answers, think ~"
+        f"{USERS.think_seconds:.0f}s; each engine's KV memory {KV_BLOCKS * BLOCK_TOKENS} tokens "
+        f"(--num-gpu-blocks-override {KV_BLOCKS}); {ROUNDS} rounds of {USER_SECONDS:.0f}s a side, sides alternated, "
+        "fresh Deployments, documents and tier each round"
+    )
+    started = time.monotonic()
+    points: list[dict[str, Any]] = []
+    for n in range(ROUNDS):
+        workload = dataclasses.replace(USERS, seed=n)
+        for side in rotated(SIDES, n):
+            name = f"users-{n + 1}-{'tier' if side == 'with tier' else 'none'}"
+            point = users_side(site, name, cache, side == "with tier", workload)
+            points.append(point | {"side": side})
+            if len(points) == 1:
+                print(f"  vLLM: {'; '.join(point['kv_cache']) or 'no KV cache size in its log'}")
+            print(
+                f"  round {n + 1} {side}: {REPLICAS} engines ready in {point['ready_s']:.0f}s, "
+                f"{point['primed_prompt_tokens']} prompt tokens primed; {point['requests']} requests, "
+                + ", ".join(f"{label} {form.format(point[k])}" for k, (label, form) in SUMMARY.items()),
+                flush=True,
+            )
+    comparison(points)
+    step(f"{ROUNDS} rounds of both sides", started)
+
+
+def comparison(points: list[dict[str, Any]]) -> None:
+    """Each side's median [min-max] over the rounds, and the medians' ratio."""
+    summary = over_rounds(points, list(SUMMARY))
+    print(f"  over {ROUNDS} rounds, median [min-max]:")
+    for side, numbers in summary.items():
+        cells = [
+            f"{label} {form.format(m)} [{form.format(lo)}-{form.format(hi)}]"
+            for k, (label, form) in SUMMARY.items()
+            for m, lo, hi in [numbers[k]]
+        ]
+        print(f"  {side:>10}: " + ", ".join(cells))
+    with_tier, without = summary["with tier"], summary["without"]
+    ratios = [f"{label} {with_tier[k][0] / without[k][0]:.2f}x" for k, (label, _) in SUMMARY.items() if without[k][0]]
+    print("  with/without (medians): " + ", ".join(ratios))
 
 
 def main() -> int:

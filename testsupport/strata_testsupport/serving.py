@@ -27,6 +27,8 @@ from strata_testsupport.vllm import vllm_cpu_python, vllm_env
 ENGINE_SCRIPT = Path(__file__).resolve().parents[2] / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
 PORT = 8000
 SERVED_NAME = "llama"
+BLOCK_TOKENS = 32
+MAX_MODEL_LEN = 2048
 
 TEST_MODEL = {
     "hidden_size": 768,
@@ -85,10 +87,15 @@ def tier_spec(chunk_tokens: int, token_secret: str = "kv-token") -> dict[str, An
     }
 
 
-def engine_container(image: str, model_dir: str | None = None, load_format: str | None = None) -> dict[str, Any]:
+def engine_container(
+    image: str, model_dir: str | None = None, load_format: str | None = None, kv_blocks: int | None = None
+) -> dict[str, Any]:
     """The vLLM container both deployments run: only where the model is and how it is loaded differ. Without a
-    model (Strata's): the webhook adds `--model $(STRATA_MODEL_DIR) --load-format strata` to it."""
+    model (Strata's): the webhook adds `--model $(STRATA_MODEL_DIR) --load-format strata` to it. `kv_blocks`: the
+    engine's KV memory in blocks of 32 tokens instead of VLLM_CPU_KVCACHE_SPACE's share (small on purpose, so
+    users outgrow it; at least MAX_MODEL_LEN's worth)."""
     model = ("--model", model_dir, "--load-format", load_format) if model_dir and load_format else ()
+    kv_memory = ("--num-gpu-blocks-override", str(kv_blocks)) if kv_blocks else ()
     return {
         "name": "vllm",
         "image": image,
@@ -99,8 +106,8 @@ def engine_container(image: str, model_dir: str | None = None, load_format: str 
             *("--served-model-name", SERVED_NAME),
             *("--host", "0.0.0.0", "--port", str(PORT), "--seed", "0", "--enable-prompt-tokens-details"),
             # CPU: no compilation, blocks a multiple of 32, a share of host memory checked free at start.
-            *("--enforce-eager", "--block-size", "32", "--max-model-len", "2048", "--max-num-seqs", "4"),
-            *("--gpu-memory-utilization", "0.1"),
+            *("--enforce-eager", "--block-size", str(BLOCK_TOKENS), "--max-model-len", str(MAX_MODEL_LEN)),
+            *("--max-num-seqs", "4", "--gpu-memory-utilization", "0.1", *kv_memory),
             # vLLM's `auto` dtype downcasts a float32 checkpoint to bf16, whose logits are so coarse (1/32 apart
             # near 5) that exact ties are common and break differently with the tokens computed per step.
             *("--dtype", "float32"),
@@ -126,19 +133,27 @@ def with_own_shm(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _deployment(name: str, labels: dict[str, str], annotations: dict[str, str], pod: dict[str, Any]) -> dict[str, Any]:
+def _deployment(
+    name: str, labels: dict[str, str], annotations: dict[str, str], pod: dict[str, Any], replicas: int = 1
+) -> dict[str, Any]:
     pod = {"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}, "terminationGracePeriodSeconds": 30} | pod
     template = {"metadata": {"labels": {"app": name, **labels}, "annotations": annotations}, "spec": pod}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template},
     }
 
 
 def deployment(
-    name: str, image: str, cache: str, tier: str | None, annotations: dict[str, str] | None = None
+    name: str,
+    image: str,
+    cache: str,
+    tier: str | None,
+    annotations: dict[str, str] | None = None,
+    replicas: int = 1,
+    kv_blocks: int | None = None,
 ) -> dict[str, Any]:
     """What a user writes with Strata: the engine's own tuning flags and the labels naming the cache (and the
     tier); the webhook adds the model, `--load-format strata`, the tier's (CPU) `--kv-transfer-config` and, unless
@@ -147,10 +162,10 @@ def deployment(
     if tier:
         labels["strata.dev/kv-cache-tier"] = tier
     pod = {
-        "containers": [engine_container(image)],
+        "containers": [engine_container(image, kv_blocks=kv_blocks)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
-    return _deployment(name, labels, annotations or {}, pod if tier else with_own_shm(pod))
+    return _deployment(name, labels, annotations or {}, pod if tier else with_own_shm(pod), replicas)
 
 
 S3_DOWNLOAD = """
@@ -241,6 +256,19 @@ def ready_engine(site: Site, name: str, not_uids: set[str], timeout: float = 120
     return wait_for(ready, timeout=timeout, interval=2, what=f"a ready engine of {name}")
 
 
+def ready_engines(site: Site, name: str, replicas: int, timeout: float = 1200) -> list[dict[str, Any]]:
+    """All `replicas` serving pods of the Deployment once every one is ready; the bound only stops a hang."""
+
+    def ready() -> list[dict[str, Any]] | None:
+        pods = engine_pods(site, name)
+        for pod in pods:
+            _exited(site, pod)
+        statuses = [pod.get("status", {}).get("containerStatuses") or [] for pod in pods]
+        return pods if len(pods) == replicas and all(s and all(c["ready"] for c in s) for s in statuses) else None
+
+    return wait_for(ready, timeout=timeout, interval=2, what=f"{replicas} ready engines of {name}")
+
+
 def first_answer(site: Site, name: str, prompt: list[int], timeout: float = 1200) -> tuple[dict[str, Any], float]:
     """Poll the Deployment's pod with a one-token completion from the moment it has an address until it answers;
     returns the pod and the monotonic time of the answer (no readiness-probe period in the measurement)."""
@@ -269,7 +297,7 @@ def complete(
     if salt:
         body["cache_salt"] = salt
     request = urllib.request.Request(
-        f"http://{pod['status']['podIP']}:{PORT}/v1/completions",
+        f"{engine_url(pod)}/v1/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -282,10 +310,20 @@ def cached_tokens(answer: dict[str, Any]) -> int:
     return int(((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
+def engine_url(pod: dict[str, Any]) -> str:
+    """The engine's OpenAI-compatible server at the pod's IP (the node's bridge routes it from here)."""
+    return f"http://{pod['status']['podIP']}:{PORT}"
+
+
+def metrics_page(pod: dict[str, Any]) -> str:
+    """The engine's /metrics, as Prometheus text."""
+    with urllib.request.urlopen(f"{engine_url(pod)}/metrics", timeout=30) as response:
+        return str(response.read().decode())
+
+
 def metric(pod: dict[str, Any], name: str) -> float:
     """The sum of a Prometheus series on the engine's /metrics (0 when absent)."""
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{PORT}/metrics", timeout=30) as response:
-        text = response.read().decode()
+    text = metrics_page(pod)
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

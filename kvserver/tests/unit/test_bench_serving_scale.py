@@ -233,3 +233,29 @@ def test_the_engines_kv_memory_holds_about_the_users_asked_for_and_the_cpu_tier_
     per_user = serving_scale.MEAN_DOC_TOKENS + serving_scale.CONVERSATION_TOKENS
     assert size["engine_kv_tokens"] == size["engine_blocks"] * 32 == 8 * per_user
     assert size["cpu_bytes"] == f"{8 * per_user * 4096 // 2**20}Mi"
+
+
+def test_rounds_add_up_to_each_sides_median_and_spread_kept_apart() -> None:
+    points = [
+        {"side": "with tier", "tok_s": 300.0},
+        {"side": "without", "tok_s": 100.0},
+        {"side": "without", "tok_s": 90.0},
+        {"side": "with tier", "tok_s": 250.0},
+        {"side": "with tier", "tok_s": 320.0},
+        {"side": "without", "tok_s": 140.0},
+    ]
+    assert wl.over_rounds(points, ["tok_s"]) == {
+        "with tier": {"tok_s": (300.0, 250.0, 320.0)},
+        "without": {"tok_s": (100.0, 90.0, 140.0)},
+    }
+
+
+def test_the_engines_kv_memory_is_read_from_vllms_own_lines() -> None:
+    size = "CPU KV cache size: 3,072 tokens, Maximum concurrency for 2,048 tokens per request: 1.50x"
+    log = (
+        "(EngineCore pid=80) INFO 12-07 03:01:02 [core.py:95] Initializing a V1 LLM engine\n"
+        f"(EngineCore pid=80) INFO 12-07 03:01:09 [kv_cache_utils.py:2328] {size}\n"
+        "(APIServer pid=1) INFO 12-07 03:01:19 [loggers.py:259] Engine 000: Avg prompt throughput: 82.4 tokens/s, "
+        "Running: 0 reqs, CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n"
+    )
+    assert wl.kv_cache_lines(log) == [size]
