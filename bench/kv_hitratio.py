@@ -2,8 +2,10 @@
 
 Replays requests the way vLLM + a KV tier see them: a request is a document split into a chain of
 chunks; the leading resident chunks are hits (a chunk counts only if every earlier chunk hit), the
-rest are recomputed and stored. Workloads (from the issue): 10 documents read cyclically with L1 at
-0.5-2x the working set, and Zipf s=1 over 60 documents. Policies run in the server's real
+rest are recomputed and stored. Workloads: 10 documents read cyclically with L1 at 0.5-2x the working
+set; Zipf s=1 over 60 documents; users who arrive and leave (8 talk at once, each about a document of its
+own for 6 turns, then a new user takes its place: the working set moves on); and Zipf with half the
+requests one-off documents (a scan through the popular ones). Policies run in the server's real
 `MemoryTier`; Belady (evict the chunk used furthest in the future) is the offline reference.
 
     .venv/bin/python bench/kv_hitratio.py [--chunks-per-doc 20] [--requests 3000] [--markdown]
@@ -18,9 +20,21 @@ import random
 from collections.abc import Callable, Iterable
 
 from strata_kv.store.memory import MemoryTier
-from strata_kv.store.policy import LRUPolicy, PrefixLIRSPolicy
+from strata_kv.store.policy import EvictionPolicy, LRUPolicy, PrefixLIRSPolicy
 
 Chunk = tuple[int, int]  # (document, position in its chain)
+
+CHUNK_BYTES = 2**20
+"""What one chunk's value counts against L1 here (256 tokens of a small model): capacities are given in chunks and
+counted in bytes, so the policy's byte budgets (its ghosts' share of the capacity) see the sizes a server sees."""
+VALUE = bytes(CHUNK_BYTES)
+
+
+def chunk_tier(chunks: int, policy: Callable[[int], EvictionPolicy]) -> MemoryTier:
+    """An L1 holding `chunks` chunks, each costing its value's bytes (keys and entry overhead left out, so that
+    capacities read as whole chunks)."""
+    capacity = chunks * CHUNK_BYTES
+    return MemoryTier(capacity, policy(capacity), cost=lambda key, value: len(value))
 
 
 def cyclic(docs: int, rounds: int) -> list[int]:
@@ -33,6 +47,38 @@ def zipf(docs: int, requests: int, s: float = 1.0, seed: int = 7) -> list[int]:
     order = list(range(docs))
     rng.shuffle(order)  # popularity is not tied to document id
     return [order[i] for i in rng.choices(range(docs), weights=weights, k=requests)]
+
+
+def arrivals(active: int, turns: int, requests: int, seed: int = 11) -> list[int]:
+    """`active` users talk at once, each about a document of its own for `turns` requests in all; then it leaves
+    and a new user (a new document) arrives."""
+    rng = random.Random(seed)
+    left = dict.fromkeys(range(active), turns)
+    arrived = active
+    trace = []
+    while len(trace) < requests:
+        doc = rng.choice(sorted(left))
+        trace.append(doc)
+        left[doc] -= 1
+        if not left[doc]:
+            del left[doc]
+            left[arrived] = turns
+            arrived += 1
+    return trace
+
+
+def with_one_offs(trace: list[int], share: float, seed: int = 5) -> list[int]:
+    """`trace` with each request replaced, with probability `share`, by a document asked for once and never again."""
+    rng = random.Random(seed)
+    once = 1 << 30
+    out = []
+    for doc in trace:
+        if rng.random() < share:
+            out.append(once)
+            once += 1
+        else:
+            out.append(doc)
+    return out
 
 
 def replay(trace: list[int], chunks_per_doc: int, capacity: int, tier: MemoryTier, chains: bool = True) -> float:
@@ -49,7 +95,7 @@ def replay(trace: list[int], chunks_per_doc: int, capacity: int, tier: MemoryTie
             else:
                 prefix_ok = False
                 with contextlib.suppress(MemoryError):  # NotAdmitted: the policy kept colder chunks out
-                    tier.put(key, b"x", parent if chains else None)  # type: ignore[arg-type]
+                    tier.put(key, VALUE, parent if chains else None)  # type: ignore[arg-type]
             parent = key
     return hits / total
 
@@ -84,9 +130,9 @@ def belady(trace: list[int], chunks_per_doc: int, capacity: int) -> float:
     return hits / len(accesses)
 
 
-POLICIES: dict[str, Callable[[int], MemoryTier]] = {
-    "LRU": lambda cap: MemoryTier(cap, LRUPolicy()),
-    "prefix-lirs (default)": lambda cap: MemoryTier(cap, PrefixLIRSPolicy(cap)),
+POLICIES: dict[str, Callable[[int], EvictionPolicy]] = {
+    "LRU": lambda capacity: LRUPolicy(),
+    "prefix-lirs (default)": lambda capacity: PrefixLIRSPolicy(capacity),
 }
 
 
@@ -96,8 +142,8 @@ def rows(trace: list[int], chunks_per_doc: int, working_set: int, ratios: Iterab
         cap = max(1, int(working_set * ratio))
         row = [f"{ratio:.2f}x ({cap} chunks)"]
         for make in POLICIES.values():
-            row.append(f"{replay(trace, chunks_per_doc, cap, make(cap)):.3f}")
-        no_chain = MemoryTier(cap, PrefixLIRSPolicy(cap))
+            row.append(f"{replay(trace, chunks_per_doc, cap, chunk_tier(cap, make)):.3f}")
+        no_chain = chunk_tier(cap, PrefixLIRSPolicy)
         row.append(f"{replay(trace, chunks_per_doc, cap, no_chain, chains=False):.3f}")
         row.append(f"{belady(trace, chunks_per_doc, cap):.3f}")
         out.append(row)
@@ -129,6 +175,11 @@ def main() -> None:
     zf = zipf(60, args.requests)
     print(table("Zipf s=1, 60 documents (prefix hit ratio)", rows(zf, c, 60 * c, (0.1, 0.25, 0.5, 0.75)),
                 args.markdown))  # fmt: skip
+    moving = arrivals(8, 6, args.requests)
+    print(table("Users who arrive and leave: 8 at once, 6 turns each (prefix hit ratio)",
+                rows(moving, c, 8 * c, (0.5, 0.75, 1.0, 1.5, 2.0, 4.0)), args.markdown))  # fmt: skip
+    print(table("Zipf s=1, 60 documents, half the requests one-off documents (prefix hit ratio)",
+                rows(with_one_offs(zf, 0.5), c, 60 * c, (0.1, 0.25, 0.5, 1.0)), args.markdown))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ class L1Config(_Model):
         default=0.05,
         gt=0,
         lt=1,
-        description="prefix-lirs: share of L1 kept for new (not yet proven hot) chunks",
+        description="prefix-lirs: the least share of L1 kept for new (not yet proven hot) chunks; the share grows "
+        "by itself up to half of L1 while chunks it evicted are stored again",
     )
     exists_grace_seconds: float = Field(
         default=2.0,

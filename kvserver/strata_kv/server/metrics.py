@@ -58,6 +58,12 @@ class _StoreCollector(Collector):
         used.add_metric(["l1"], st["l1_used_bytes"])
         cap.add_metric(["l1"], st["l1_capacity_bytes"])
         evictions.add_metric(["l1"], st["l1_evictions"])
+        yield GaugeMetricFamily(
+            "strata_kv_l1_new_chunk_share_bytes",
+            "Bytes of L1 the eviction policy keeps for chunks not yet read twice; prefix-lirs moves it by itself: "
+            "up as newly stored chunks are needed again, down as protected ones are",
+            value=st["l1_new_chunk_share_bytes"],
+        )
         if "fs_used_bytes" in st:
             used.add_metric(["fs"], st["fs_used_bytes"])
             cap.add_metric(["fs"], st["fs_capacity_bytes"])

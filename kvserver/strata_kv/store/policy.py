@@ -3,7 +3,8 @@
 `LRUPolicy` is the baseline that falls off the cliff on loops slightly larger than the cache.
 `PrefixLIRSPolicy` (the default) is LIRS adapted to byte sizes, made prefix-aware: a chunk is only
 useful when every chunk before it in its chain is resident, so among cold candidates it evicts the
-tail of a chain before its head.
+tail of a chain before its head; and its share for new chunks adapts, so that users who arrive take the
+place of users who left.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ class EvictionPolicy(Protocol):
 
     def admit(self, key: Key, size: int, parent: Key | None = None) -> None: ...
     def touch(self, key: Key) -> None: ...
-    def observe(self, key: Key) -> None: ...
-    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool: ...
     def remove(self, key: Key) -> None: ...
     def link(self, parent: Key, child: Key) -> None: ...
     def choose_victim(self, skip: Skip) -> Key | None: ...
     def ghost_distance(self, key: Key) -> int | None:
         """For a key not resident: bytes evicted since it was (a larger L1 by that much would have kept it);
         None when the policy does not remember it."""
+        ...
+
+    @property
+    def hir_bytes(self) -> int:
+        """The share of L1 kept for chunks not yet proven hot (0 where the policy keeps none)."""
         ...
 
 
@@ -96,18 +100,16 @@ class LRUPolicy:
         if parent in self._order and child in self._order:
             self._chains.link(parent, child)
 
-    def observe(self, key: Key) -> None:
-        pass
-
-    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool:
-        return True
-
     def remove(self, key: Key) -> None:
         self._order.pop(key, None)
         self._chains.forget(key)
 
     def ghost_distance(self, key: Key) -> int | None:
         return None  # LRU keeps no ghosts
+
+    @property
+    def hir_bytes(self) -> int:
+        return 0  # LRU protects nothing
 
     def choose_victim(self, skip: Skip) -> Key | None:
         for key in self._order:
@@ -121,53 +123,12 @@ class LRUPolicy:
         return None
 
 
-_HALVE = bytes(i >> 1 for i in range(256))  # bytes.translate table: every counter halved at once
-_MIX = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
-
-
-class FrequencySketch:
-    """Recent access counts with aging, in fixed memory: a count-min sketch (TinyLFU's frequency filter).
-
-    `depth` rows of `width` one-byte saturating counters, indexed by double hashing of `hash(key)` (SipHash
-    for bytes, seeded per process, so clients cannot aim collisions). Keys are never stored: a flood of
-    GET misses for distinct large keys costs nothing beyond the `width * depth` bytes. Every period all
-    counters are halved. Overestimates only (collisions add), never underestimates.
-    """
-
-    def __init__(self, min_period: int = 1024, width: int = 1 << 16, depth: int = 4) -> None:
-        if width & (width - 1):
-            raise ValueError("sketch width must be a power of two")
-        self._rows = [bytearray(width) for _ in range(depth)]
-        self._mask = width - 1
-        self._events = 0
-        self._min_period = min_period
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(r) for r in self._rows)
-
-    def _indexes(self, key: Key) -> list[int]:
-        x = (hash(key) * _MIX) & _MASK64
-        h1, h2 = x >> 32, (x & 0xFFFFFFFF) | 1
-        return [(h1 + i * h2) & self._mask for i in range(len(self._rows))]
-
-    def add(self, key: Key, resident: int) -> None:
-        for row, i in zip(self._rows, self._indexes(key), strict=True):
-            if row[i] < 255:
-                row[i] += 1
-        self._events += 1
-        if self._events >= max(self._min_period, 10 * resident):
-            self._events = 0
-            self._rows = [bytearray(r.translate(_HALVE)) for r in self._rows]
-
-    def __getitem__(self, key: Key) -> int:
-        return min(row[i] for row, i in zip(self._rows, self._indexes(key), strict=True))
-
-
 GHOST_OVERHEAD = 120
 """Bytes one ghost (a non-resident key in the LIRS stack) costs besides its key: the OrderedDict node and the
 bytes object header, as measured with tracemalloc on CPython 3.12."""
+
+MAX_HIR_FRACTION = 0.5
+"""The most of L1 the resident-HIR queue may grow to: at least half stays protected (LIR) for chunks proven hot."""
 
 
 def _ghost_cost(key: Key) -> int:
@@ -175,34 +136,51 @@ def _ghost_cost(key: Key) -> int:
 
 
 class PrefixLIRSPolicy:
-    """LIRS (Jiang & Zhang 2002) with byte sizes, prefix-aware victims and TinyLFU-style admission.
+    """LIRS (Jiang & Zhang 2002) with byte sizes, prefix-aware victims and a resident-HIR share that adapts.
 
-    Entries seen twice within a short reuse distance are LIR and protected; everything else lives in
-    a small resident-HIR queue `q` that absorbs scans and loops. Non-resident "ghost" entries in the
-    recency stack `s` remember recent misses, so a loop's re-reference promotes a chunk to LIR.
-    When the cache is full, a new chunk is only admitted if it has been asked for at least as often
-    as the chunk it would displace (popular documents survive one-off requests under Zipf).
+    Entries seen twice within a short reuse distance are LIR and protected; everything else lives in the
+    resident-HIR queue `q`, which absorbs scans and loops. Non-resident "ghost" entries in the recency stack `s`
+    remember what `q` evicted, so a chunk stored again while its ghost is there becomes LIR.
+
+    `q`'s share of the capacity adapts between `hir_fraction` and MAX_HIR_FRACTION, the way ARC sizes its
+    recency side. A chunk stored again after `q` evicted it (a ghost hit) says `q` was too small to see a new
+    chunk twice: `q` grows by its size and LIR's oldest chunks are demoted into `q`. A chunk stored again after
+    it was LIR, demoted and evicted says LIR was too small: `q` shrinks by its size. With a fixed 5% `q`,
+    chunks of users who had left stayed LIR and were never asked for again, while a newly arrived user's
+    document was evicted from `q` before its second turn: when users come and go, L1 served 0.03 of what LRU
+    served (bench/README.md, `kv_hitratio.py`). One-off chunks (a scan) are never stored again, so they leave
+    the share where it is and cannot flush LIR.
     """
 
     def __init__(
         self, capacity: int, hir_fraction: float = 0.05, ghost_factor: float = 2.0, ghost_bytes_fraction: float = 0.05
     ) -> None:
         self._capacity = max(1, capacity)
-        self._lir_limit = int(self._capacity * (1.0 - hir_fraction))
+        self._min_hir = int(self._capacity * hir_fraction)
+        self._max_hir = max(self._min_hir, int(self._capacity * MAX_HIR_FRACTION))
+        self._lir_limit = self._capacity - self._min_hir
         # Recency stack, last = most recent. A ghost's value is `_evicted_bytes` when it was evicted (its reuse
         # distance in bytes, for `ghost_distance`); resident entries hold None.
         self._s: OrderedDict[Key, int | None] = OrderedDict()
         self._evicted_bytes = 0
-        self._q: OrderedDict[Key, None] = OrderedDict()  # resident HIR, last = most recent
+        self._q: OrderedDict[Key, bool] = OrderedDict()
+        """Resident HIR, last = most recent; True for a chunk demoted from LIR (its eviction is remembered in
+        `_lost_lir`), False for one not yet proven hot."""
+        self._lost_lir: OrderedDict[Key, None] = OrderedDict()
+        """Ghosts of chunks evicted after a demotion from LIR, oldest first: stored again, they shrink `q`."""
         self._size: dict[Key, int] = {}  # resident entries
         self._lir: set[Key] = set()
         self._lir_bytes = 0
-        self._ghosts = 0
+        self._ghosts = 0  # in the stack and in `_lost_lir`
         self._ghost_bytes = 0  # what the ghosts' keys cost: bounded to ghost_bytes_fraction of the capacity
         self._ghost_budget = int(self._capacity * ghost_bytes_fraction)
         self._ghost_factor = ghost_factor
         self._chains = _Chains()
-        self._freq = FrequencySketch()
+
+    @property
+    def hir_bytes(self) -> int:
+        """The share of the capacity the resident-HIR queue may hold now (it adapts; see the class)."""
+        return self._capacity - self._lir_limit
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _prune(self) -> None:
@@ -219,17 +197,24 @@ class PrefixLIRSPolicy:
         self._ghosts -= 1
         self._ghost_bytes -= _ghost_cost(key)
 
+    def _add_ghost(self, key: Key) -> None:
+        self._ghosts += 1
+        self._ghost_bytes += _ghost_cost(key)
+
+    def _demote_lir_bottom(self, key: Key) -> None:
+        del self._s[key]
+        self._lir.discard(key)
+        self._lir_bytes -= self._size[key]
+        self._q[key] = True
+        self._prune()
+
     def _demote_excess_lir(self) -> None:
         while self._lir_bytes > self._lir_limit and self._s:
             bottom = next(iter(self._s))
             if bottom not in self._lir:
                 self._prune()
                 continue
-            del self._s[bottom]
-            self._lir.discard(bottom)
-            self._lir_bytes -= self._size[bottom]
-            self._q[bottom] = None
-            self._prune()
+            self._demote_lir_bottom(bottom)
 
     def _make_lir(self, key: Key) -> None:
         self._q.pop(key, None)
@@ -237,17 +222,27 @@ class PrefixLIRSPolicy:
         self._lir_bytes += self._size[key]
         self._demote_excess_lir()
 
+    def _resize_hir(self, delta: int) -> None:
+        """Move `q`'s share by `delta` bytes within its bounds; LIR beyond its new limit is demoted."""
+        hir = min(self._max_hir, max(self._min_hir, self.hir_bytes + delta))
+        self._lir_limit = self._capacity - hir
+        self._demote_excess_lir()
+
     def _bound_ghosts(self) -> None:
         limit = int(self._ghost_factor * max(16, len(self._size)))
         if self._ghosts <= limit and self._ghost_bytes <= self._ghost_budget:
             return
         limit, budget = limit * 3 // 4, self._ghost_budget * 3 // 4  # trim by a quarter: one scan per many evictions
-        for key in list(self._s):
-            if self._ghosts <= limit and self._ghost_bytes <= budget:
-                break
-            if key not in self._size:
+        stacked = [key for key in self._s if key not in self._size]  # oldest first
+        dropped = 0
+        while (self._ghosts > limit or self._ghost_bytes > budget) and (self._lost_lir or dropped < len(stacked)):
+            if self._lost_lir and len(self._lost_lir) >= len(stacked) - dropped:  # the longer list gives one up
+                key, _ = self._lost_lir.popitem(last=False)
+            else:
+                key = stacked[dropped]
+                dropped += 1
                 del self._s[key]
-                self._forget_ghost(key)
+            self._forget_ghost(key)
         self._prune()
 
     # -- policy interface -------------------------------------------------------------------------
@@ -258,6 +253,11 @@ class PrefixLIRSPolicy:
         was_ghost = key in self._s
         if was_ghost:
             self._forget_ghost(key)
+            self._resize_hir(size)
+        elif key in self._lost_lir:
+            del self._lost_lir[key]
+            self._forget_ghost(key)
+            self._resize_hir(-size)
         self._s[key] = None
         self._s.move_to_end(key)
         if parent is not None and parent in self._size:
@@ -265,7 +265,7 @@ class PrefixLIRSPolicy:
         if was_ghost or self._lir_bytes + size <= self._lir_limit:
             self._make_lir(key)
         else:
-            self._q[key] = None
+            self._q[key] = False
         self._bound_ghosts()
 
     def touch(self, key: Key) -> None:
@@ -284,18 +284,6 @@ class PrefixLIRSPolicy:
     def link(self, parent: Key, child: Key) -> None:
         if parent in self._size and child in self._size:
             self._chains.link(parent, child)
-
-    def observe(self, key: Key) -> None:
-        self._freq.add(key, len(self._size))
-
-    def should_admit(self, key: Key, skip: Skip, parent: Key | None = None) -> bool:
-        """Admission filter, asked only when admitting `key` means evicting something."""
-        for head in self._q:
-            if skip(head):
-                continue
-            victim = self._chains.tail_of(head, lambda k: k in self._q and not skip(k))
-            return self._freq[key] >= self._freq[victim]  # ties admit: recency still counts
-        return True
 
     def remove(self, key: Key) -> None:
         size = self._size.pop(key, None)
@@ -316,16 +304,22 @@ class PrefixLIRSPolicy:
         return None if stamp is None else self._evicted_bytes - stamp
 
     def _evict(self, key: Key) -> None:
-        """Evict a resident HIR entry; it stays in the stack as a ghost if it was there."""
+        """Evict a resident HIR entry: a ghost in the stack if it was there, in `_lost_lir` if it had been LIR."""
         stamp = self._evicted_bytes
         self._evicted_bytes += self._size.pop(key)
-        self._q.pop(key, None)
+        demoted = self._q.pop(key, False)
         self._chains.forget(key)
-        if key in self._s:
+        if demoted:
+            self._s.pop(key, None)
+            self._lost_lir[key] = None
+            self._add_ghost(key)
+            self._prune()
+        elif key in self._s:
             self._s[key] = stamp  # an update: the ghost keeps its place in the stack
-            self._ghosts += 1
-            self._ghost_bytes += _ghost_cost(key)
-            self._bound_ghosts()
+            self._add_ghost(key)
+        else:
+            return
+        self._bound_ghosts()
 
     def choose_victim(self, skip: Skip) -> Key | None:
         for _ in range(2):
@@ -339,11 +333,7 @@ class PrefixLIRSPolicy:
             lir_bottom = next((k for k in self._s if k in self._lir and not skip(k)), None)
             if lir_bottom is None:
                 return None
-            del self._s[lir_bottom]
-            self._lir.discard(lir_bottom)
-            self._lir_bytes -= self._size[lir_bottom]
-            self._q[lir_bottom] = None
-            self._prune()
+            self._demote_lir_bottom(lir_bottom)
         return None
 
 

@@ -339,7 +339,7 @@ class TieredStore:
         self.counters["bytes_in"] += len(value)
         had = key in self.l1
         try:
-            evicted = self.l1.put(key, value, parent, force=not self.has_l2)  # no L2: nowhere else to keep it
+            evicted = self.l1.put(key, value, parent)
         except MemoryError as e:
             if self.write_behind:
                 self.l1.delete(key)  # an older value must not shadow the new one
@@ -405,7 +405,7 @@ class TieredStore:
             "l1_capacity_bytes": self.l1.capacity,
             "l1_keys": len(self.l1),
             "l1_evictions": self.l1.evictions,
-            "l1_rejections": self.l1.rejections,
+            "l1_new_chunk_share_bytes": self.l1.policy.hir_bytes,
             "l1_policy": self.cfg.l1.eviction_policy.value,
         }
         for name in ("hits_l1", "hits_fs", "hits_s3", "misses", "sets", "bytes_in", "promotions"):
