@@ -45,12 +45,13 @@ SPARE_LABEL = "strata.dev/e2e-spare"
 
 
 def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) -> str:
-    """Run a command; on failure, fail the test with its output (the last 4000 characters)."""
-    result = subprocess.run(list(args), capture_output=capture, text=True, timeout=timeout, **kwargs)
-    if result.returncode != 0:
-        output = (result.stdout or "") + (result.stderr or "")
-        pytest.fail(f"`{' '.join(args)}` failed ({result.returncode}):\n{output[-4000:]}", pytrace=False)
-    return result.stdout or ""
+    """Run a command (`strata_testsupport.kindengines.run`); on failure, fail the test with its output."""
+    from strata_testsupport import kindengines
+
+    try:
+        return kindengines.run(*args, timeout=timeout, capture=capture, **kwargs)
+    except kindengines.CommandFailed as error:
+        pytest.fail(str(error), pytrace=False)
 
 
 def missing_gpu() -> list[str]:

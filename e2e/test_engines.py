@@ -74,18 +74,19 @@ def test_a_fresh_engine_on_the_other_worker_answers_from_kv_its_own_server_fetch
             on = wait_servers_ready(k8s_e2e, namespace, tier, kind_workers)
 
             def engine_on(worker: str, name: str) -> dict[str, Any]:
-                """A Deployment wired by its labels only, pinned to `worker`; its ready pod."""
+                """A Deployment wired by its labels only, pinned to `worker`, once the image is in that worker's
+                containerd; its ready pod."""
                 body = deployment(name, stock_vllm.load(worker), cache, tier)
                 body["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": worker}
+                started = time.monotonic()
                 resource(k8s_e2e, "apps/v1", "Deployment").create(namespace=namespace, body=body)
                 pod = ready_engine(site, name, set())
                 assert pod["spec"]["nodeName"] == worker, pod["spec"]["nodeName"]
+                print(f"{name} ready on {worker} {time.monotonic() - started:.0f}s after its Deployment (image loaded)")
                 return pod
 
             # -- engine A on the first worker: computes the prompt, stores its KV into the tier -------------------
-            started = time.monotonic()
             engine_a = engine_on(first, "engine-a")
-            print(f"engine A ready on {first} in {time.monotonic() - started:.0f}s")
             answer_a = complete(k8s_e2e, engine_a, LONG_PROMPT)
             text = answer_a["choices"][0]["text"]
             assert answer_a["usage"]["prompt_tokens"] == len(LONG_PROMPT), answer_a["usage"]
@@ -112,9 +113,7 @@ def test_a_fresh_engine_on_the_other_worker_answers_from_kv_its_own_server_fetch
             # -- engine B, fresh, on the second worker: the same prompt, answered from the tier --------------------
             before = {worker: server_counters(k8s_e2e, on[worker]) for worker in kind_workers}
             assert before[second]["sets"] == 0 and gets(before[second]) == 0, f"{second}'s server was used: {before}"
-            started = time.monotonic()
             engine_b = engine_on(second, "engine-b")
-            print(f"engine B ready on {second} in {time.monotonic() - started:.0f}s")
             answer_b = complete(k8s_e2e, engine_b, LONG_PROMPT)
             complete(k8s_e2e, engine_b, [7], max_tokens=1)  # the counters of the step before
             loaded = engine_metric(k8s_e2e, engine_b, LOADED)

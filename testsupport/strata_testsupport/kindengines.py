@@ -6,6 +6,7 @@ proxy (the host has no route to kind's pod network). Shared by e2e/test_engines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import subprocess
@@ -30,12 +31,25 @@ MODELS_DIR = "/var/lib/strata/models"
 """Where NodeLocal copies land on the workers (made by `engine_workers`, owned by the loader's uid)."""
 
 
-def run(*args: str) -> str:
-    """Run a command; its output, or an error with the end of what it printed."""
-    done = subprocess.run(list(args), capture_output=True, text=True, timeout=600)
+class CommandFailed(RuntimeError):
+    """A command exited non-zero; the message ends with the last 4000 characters it printed."""
+
+
+def run(*args: str, timeout: float = 1800, capture: bool = True, **kwargs: Any) -> str:
+    """Run a command; its output, or CommandFailed with the end of what it printed (e2e's conftest turns that into
+    a test failure)."""
+    done = subprocess.run(list(args), capture_output=capture, text=True, timeout=timeout, **kwargs)
     if done.returncode:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
-    return done.stdout
+        output = (done.stdout or "") + (done.stderr or "")
+        raise CommandFailed(f"`{' '.join(args)}` failed ({done.returncode}):\n{output[-4000:]}")
+    return done.stdout or ""
+
+
+@functools.cache
+def docker_root() -> str:
+    """Where Docker keeps its data (the kind nodes' containerd lives there): the filesystem whose space matters."""
+    info = subprocess.run(["docker", "info", "--format", "{{.DockerRootDir}}"], capture_output=True, text=True)
+    return info.stdout.strip() or "/"
 
 
 def disk_free(path: str = "/") -> str:
@@ -59,8 +73,7 @@ class StockImage:
 
     def load(self, worker: str) -> str:
         """Import the image into `worker`; returns its reference."""
-        info = ["docker", "info", "--format", "{{.DockerRootDir}}"]
-        root = subprocess.run(info, capture_output=True, text=True).stdout.strip() or "/"
+        root = docker_root()
         before, started = shutil.disk_usage(root).used, time.monotonic()
         command = (
             f'zstd -dc "{self.archive}" | docker exec -i {worker} ctr --namespace=k8s.io images import --digests '
