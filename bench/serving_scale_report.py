@@ -94,6 +94,10 @@ def _order(side: str) -> int:
     return list(SIDE_STYLE).index(side) if side in SIDE_STYLE else len(SIDE_STYLE)
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
 def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]:
     """The issue's claims, each said as what the numbers show (holds / does not hold / not measured)."""
     scale = _by(points, "scale")
@@ -120,6 +124,22 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         behind = [u for u in common if own[u]["throughput_tok_s"] < fs[u]["throughput_tok_s"]]
         verdict = "holds" if not behind else f"does not hold at U={behind}"
         out.append(f"{side} >= vllm-fs at every U ({common}): {verdict}")
+    socket, tcp = scale.get("strata-socket", {}), scale.get("strata-tcp", {})
+    common = sorted(set(socket) & set(tcp))
+    if common:
+        behind = [
+            u
+            for u in common
+            if socket[u]["throughput_tok_s"] < tcp[u]["throughput_tok_s"]
+            or socket[u]["ttft_p50_s"] > tcp[u]["ttft_p50_s"]
+        ]
+        verdict = "holds" if not behind else f"does not hold at U={behind}"
+        ratios = "; ".join(
+            f"U={u} {_ratio(socket[u]['throughput_tok_s'], tcp[u]['throughput_tok_s'])} tok/s, "
+            f"{_ratio(socket[u]['ttft_p50_s'], tcp[u]['ttft_p50_s'])} TTFT p50"
+            for u in common
+        )
+        out.append(f"strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios})")
     for pair, single in (("strata-tcp-x2", "strata-tcp"), ("cpu-x2", "cpu")):
         two, one = scale.get(pair, {}), scale.get(single, {})
         for u in sorted(set(two) & set(one)):

@@ -170,6 +170,7 @@ def small_result() -> dict[str, object]:
         point("vllm-fs", 4, 3200, 0.95),
         point("none", 16, 1000, 0.2),
         point("strata-tcp", 16, 2900, 0.9, "DoesNotPay"),
+        point("strata-socket", 16, 2610, 0.9),
         point("vllm-fs", 16, 3000, 0.9),
         point("strata-tcp-x2", 16, 2500, 0.88, "Pays"),
         point("cpu-x2", 16, 1500, 0.45),
@@ -192,6 +193,10 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
     )
     assert "strata-tcp: past U=8 keeps 0.88x-0.88x of its U=4 throughput (keeps >= 0.8x: holds)" in text
     assert "strata-tcp >= vllm-fs at every U ([4, 16]): does not hold at U=[16]" in text
+    assert (
+        "strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): does not hold at U=[16] "
+        "(U=16 0.90x tok/s, 1.00x TTFT p50)" in text
+    )
     assert "U=16: hit ratio strata-tcp-x2 0.88 vs one replica 0.90" in text
     assert "U=16: hit ratio cpu-x2 0.45 vs one replica 0.60" in text
     assert "the tier's verdict agrees with the bench's gain at 2 of 3 judged points" in text
