@@ -1,11 +1,15 @@
 """Eviction policies: the byte bound always holds, LRU hits the cliff, the default does not, tails go first."""
 
-import random
+import sys
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strata_kv.store.memory import MemoryTier, entry_cost
 from strata_kv.store.policy import LRUPolicy, PrefixLIRSPolicy, make_policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from kv_hitratio import arrivals  # the hit-ratio bench's workload: users who come and go
 
 
 def value_bytes(key: bytes, value: bytes) -> int:
@@ -142,24 +146,6 @@ def serve(t: MemoryTier, trace: list[int], chunks_per_doc: int = 4) -> int:
                 t.put(key, b"x" * CHUNK, parent)
             parent = key
     return hits
-
-
-def arrivals(active: int, turns: int, requests: int) -> list[int]:
-    """`active` users talk at once, each about a document of its own for `turns` requests, then leaves and a new
-    user arrives: the working set moves on, as it does when a server's users come and go."""
-    rng = random.Random(3)
-    left = dict.fromkeys(range(active), turns)
-    arrived = active
-    trace = []
-    while len(trace) < requests:
-        doc = rng.choice(sorted(left))
-        trace.append(doc)
-        left[doc] -= 1
-        if not left[doc]:
-            del left[doc]
-            left[arrived] = turns
-            arrived += 1
-    return trace
 
 
 def test_users_who_arrive_take_the_place_of_users_who_left() -> None:
