@@ -1,4 +1,4 @@
-"""Demo: a real strata-kv with a small L1 and a filesystem L2, replaying the cyclic and Zipf workloads.
+"""Demo: a real strata-kv with a small L1 and a filesystem L2, replaying the cyclic, Zipf and arrivals workloads.
 
 For each workload it starts two servers (the default policy and plain LRU), replays requests the
 way an engine does (STRATA.PREFIX to find the resident prefix, GET those chunks, store the rest as
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
-from kv_hitratio import cyclic, zipf
+from kv_hitratio import arrivals, cyclic, zipf
 from strata_kv.client import KVClient
 from strata_testsupport.kvserver import running_kv_server
 
@@ -78,6 +78,8 @@ def main() -> None:
         print(run("cyclic 10 docs", policy, cyclic(10, args.rounds), 10 * c, 0.9, args))
     for policy in ("prefix-lirs", "lru"):
         print(run("zipf s=1 60 docs", policy, zipf(60, args.requests), 60 * c, 0.25, args))
+    for policy in ("prefix-lirs", "lru"):
+        print(run("users who come and go", policy, arrivals(8, 6, args.requests), 8 * c, 1.0, args))
 
 
 if __name__ == "__main__":
