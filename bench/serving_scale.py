@@ -133,6 +133,14 @@ def write(result: dict[str, Any], output: Path) -> None:
         (output / "report.md").write_text(markdown(result) + "\n")
 
 
+def failure_excerpt(log: str, first_errors: int = 80, tail: int = 3000) -> str:
+    """What a failed point keeps of an engine's log: its first `first_errors` ERROR lines (where vLLM prints the
+    root cause of an EngineDeadError, before its shutdown fills the end of the log) and its last `tail`
+    characters."""
+    errors = [line for line in log.splitlines() if " ERROR " in line][:first_errors]
+    return ("\n".join(errors) + "\n...\n" if errors else "") + log[-tail:]
+
+
 def point_line(p: dict[str, Any]) -> str:
     offload = p.get("offload") or {}
     verdict = f" verdict {offload.get('verdict')} (server hit {offload.get('hitRatio')})" if offload else ""
@@ -173,7 +181,7 @@ def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> Non
                 result["points"].append(point)
                 print(point_line(point), flush=True)
         except Exception as error:  # a sweep goes on past one broken point; the JSON says which
-            logs = {p.name: p.read_text(errors="replace")[-3000:] for p in sorted(place.glob("vllm-*.log"))}
+            logs = {p.name: failure_excerpt(p.read_text(errors="replace")) for p in sorted(place.glob("vllm-*.log"))}
             result["errors"].append({"experiment": experiment, "side": side, "error": repr(error), "logs": logs})
             print(f"{experiment} {side}: FAILED {error!r}\n{traceback.format_exc()}", flush=True)
         shutil.rmtree(place, ignore_errors=True)

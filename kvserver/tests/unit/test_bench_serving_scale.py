@@ -10,6 +10,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import serving_scale  # noqa: E402
 import serving_scale_report as report  # noqa: E402
 import serving_workload as wl  # noqa: E402
 from strata_operator.resources.kvcachetier.offload import sample  # noqa: E402
@@ -264,3 +265,15 @@ def test_the_engines_kv_memory_is_read_from_vllms_own_lines() -> None:
         "Running: 0 reqs, CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n"
     )
     assert wl.kv_cache_lines(log) == [size]
+
+
+def test_a_failed_point_keeps_the_engines_first_errors_and_the_end_of_its_log() -> None:
+    log = "\n".join(
+        ["INFO starting"] * 50
+        + ["(EngineCore pid=1) ERROR 12-07 06:03:05 [core.py:1] AssertionError: the root cause"]
+        + ["INFO shutting down"] * 500
+    )
+    kept = serving_scale.failure_excerpt(log, tail=200)
+    assert kept.startswith("(EngineCore pid=1) ERROR 12-07 06:03:05 [core.py:1] AssertionError: the root cause\n...\n")
+    assert kept.endswith("INFO shutting down") and len(kept) < 400
+    assert serving_scale.failure_excerpt("INFO only", tail=200) == "INFO only"
