@@ -23,12 +23,20 @@ SIDE_STYLE = {
 STRATA = ("strata-tcp", "strata-socket")
 
 
+JUDGED_AGAINST = {"strata-tcp-x2": "cpu-x2"}
+"""The side a tier's verdict is checked against, where it is not `none`: two engines share two cores, so two
+replicas with the tier are judged against two replicas without it, not against one engine."""
+
+
 def annotate(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ratios against `none` at the same point, and whether the tier's verdict agrees with them, in place."""
+    """Ratios against `none` (and the two-replica sides against `cpu-x2`) at the same point, and whether the
+    tier's verdict agrees with the gain over the side it is judged against, in place."""
     ratios(points)
+    for baseline in set(JUDGED_AGAINST.values()):
+        ratios(points, baseline)
     for p in points:
         if "offload" in p:
-            p["verdict_agrees"] = verdict_agreement(p)
+            p["verdict_agrees"] = verdict_agreement(p, JUDGED_AGAINST.get(p["side"], "none"))
     return points
 
 

@@ -181,11 +181,12 @@ def ratios(points: Sequence[dict[str, Any]], baseline: str = "none", key: str = 
         p[f"vs_{baseline}"] = p[key] / reference if reference else None
 
 
-def verdict_agreement(point: Mapping[str, Any]) -> bool | None:
-    """Does the tier's verdict over the point say what the bench showed (Pays where the side beat no offloading,
-    DoesNotPay where it lost)? None where either is missing or the verdict had too little data."""
+def verdict_agreement(point: Mapping[str, Any], baseline: str = "none") -> bool | None:
+    """Does the tier's verdict over the point say what the bench showed (Pays where the side beat `baseline`, the
+    same engines without the tier, DoesNotPay where it lost)? None where either is missing or the verdict had too
+    little data."""
     verdict = (point.get("offload") or {}).get("verdict")
-    gain = point.get("vs_none")
+    gain = point.get(f"vs_{baseline}")
     if verdict not in ("Pays", "DoesNotPay") or gain is None:
         return None
     return (verdict == "Pays") == (gain > 1.0)

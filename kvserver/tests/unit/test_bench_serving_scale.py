@@ -174,6 +174,8 @@ def small_result() -> dict[str, object]:
         point("strata-socket", 16, 2610, 0.9),
         point("vllm-fs", 16, 3000, 0.9),
         point("strata-tcp-x2", 16, 2500, 0.88, "Pays"),
+        point("strata-tcp-x2", 4, 2000, 0.9, "Pays"),  # below one engine, above two without the tier
+        point("cpu-x2", 4, 1800, 0.5),
         point("cpu-x2", 16, 1500, 0.45),
         point("cpu", 16, 2000, 0.6),
     ]
@@ -187,6 +189,8 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
     assert strata16["vs_none"] == 2.9
     assert strata16["verdict_agrees"] is False  # the bench shows a gain, the verdict said DoesNotPay
     assert next(p for p in points if p["side"] == "strata-tcp" and p["x"] == 4)["verdict_agrees"] is True
+    two = next(p for p in points if p["side"] == "strata-tcp-x2" and p["x"] == 4)
+    assert two["vs_none"] < 1 and two["verdict_agrees"] is True  # judged against cpu-x2: two engines on two cores
     text = report.markdown(result)
     assert (
         "| 16 | strata-tcp | 2,900 | 2.90x | 0.500 | 2.000 | 0.90 | 0.90 | 1,024 | DoesNotPay | 0.900 | **no** |"
@@ -200,7 +204,7 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
     )
     assert "U=16: hit ratio strata-tcp-x2 0.88 vs one replica 0.90" in text
     assert "U=16: hit ratio cpu-x2 0.45 vs one replica 0.60" in text
-    assert "the tier's verdict agrees with the bench's gain at 2 of 3 judged points" in text
+    assert "the tier's verdict agrees with the bench's gain at 3 of 4 judged points" in text
     report.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
