@@ -11,6 +11,7 @@ Experiments (each point a fresh set of engines and tier; the sides' order rotate
     python bench/serving_scale.py --smoke                    # ~10 min: every side once at U=16
     python bench/serving_scale.py --sweep                    # hours, on a quiet machine (bench/README.md)
     python bench/serving_scale.py --report bench/results/serving_scale/result.json   # table and plot again
+    python bench/serving_scale.py --report a/result.json b/result.json --output c   # several runs as one
 
 Run with the repository's venv; the engines run from vLLM's CPU venv (hack/build-vllm-venv.sh builds it).
 """
@@ -90,7 +91,13 @@ def parse_args() -> argparse.Namespace:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--smoke", action="store_true", help="every side once at U=16, 20 s a point (~10 min)")
     mode.add_argument("--sweep", action="store_true", help="all three experiments in full (hours)")
-    mode.add_argument("--report", type=Path, metavar="JSON", help="table and plot again from a result.json")
+    mode.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="table and plot again from a result.json (several: their points as one report, in --output)",
+    )
     parser.add_argument("--users", type=int, nargs="*", help="U of the scale experiment (none: skip it)")
     parser.add_argument("--sides", nargs="+", help="sides of the scale experiment")
     parser.add_argument("--point-seconds", type=float, help="measured seconds per point (after priming)")
@@ -124,6 +131,31 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+SAME_MEASUREMENT = ("engine_blocks", "cpu_bytes", "think_seconds", "doc_tokens", "chunk_tokens", "model", "seed")
+"""Settings two runs must share for their points to stand in one report (the engine, its tiers, the users)."""
+
+
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' results as one: their points in run order (a side measured again at an x is its next round),
+    their errors, and each run's date, plan and wall time. Runs that measured something else are refused."""
+    first = results[0]
+    for other in results[1:]:
+        differ = [k for k in SAME_MEASUREMENT if first["settings"].get(k) != other["settings"].get(k)]
+        if differ:
+            raise SystemExit(f"runs of {first['date']} and {other['date']} differ in {differ}: not one measurement")
+    if len(results) == 1:
+        return first
+    points = [{k: v for k, v in p.items() if k != "round"} | {"run": r["date"]} for r in results for p in r["points"]]
+    settings = first["settings"] | {"mixed_users": max(r["settings"].get("mixed_users") or 0 for r in results)}
+    runs = [{k: r.get(k) for k in ("date", "plan", "wall_s")} | {"points": len(r["points"])} for r in results]
+    return first | {
+        "settings": settings,
+        "points": points,
+        "errors": [e for r in results for e in r["errors"]],
+        "runs": runs,
+    }
+
+
 def write(result: dict[str, Any], output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
     annotate(result["points"])
@@ -141,9 +173,19 @@ def failure_excerpt(log: str, first_errors: int = 80, tail: int = 3000) -> str:
     return ("\n".join(errors) + "\n...\n" if errors else "") + log[-tail:]
 
 
+TIER_FAILURES = ("store_failed_chunks", "load_failed_chunks", "load_missing_chunks", "breaker_opens")
+"""The Strata tier's counters (in vLLM's metrics) that count something gone wrong, besides those by outcome."""
+
+
 def point_line(p: dict[str, Any]) -> str:
     offload = p.get("offload") or {}
     verdict = f" verdict {offload.get('verdict')} (server hit {offload.get('hitRatio')})" if offload else ""
+    failures = [
+        f"{k} {v:.0f}"
+        for k, v in (p.get("strata_tier") or {}).items()
+        if k in TIER_FAILURES or (":" in k and k.split(":")[1] not in ("hit", "miss"))
+    ]
+    verdict += f"; tier failures: {', '.join(failures)}" if failures else ""
     return (
         f"{p['experiment']} x={p['x']} {p['side']}: {p['throughput_tok_s']:.0f} tok/s, {p['requests']} requests, "
         f"TTFT p50 {p['ttft_p50_s']:.3f}s p99 {p['ttft_p99_s']:.3f}s, hit {p['hit_ratio']:.2f} "
@@ -192,8 +234,10 @@ def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> Non
 def main() -> None:
     args = parse_args()
     if args.report is not None:
-        again = json.loads(args.report.read_text())
-        write(again, args.report.parent)
+        if len(args.report) > 1 and args.output is None:
+            raise SystemExit("several result.json files make one report: say where with --output")
+        again = merged([json.loads(path.read_text()) for path in args.report])
+        write(again, args.output or args.report[0].parent)
         print(markdown(again))
         return
     from strata_testsupport.vllm import cpu_kernel_build, vllm_cpu_python

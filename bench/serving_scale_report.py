@@ -5,6 +5,7 @@ offloading, the verdict beside the bench's own gain, the issue's claims checked,
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,34 @@ def annotate(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return points
 
 
-def _by(points: Sequence[Mapping[str, Any]], experiment: str) -> dict[str, dict[Any, Mapping[str, Any]]]:
-    out: dict[str, dict[Any, Mapping[str, Any]]] = {}
+def _by(points: Sequence[Mapping[str, Any]], experiment: str) -> dict[str, dict[Any, list[Mapping[str, Any]]]]:
+    """Per side and x, the experiment's points: one per round the run measured."""
+    out: dict[str, dict[Any, list[Mapping[str, Any]]]] = {}
     for p in points:
         if p["experiment"] == experiment:
-            out.setdefault(p["side"], {})[p["x"]] = p
+            out.setdefault(p["side"], {}).setdefault(p["x"], []).append(p)
     return out
+
+
+def _median(rounds: Sequence[Mapping[str, Any]], key: str) -> float:
+    return float(statistics.median(p[key] for p in rounds))
+
+
+def _paired(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    """`a`'s `key` over `b`'s, round by round (the two sides of one round ran next to each other)."""
+    by_round = {p.get("round", 0): p for p in b}
+    return [
+        p[key] / by_round[p.get("round", 0)][key]
+        for p in a
+        if p.get("round", 0) in by_round and by_round[p.get("round", 0)][key]
+    ]
+
+
+def _spread(values: Sequence[float]) -> str:
+    """A ratio, or over several rounds its median [min-max] and how many."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}x"
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}], {len(values)} rounds"
 
 
 def _num(value: Any, fmt: str, unit: str = "") -> str:
@@ -64,7 +87,10 @@ def load_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str:
         "| verdict | server hit | agrees |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    rows = sorted((p for p in points if p["experiment"] == experiment), key=lambda p: (p["x"], _order(p["side"])))
+    rows = sorted(
+        (p for p in points if p["experiment"] == experiment),
+        key=lambda p: (p["x"], _order(p["side"]), p.get("round", 0)),
+    )
     for p in rows:
         offload = p.get("offload") or {}
         agrees = {True: "yes", False: "**no**", None: "-"}[p.get("verdict_agrees")]
@@ -73,6 +99,33 @@ def load_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str:
             f"| {_num(p['ttft_p50_s'], '.3f')} | {_num(p['ttft_p99_s'], '.3f')} | {p['hit_ratio']:.2f} "
             f"| {p['tier_hit_ratio']:.2f} | {_mib(p.get('loaded_bytes'))} | {offload.get('verdict', '-')} "
             f"| {offload.get('hitRatio', '-')} | {agrees} |"
+        )
+    return "\n".join(lines)
+
+
+def rounds_table(points: Sequence[Mapping[str, Any]], experiment: str) -> str | None:
+    """Where the run measured a side more than once at an x: the median and range over its rounds (None when
+    every point was measured once)."""
+    series = _by(points, experiment)
+    if all(len(rounds) < 2 for row in series.values() for rounds in row.values()):
+        return None
+    lines = [
+        "| x | side | rounds | tok/s, median [range] | TTFT p50 s, median [range] | hit ratio, median "
+        "| loaded MiB, median |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    cells = sorted(
+        ((x, side, rounds) for side, row in series.items() for x, rounds in row.items()),
+        key=lambda cell: (cell[0], _order(cell[1])),
+    )
+    for x, side, rounds in cells:
+        tok = median_range([p["throughput_tok_s"] for p in rounds])
+        ttft = median_range([p["ttft_p50_s"] for p in rounds])
+        loaded = [p["loaded_bytes"] for p in rounds if p.get("loaded_bytes") is not None]
+        lines.append(
+            f"| {x} | {side} | {len(rounds)} | {tok[0]:,.0f} [{tok[1]:,.0f}-{tok[2]:,.0f}] "
+            f"| {ttft[0]:.3f} [{ttft[1]:.3f}-{ttft[2]:.3f}] | {_median(rounds, 'hit_ratio'):.2f} "
+            f"| {_mib(statistics.median(loaded)) if loaded else '-'} |"
         )
     return "\n".join(lines)
 
@@ -86,7 +139,9 @@ def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     rows = _by(points, "ttft")
-    recompute = {x: median_range(p["warm_ttft_s"])[0] for x, p in rows.get("none", {}).items()}
+    recompute = {
+        x: median_range([t for p in rounds for t in p["warm_ttft_s"]])[0] for x, rounds in rows.get("none", {}).items()
+    }
     for p in sorted((p for p in points if p["experiment"] == "ttft"), key=lambda p: (p["x"], _order(p["side"]))):
         cold, warm = median_range(p["cold_ttft_s"]), median_range(p["warm_ttft_s"])
         gain = recompute[p["x"]] / warm[0] if p["x"] in recompute and warm[0] > 0 else None
@@ -102,10 +157,6 @@ def _order(side: str) -> int:
     return list(SIDE_STYLE).index(side) if side in SIDE_STYLE else len(SIDE_STYLE)
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
-
-
 def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]:
     """The issue's claims, each said as what the numbers show (holds / does not hold / not measured)."""
     scale = _by(points, "scale")
@@ -116,7 +167,8 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         if 4 not in own or not past or not all(u in own for u in past):
             out.append(f"{side}: throughput past U={full_at_users} against its own at U=4: not measured")
             continue
-        kept = [own[u]["throughput_tok_s"] / own[4]["throughput_tok_s"] for u in past]
+        at_four = _median(own[4], "throughput_tok_s")
+        kept = [_median(own[u], "throughput_tok_s") / at_four for u in past]
         floor = min(kept)
         verdict = "holds" if floor >= 0.8 else "does not hold"
         label = "keeps >= 0.8x" if side != "none" else "for comparison"
@@ -129,31 +181,33 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         common = sorted(set(own) & set(fs))
         if not common:
             continue
-        behind = [u for u in common if own[u]["throughput_tok_s"] < fs[u]["throughput_tok_s"]]
+        against = {u: _paired(own[u], fs[u], "throughput_tok_s") for u in common}
+        behind = [u for u in common if against[u] and statistics.median(against[u]) < 1.0]
         verdict = "holds" if not behind else f"does not hold at U={behind}"
-        out.append(f"{side} >= vllm-fs at every U ({common}): {verdict}")
+        spread = "; ".join(f"U={u} {_spread(against[u])}" for u in common if against[u])
+        out.append(f"{side} >= vllm-fs at every U ({common}): {verdict} (tok/s, {side}/vllm-fs: {spread})")
     socket, tcp = scale.get("strata-socket", {}), scale.get("strata-tcp", {})
     common = sorted(set(socket) & set(tcp))
     if common:
+        speed = {u: _paired(socket[u], tcp[u], "throughput_tok_s") for u in common}
+        wait = {u: _paired(socket[u], tcp[u], "ttft_p50_s") for u in common}
         behind = [
             u
             for u in common
-            if socket[u]["throughput_tok_s"] < tcp[u]["throughput_tok_s"]
-            or socket[u]["ttft_p50_s"] > tcp[u]["ttft_p50_s"]
+            if speed[u] and wait[u] and (statistics.median(speed[u]) < 1.0 or statistics.median(wait[u]) > 1.0)
         ]
         verdict = "holds" if not behind else f"does not hold at U={behind}"
         ratios = "; ".join(
-            f"U={u} {_ratio(socket[u]['throughput_tok_s'], tcp[u]['throughput_tok_s'])} tok/s, "
-            f"{_ratio(socket[u]['ttft_p50_s'], tcp[u]['ttft_p50_s'])} TTFT p50"
-            for u in common
+            f"U={u} {_spread(speed[u])} tok/s, {_spread(wait[u])} TTFT p50" for u in common if speed[u] and wait[u]
         )
         out.append(f"strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios})")
     for pair, single in (("strata-tcp-x2", "strata-tcp"), ("cpu-x2", "cpu")):
         two, one = scale.get(pair, {}), scale.get(single, {})
         for u in sorted(set(two) & set(one)):
             out.append(
-                f"U={u}: hit ratio {pair} {two[u]['hit_ratio']:.2f} vs one replica {one[u]['hit_ratio']:.2f} "
-                f"(tier hit {two[u]['tier_hit_ratio']:.2f} vs {one[u]['tier_hit_ratio']:.2f})"
+                f"U={u}: hit ratio {pair} {_median(two[u], 'hit_ratio'):.2f} vs one replica "
+                f"{_median(one[u], 'hit_ratio'):.2f} (tier hit {_median(two[u], 'tier_hit_ratio'):.2f} vs "
+                f"{_median(one[u], 'tier_hit_ratio'):.2f})"
             )
     judged = [p for p in points if p.get("verdict_agrees") is not None]
     if judged:
@@ -178,10 +232,13 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
             color, style = SIDE_STYLE.get(side, ("black", "-"))
             xs = sorted(row)
             if experiment == "ttft":
-                ys = [median_range(row[x]["warm_ttft_s"])[0] for x in xs]
+                spans = [median_range([t for p in row[x] for t in p["warm_ttft_s"]]) for x in xs]
             else:
-                ys = [row[x]["throughput_tok_s"] for x in xs]
-            ax.plot(xs, ys, marker="o", color=color, linestyle=style, label=side)
+                spans = [median_range([p["throughput_tok_s"] for p in row[x]]) for x in xs]
+            ys = [span[0] for span in spans]
+            below = [span[0] - span[1] for span in spans]
+            above = [span[2] - span[0] for span in spans]
+            ax.errorbar(xs, ys, yerr=[below, above], marker="o", color=color, linestyle=style, label=side, capsize=3)
         if experiment in ("scale", "ttft"):
             ax.set_xscale("log", base=2)
             xs_all = sorted({x for row in _by(points, experiment).values() for x in row})
@@ -217,6 +274,9 @@ def markdown(result: Mapping[str, Any]) -> str:
     for experiment in ("scale", "mixed"):
         if any(p["experiment"] == experiment for p in points):
             parts.append(load_table(points, experiment))
+            spread = rounds_table(points, experiment)
+            if spread:
+                parts.append(spread)
     if any(p["experiment"] == "ttft" for p in points):
         parts.append(ttft_table(points))
     parts.append("\n".join(f"- {line}" for line in claims(points, result.get("settings", {}).get("full_at_users", 8))))

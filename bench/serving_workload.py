@@ -125,8 +125,14 @@ def request_summary(requests: Sequence[Mapping[str, Any]], seconds: float) -> di
     }
 
 
+STRATA_TIER_METRICS = "vllm:kv_offload_strata_"
+"""Strata's tier's own counters in vLLM's metrics (`strata_kv.vllm.tier`): lookups by result, drops by reason."""
+BY_OUTCOME = re.compile(r'(?:result|reason)="([^"]+)"')
+
+
 def metric_sums(text: str) -> dict[str, float]:
-    """A Prometheus text page's samples summed over their labels, by name (`_total` kept as the page has it)."""
+    """A Prometheus text page's samples summed over their labels, by name (`_total` kept as the page has it); the
+    Strata tier's counters also by outcome (`name:error`, `name:queue_full`), where a point's failures show."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -134,9 +140,14 @@ def metric_sums(text: str) -> dict[str, float]:
         name_labels, _, value = line.rpartition(" ")
         name = name_labels.split("{", 1)[0]
         try:
-            sums[name] = sums.get(name, 0.0) + float(value)
+            number = float(value)
         except ValueError:
             continue
+        sums[name] = sums.get(name, 0.0) + number
+        outcome = BY_OUTCOME.search(name_labels) if name.startswith(STRATA_TIER_METRICS) else None
+        if outcome:
+            key = f"{name}:{outcome.group(1)}"
+            sums[key] = sums.get(key, 0.0) + number
     return sums
 
 
@@ -168,16 +179,35 @@ def engine_summary(delta: Mapping[str, float]) -> dict[str, Any]:
         "tier_hit_ratio": external / external_queries if external_queries else 0.0,
         "loaded_bytes": _counter(delta, "vllm:kv_offload_load_bytes"),
         "secondary_read_bytes": _counter(delta, "vllm:kv_offload_tiering_read_bytes"),
+        "strata_tier": {
+            name.removeprefix(STRATA_TIER_METRICS).replace("_total", ""): value
+            for name, value in sorted(delta.items())
+            if name.startswith(STRATA_TIER_METRICS) and value
+        },
     }
 
 
 # -- side by side ------------------------------------------------------------------------------------------
+def number_rounds(points: Sequence[dict[str, Any]]) -> None:
+    """Each point's `round`: how many points of the same experiment, side and x came before it in the run (a run
+    that lists a U twice measures every side twice, in the same rotation), in place; a number already there
+    stays."""
+    seen: dict[tuple[str, str, Any], int] = {}
+    for p in points:
+        key = (p["experiment"], p["side"], p["x"])
+        p.setdefault("round", seen.get(key, 0))
+        seen[key] = seen.get(key, 0) + 1
+
+
 def ratios(points: Sequence[dict[str, Any]], baseline: str = "none", key: str = "throughput_tok_s") -> None:
-    """Each point's `key` over the baseline side's at the same experiment and x (as `vs_<baseline>`), in place."""
+    """Each point's `key` over the baseline side's at the same experiment and x (as `vs_<baseline>`), in place:
+    the baseline's point of the same round where there is one, else its last."""
     measured = [p for p in points if key in p]
-    base = {(p["experiment"], p["x"]): p[key] for p in measured if p["side"] == baseline}
+    number_rounds(measured)
+    base = {(p["experiment"], p["x"], p["round"]): p[key] for p in measured if p["side"] == baseline}
+    last = {(p["experiment"], p["x"]): p[key] for p in measured if p["side"] == baseline}
     for p in measured:
-        reference = base.get((p["experiment"], p["x"]))
+        reference = base.get((p["experiment"], p["x"], p["round"]), last.get((p["experiment"], p["x"])))
         p[f"vs_{baseline}"] = p[key] / reference if reference else None
 
 

@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -89,6 +91,8 @@ vllm:external_prefix_cache_queries_total{{engine="0",model_name="bench"}} {ext_q
 vllm:external_prefix_cache_hits_total{{engine="0",model_name="bench"}} {ext_hits}
 vllm:kv_offload_load_bytes_total{{engine="0",model_name="bench",transfer_type="CPU_to_GPU"}} {loaded}
 vllm:kv_offload_tiering_read_bytes_total{{engine="0",tier="StrataTier"}} {read}
+vllm:kv_offload_strata_lookup_chunks_total{{engine="0",model_name="bench",result="hit"}} {ext_hits}
+vllm:kv_offload_strata_lookup_chunks_total{{engine="0",model_name="bench",result="error"}} {errors}
 """
 
 
@@ -97,11 +101,11 @@ def page(**counts: float) -> dict[str, float]:
 
 
 def test_the_engines_counters_give_the_points_hit_ratios_and_bytes_over_both_replicas() -> None:
-    zero = {"queries": 0, "hits": 0, "ext_queries": 0, "ext_hits": 0, "loaded": 0, "read": 0}
+    zero = {"queries": 0, "hits": 0, "ext_queries": 0, "ext_hits": 0, "loaded": 0, "read": 0, "errors": 0}
     before = [page(**zero), page(**zero | {"queries": 500, "hits": 500})]
     after = [
-        page(queries=1000, hits=200, ext_queries=800, ext_hits=600, loaded=2**20, read=2**19),
-        page(queries=1500, hits=700, ext_queries=800, ext_hits=200, loaded=2**20, read=0),
+        page(queries=1000, hits=200, ext_queries=800, ext_hits=600, loaded=2**20, read=2**19, errors=3),
+        page(queries=1500, hits=700, ext_queries=800, ext_hits=200, loaded=2**20, read=0, errors=0),
     ]
     summary = wl.engine_summary(wl.metric_delta(before, after))
     # 2000 tokens asked for over the point; the engines' caches had 400, their connectors 800 of the 1600 left.
@@ -110,6 +114,8 @@ def test_the_engines_counters_give_the_points_hit_ratios_and_bytes_over_both_rep
     assert summary["tier_hit_ratio"] == 800 / 1600
     assert summary["loaded_bytes"] == 2 * 2**20
     assert summary["secondary_read_bytes"] == 2**19
+    # the Strata tier's own counters by outcome: lookups the server did not answer in time are misses for vLLM
+    assert summary["strata_tier"] == {"lookup_chunks": 803, "lookup_chunks:error": 3, "lookup_chunks:hit": 800}
 
 
 def test_sides_take_turns_at_going_first() -> None:
@@ -281,3 +287,49 @@ def test_a_failed_point_keeps_the_engines_first_errors_and_the_end_of_its_log() 
     assert kept.startswith("(EngineCore pid=1) ERROR 12-07 06:03:05 [core.py:1] AssertionError: the root cause\n...\n")
     assert kept.endswith("INFO shutting down") and len(kept) < 400
     assert serving_scale.failure_excerpt("INFO only", tail=200) == "INFO only"
+
+
+def test_a_side_measured_in_several_rounds_is_compared_round_by_round_and_shown_with_its_spread() -> None:
+    points = [  # two rounds at U=64, each side next to the others of its round
+        point("vllm-fs", 64, 1000, 0.9),
+        point("strata-tcp", 64, 1100, 0.9),
+        point("strata-socket", 64, 900, 0.8),
+        point("vllm-fs", 64, 2000, 0.9),
+        point("strata-tcp", 64, 1800, 0.9),
+        point("strata-socket", 64, 2000, 0.9),
+    ]
+    result = {"title": "test", "settings": {"full_at_users": 8}, "points": points}
+    report.annotate(points)  # type: ignore[arg-type]
+    assert [p["round"] for p in points] == [0, 0, 0, 1, 1, 1]
+    text = report.markdown(result)
+    # round by round: 1.10x and 0.90x, not the first round's tcp over the second round's fs
+    assert (
+        "strata-tcp >= vllm-fs at every U ([64]): holds (tok/s, strata-tcp/vllm-fs: U=64 1.00x [0.90-1.10], 2 rounds)"
+        in text
+    )
+    assert "U=64 0.96x [0.82-1.11], 2 rounds tok/s" in text
+    assert "| 64 | strata-socket | 2 | 1,450 [900-2,000] | 0.500 [0.500-0.500] | 0.85 | 1,024 |" in text
+
+
+def test_points_measured_once_get_no_spread_table() -> None:
+    assert report.rounds_table(small_result()["points"], "scale") is None  # type: ignore[arg-type]
+
+
+def test_runs_merged_into_one_report_make_a_side_measured_again_its_next_round() -> None:
+    def run(date: str, tok_s: float, mixed_users: int = 0) -> dict[str, object]:
+        settings = {"engine_blocks": 896, "cpu_bytes": "112Mi", "seed": 0, "mixed_users": mixed_users}
+        first = point("strata-tcp", 64, tok_s, 0.9)
+        return {"date": date, "plan": "sweep", "settings": settings, "points": [first], "errors": []}
+
+    one, two = run("2026-12-06", 1000), run("2026-12-07", 1200, mixed_users=16)
+    report.annotate(one["points"])  # type: ignore[arg-type]
+    report.annotate(two["points"])  # type: ignore[arg-type]
+    both = serving_scale.merged([one, two])
+    report.annotate(both["points"])
+    assert [(p["round"], p["run"]) for p in both["points"]] == [(0, "2026-12-06"), (1, "2026-12-07")]
+    assert both["settings"]["mixed_users"] == 16
+    assert [r["points"] for r in both["runs"]] == [1, 1]
+    other = run("2026-12-08", 1000)
+    other["settings"]["engine_blocks"] = 448  # type: ignore[index]
+    with pytest.raises(SystemExit, match="engine_blocks"):
+        serving_scale.merged([one, other])
