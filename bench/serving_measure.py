@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from gpu_vllm import (
     connection,
     free_port,
@@ -73,6 +74,31 @@ class Engines:
     server: KVServerProcess | None
     kv_cache: list[str]
     """vLLM's own lines on its KV cache (its size in tokens): the proof that the KV memory is what was asked."""
+    pids: list[int]
+    """The engines' API server processes (their engine cores and workers are their children)."""
+
+
+CPU_SECONDS = {"engines": "bench:engines_cpu_seconds", "strata_server": "bench:strata_server_cpu_seconds"}
+"""Pseudo-counters a scrape adds beside the engines' pages: CPU seconds of the engines' process trees and of the
+Strata server. On two cores every second the tier's server spends is a second the engines do not get."""
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU seconds so far of these processes and all their descendants."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in tree:
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+    return total
 
 
 @contextlib.contextmanager
@@ -111,7 +137,7 @@ def side_engines(side: str, settings: Settings, work: Path) -> Iterator[Engines]
         for url in urls:  # the engine's own first-request costs are not the point's
             asyncio.run(single(url, [7, 8, 9, 10] * 8))
         kv_cache = kv_cache_lines(tail(procs[0][2], 400))
-        yield Engines(urls, ports, server, kv_cache)
+        yield Engines(urls, ports, server, kv_cache, [proc.pid for proc, _, _ in procs])
 
 
 def verdict_spec(min_lookups: int) -> KVCacheTierSpec:
@@ -125,12 +151,16 @@ def verdict_spec(min_lookups: int) -> KVCacheTierSpec:
 def _scrape(engines: Engines) -> tuple[list[dict[str, float]], dict[str, Any] | None]:
     """The engines' counters, and (with a server) the verdict's sample of it and of the engines' prefill sums."""
     texts = [get(port, "/metrics")[1].decode() for port in engines.ports]
+    cpu = {CPU_SECONDS["engines"]: cpu_seconds(engines.pids)}
+    if engines.server is not None and engines.server.process is not None:
+        cpu[CPU_SECONDS["strata_server"]] = cpu_seconds([engines.server.process.pid])
+    pages = [*(metric_sums(t) for t in texts), cpu]
     if engines.server is None:
-        return [metric_sums(t) for t in texts], None
+        return pages, None
     usage = scrape("127.0.0.1", engines.server.metrics_port)
     assert usage is not None, "the Strata server's /metrics did not answer"
     prefill = [(f"engine/{n}", parse_engine_metrics(t)) for n, t in enumerate(texts)]
-    return [metric_sums(t) for t in texts], sample([("bench/0", usage)], rfc3339(time.time()), prefill)
+    return pages, sample([("bench/0", usage)], rfc3339(time.time()), prefill)
 
 
 def judged(spec: KVCacheTierSpec, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +189,7 @@ def run_point(
         "engine_kv_cache": engines.kv_cache,
     }
     point |= request_summary(requests, seconds) | engine_summary(delta)
+    point["cpu_seconds"] = {name: round(delta[key], 2) for name, key in CPU_SECONDS.items() if key in delta}
     point["reused_ttft_p50_s"] = request_summary([r for r in requests if r["reuses"]], seconds)["ttft_p50_s"]
     if tier_before is not None and tier_after is not None:
         point["offload"] = judged(verdict_spec(settings.min_lookups), tier_before, tier_after)

@@ -186,6 +186,8 @@ def point_line(p: dict[str, Any]) -> str:
         if k in TIER_FAILURES or (":" in k and k.split(":")[1] not in ("hit", "miss"))
     ]
     verdict += f"; tier failures: {', '.join(failures)}" if failures else ""
+    cpu = p.get("cpu_seconds") or {}
+    verdict += "; CPU s " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in cpu.items()) if cpu else ""
     return (
         f"{p['experiment']} x={p['x']} {p['side']}: {p['throughput_tok_s']:.0f} tok/s, {p['requests']} requests, "
         f"TTFT p50 {p['ttft_p50_s']:.3f}s p99 {p['ttft_p99_s']:.3f}s, hit {p['hit_ratio']:.2f} "

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
@@ -333,3 +335,28 @@ def test_runs_merged_into_one_report_make_a_side_measured_again_its_next_round()
     other["settings"]["engine_blocks"] = 448  # type: ignore[index]
     with pytest.raises(SystemExit, match="engine_blocks"):
         serving_scale.merged([one, other])
+
+
+def test_a_points_cpu_seconds_count_the_engines_children(tmp_path: Path) -> None:
+    """vLLM's engine core and workers are children of the API server the bench starts: their CPU counts."""
+    import subprocess
+
+    import serving_measure
+
+    done = tmp_path / "done"
+    burn = f"x = sum(i * i for i in range(3_000_000)); open({str(done)!r}, 'w').close(); import time; time.sleep(60)"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"]
+    )
+    try:
+        while not done.exists():
+            assert parent.poll() is None
+            time.sleep(0.05)
+        alone = sum(psutil.Process(parent.pid).cpu_times()[:2])  # the parent waits on its child meanwhile
+        assert serving_measure.cpu_seconds([parent.pid]) > alone + 0.05
+        assert serving_measure.cpu_seconds([2**22 + 12345]) == 0.0  # gone: nothing, no error
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
