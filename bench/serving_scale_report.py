@@ -157,6 +157,18 @@ def _order(side: str) -> int:
     return list(SIDE_STYLE).index(side) if side in SIDE_STYLE else len(SIDE_STYLE)
 
 
+def _compared(
+    a: Mapping[Any, Sequence[Mapping[str, Any]]], b: Mapping[Any, Sequence[Mapping[str, Any]]]
+) -> tuple[list[Any], str]:
+    """The users at which two tiers are compared: both measured, and at least one loaded something there (where
+    neither did, the engines served from their own KV and the difference is theirs, not the tiers'); and a
+    note naming the users left out."""
+    both = sorted(set(a) & set(b))
+    idle = [u for u in both if not any(p.get("loaded_bytes") for p in (*a[u], *b[u]))]
+    note = f"; not compared at U={idle}: neither tier loaded anything" if idle else ""
+    return [u for u in both if u not in idle], note
+
+
 def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]:
     """The issue's claims, each said as what the numbers show (holds / does not hold / not measured)."""
     scale = _by(points, "scale")
@@ -178,16 +190,16 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         )
     for side in STRATA:
         own, fs = scale.get(side, {}), scale.get("vllm-fs", {})
-        common = sorted(set(own) & set(fs))
+        common, idle = _compared(own, fs)
         if not common:
             continue
         against = {u: _paired(own[u], fs[u], "throughput_tok_s") for u in common}
         behind = [u for u in common if against[u] and statistics.median(against[u]) < 1.0]
         verdict = "holds" if not behind else f"does not hold at U={behind}"
         spread = "; ".join(f"U={u} {_spread(against[u])}" for u in common if against[u])
-        out.append(f"{side} >= vllm-fs at every U ({common}): {verdict} (tok/s, {side}/vllm-fs: {spread})")
+        out.append(f"{side} >= vllm-fs at every U ({common}): {verdict} (tok/s, {side}/vllm-fs: {spread}){idle}")
     socket, tcp = scale.get("strata-socket", {}), scale.get("strata-tcp", {})
-    common = sorted(set(socket) & set(tcp))
+    common, idle = _compared(socket, tcp)
     if common:
         speed = {u: _paired(socket[u], tcp[u], "throughput_tok_s") for u in common}
         wait = {u: _paired(socket[u], tcp[u], "ttft_p50_s") for u in common}
@@ -200,7 +212,9 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         ratios = "; ".join(
             f"U={u} {_spread(speed[u])} tok/s, {_spread(wait[u])} TTFT p50" for u in common if speed[u] and wait[u]
         )
-        out.append(f"strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios})")
+        out.append(
+            f"strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios}){idle}"
+        )
     for pair, single in (("strata-tcp-x2", "strata-tcp"), ("cpu-x2", "cpu")):
         two, one = scale.get(pair, {}), scale.get(single, {})
         for u in sorted(set(two) & set(one)):

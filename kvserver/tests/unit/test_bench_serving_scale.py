@@ -360,3 +360,18 @@ def test_a_points_cpu_seconds_count_the_engines_children(tmp_path: Path) -> None
             child.kill()
         parent.kill()
         parent.wait()
+
+
+def test_tiers_are_not_compared_where_neither_loaded_anything() -> None:
+    points = [
+        {**point("vllm-fs", 4, 5000, 0.99), "loaded_bytes": 0.0},
+        {**point("strata-tcp", 4, 4800, 0.99), "loaded_bytes": 0.0},  # the engines' own difference: no tier at work
+        point("vllm-fs", 16, 3000, 0.9),
+        point("strata-tcp", 16, 3100, 0.9),
+    ]
+    report.annotate(points)
+    text = "\n".join(report.claims(points, 8))
+    assert (
+        "strata-tcp >= vllm-fs at every U ([16]): holds (tok/s, strata-tcp/vllm-fs: U=16 1.03x); "
+        "not compared at U=[4]: neither tier loaded anything" in text
+    )
