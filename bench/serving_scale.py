@@ -111,6 +111,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--mixed-users", type=int, help="users of the mixed experiment (0: skip it)")
     parser.add_argument("--mixed-shares", type=float, nargs="*", help="shares of users who reuse")
+    parser.add_argument("--mixed-sides", nargs="+", help="sides of the mixed experiment")
     parser.add_argument("--ttft-sides", nargs="*", help="sides of the TTFT-vs-length experiment (none: skip)")
     parser.add_argument("--lengths", type=int, nargs="*", help="prompt lengths of the TTFT experiment")
     parser.add_argument("--samples", type=int, help="samples per prompt length")
@@ -122,7 +123,7 @@ def parse_args() -> argparse.Namespace:
         for key, value in plan.items():
             if getattr(args, key, None) is None:
                 setattr(args, key, value)
-        args.mixed_sides = plan.get("mixed_sides", args.sides)
+        args.mixed_sides = args.mixed_sides or plan.get("mixed_sides", args.sides)
         engine_tokens = sizing(args.full_at_users, args.cpu_tier_users)["engine_kv_tokens"]
         if max([*(args.lengths or []), Workload(1).max_prompt_tokens]) + 256 > engine_tokens:
             parser.error(f"the engine's KV ({engine_tokens} tokens) holds no longest prompt: raise --full-at-users")
