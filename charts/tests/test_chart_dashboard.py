@@ -17,6 +17,7 @@ from strata_operator.handlers import metrics as operator_metrics
 from strata_operator.handlers.kvcachetier.events import TierMemory
 from strata_operator.handlers.kvcachetier.io import scrape
 from strata_operator.resources.kvcachetier import offload_metrics
+from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
 from strata_operator.resources.kvcachetier.offload import METRIC_NAMES, offload_status, sample
 from strata_operator.settings import Settings
 from strata_testsupport.kvserver import running_kv_server
@@ -127,8 +128,9 @@ def test_every_dashboard_query_reads_metrics_real_servers_export(helm: Any, char
         usage = scrape("127.0.0.1", server.metrics_port)
     assert usage is not None and before is not None
     spec = KVCacheTierSpec.model_validate({"l1": {"size": "1Mi"}, "offloadVerdict": {"minLookups": 1}})
-    first, _ = offload_status(spec, None, sample([("kv-0/0", before)], "2026-12-04T10:00:00Z"))
-    offload, _ = offload_status(spec, first, sample([("kv-0/0", usage)], "2026-12-04T10:01:00Z"))
+    engines = [("vllm-0/0", parse_engine_metrics("vllm:kv_offload_allocation_failure_total 3\n"))]
+    first, _ = offload_status(spec, None, sample([("kv-0/0", before)], "2026-12-04T10:00:00Z", engines))
+    offload, _ = offload_status(spec, first, sample([("kv-0/0", usage)], "2026-12-04T10:01:00Z", engines))
     assert offload.get("suggestedL1Size"), f"the ghosts suggest a larger L1: {offload}"
     operator_text = serve_operator_metrics(offload)
     served, gauges = exported(server_text.decode()), exported(operator_text)

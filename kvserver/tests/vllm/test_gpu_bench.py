@@ -76,7 +76,11 @@ def test_the_gpu_bench_runs_every_round_on_the_cpu_engine_and_the_tier_serves_it
     assert "break_even_hit_ratio" in report["summary"]["strata"], report["summary"]
     assert output.with_suffix(".png").stat().st_size > 0
     # The operator reads the same engines' prefill time per computed token (status.offload, EngineMetrics).
-    from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
+    from strata_operator.resources.kvcachetier.engines import ENGINE_SAMPLES, parse_engine_metrics
 
     sums = parse_engine_metrics((tmp_path / "vllm-none-metrics.txt").read_text())
     assert sums["prefill_tokens"] >= 512 and sums["prefill_seconds"] > 0, sums
+    # ...and the transfers its CPU tier refused, under the names this engine exports (0 here: it had room).
+    page = (tmp_path / "vllm-strata-metrics.txt").read_text()
+    for refusals in ("store_refusals", "load_refusals"):
+        assert f"# TYPE {ENGINE_SAMPLES[refusals]} counter" in page, refusals

@@ -253,7 +253,9 @@ class ConnectorSpec(CRDModel):
         default=ByteSize("4Gi"),
         description="vllm: bytes of each engine's CPU tier (cpu_bytes_to_use), allocated in /dev/shm: "
         + BYTE_SIZE_UNITS
-        + ". Default 4Gi. The webhook's /dev/shm is this plus 1Gi unless clientShmSize says otherwise.",
+        + ". Default 4Gi. The webhook's /dev/shm is this plus 1Gi unless clientShmSize says otherwise. It stages "
+        "every transfer to and from the server, so it must hold what is in flight: too small, and "
+        "status.offload.engineStoreRefusals counts the stores it had no room for.",
     )
     offload_prompt_only: bool = Field(
         default=True,

@@ -159,5 +159,16 @@ class OffloadStatus(CRDModel):
     suggested_hit_ratio: str | None = Field(
         default=None, description="The window's hit ratio had L1 been suggestedL1Size."
     )
+    engine_store_refusals: int | None = Field(
+        default=None,
+        description="Stores the wired engines' CPU tiers had no room for in the window (vLLM's "
+        "kv_offload_allocation_failure): those requests' chunks were never offloaded. Above 0: raise "
+        "connector.cpuBytes. Absent when the engines were not asked or changed in the window.",
+    )
+    engine_load_refusals: int | None = Field(
+        default=None,
+        description="Loads from the tier the engines' CPU tiers had no room for (vLLM's "
+        "kv_offload_tiering_promotion_allocation_failures): those chunks were recomputed.",
+    )
     tiers: list[OffloadTier] = Field(default_factory=list, description="Hits, bytes and load time per tier.")
     window: OffloadWindow = Field(default_factory=OffloadWindow, description="The samples the window runs from.")

@@ -170,8 +170,37 @@ vllm:request_prefill_kv_computed_tokens_sum{engine="1",model_name="m"} 1000.0
 
 
 def test_the_engines_prefill_sums_are_read_over_every_label_set() -> None:
-    assert parse_engine_metrics(VLLM_METRICS % (3, 1.5, 3000)) == {"prefill_seconds": 2.0, "prefill_tokens": 4000.0}
-    assert parse_engine_metrics("# nothing\n") == {"prefill_seconds": 0.0, "prefill_tokens": 0.0}
+    sums = parse_engine_metrics(VLLM_METRICS % (3, 1.5, 3000))
+    assert (sums["prefill_seconds"], sums["prefill_tokens"]) == (2.0, 4000.0)
+    assert parse_engine_metrics("# nothing\n") == dict.fromkeys(
+        ("prefill_seconds", "prefill_tokens", "store_refusals", "load_refusals"), 0.0
+    )
+
+
+# vLLM's offloading connector's counters of transfers its CPU tier had no room for (one engine).
+VLLM_REFUSALS = """# HELP vllm:kv_offload_allocation_failure_total Number of KV offload store allocation attempts...
+# TYPE vllm:kv_offload_allocation_failure_total counter
+vllm:kv_offload_allocation_failure_total{engine="0",model_name="m"} %d
+vllm:kv_offload_tiering_promotion_allocation_failures_total{engine="0",model_name="m",tier="1:StrataTier"} %d
+"""
+
+
+def refusing_engines(at: str, stores: int, loads: int, who: str = "vllm-0/0") -> dict[str, Any]:
+    usage = ServerUsage(samples={'strata_kv_hits_total{tier="l1"}': 900, "strata_kv_misses_total": 100})
+    metrics = VLLM_METRICS % (1, 1.0, 1000) + VLLM_REFUSALS % (stores, loads)
+    return sample([("kv-a/0", usage)], at, [(who, parse_engine_metrics(metrics))])
+
+
+def test_a_cpu_tier_too_small_for_the_transfers_in_flight_is_named_with_the_setting_to_raise() -> None:
+    first, _ = offload_status(SPEC, None, refusing_engines("2026-12-04T10:00:00Z", 5, 0))
+    status, message = offload_status(SPEC, first, refusing_engines("2026-12-04T10:01:00Z", 19, 2))
+    assert (status["engineStoreRefusals"], status["engineLoadRefusals"]) == (14, 2)
+    assert "no room for 14 stores and 2 loads (their chunks were recomputed): raise connector.cpuBytes (4Gi" in message
+    quiet, message = offload_status(SPEC, first, refusing_engines("2026-12-04T10:01:00Z", 5, 0))
+    assert (quiet["engineStoreRefusals"], quiet["engineLoadRefusals"]) == (0, 0)
+    assert "cpuBytes" not in message
+    other, _ = offload_status(SPEC, first, refusing_engines("2026-12-04T10:01:00Z", 19, 2, who="vllm-1/0"))
+    assert "engineStoreRefusals" not in other, "other engines: their counters do not subtract"
 
 
 def engines_at(at: str, seconds: float, tokens: int, who: str = "vllm-0/0") -> dict[str, Any]:

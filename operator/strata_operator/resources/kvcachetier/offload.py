@@ -23,7 +23,7 @@ from strata_units import format_bytes
 
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.api.offload import RecomputeSource, Verdict
-from strata_operator.resources.kvcachetier.engines import engine_sample, measured_us_per_token
+from strata_operator.resources.kvcachetier.engines import engine_sample, measured_us_per_token, refusals
 from strata_operator.resources.kvcachetier.usage import TIERS, ServerUsage
 
 GHOST_FACTORS = ("1.25", "1.5", "2", "3", "4")
@@ -208,6 +208,16 @@ def offload_status(
     start = window.get("previous") or window["current"]
     seconds = _seconds_between(start["at"], latest["at"])
     status, message = judge(_delta(start, latest), seconds, spec, measured_us_per_token(start, latest))
+    refused = refusals(start, latest)
+    if refused is not None:
+        status["engineStoreRefusals"] = refused["engine_store_refusals"]
+        status["engineLoadRefusals"] = refused["engine_load_refusals"]
+        if any(refused.values()):
+            message += (
+                f"; the engines' CPU tiers had no room for {refused['engine_store_refusals']} stores and "
+                f"{refused['engine_load_refusals']} loads (their chunks were recomputed): raise connector.cpuBytes "
+                f"({format_bytes(int(spec.connector.cpu_bytes), quantity=True)} per engine)"
+            )
     if start is latest:
         message = "the window starts now (first scrape, or a server restarted, joined or did not answer)"
     status["window"] = window

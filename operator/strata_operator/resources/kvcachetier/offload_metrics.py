@@ -24,6 +24,8 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("break_even_hit_ratio", "breakEvenHitRatio", "Hit ratio above which offloading pays at the window's costs"),
     ("window_seconds", "windowSeconds", "Seconds the verdict covers"),
     ("suggested_hit_ratio", "suggestedHitRatio", "Hit ratio had L1 been the suggested size"),
+    ("engine_store_refusals", "engineStoreRefusals", "Stores the engines' CPU tiers had no room for in the window"),
+    ("engine_load_refusals", "engineLoadRefusals", "Loads the engines' CPU tiers had no room for in the window"),
 )
 """(metric suffix, status.offload field, help)."""
 METRIC_NAMES = (
