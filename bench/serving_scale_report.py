@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from serving_workload import median_range, ratios, verdict_agreement
+from serving_workload import TOO_CLOSE_TO_CALL, median_range, ratios, verdict_agreement
 
 SIDE_STYLE = {
     "none": ("#888888", "-"),
@@ -224,9 +224,17 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
                 f"{_median(one[u], 'tier_hit_ratio'):.2f})"
             )
     judged = [p for p in points if p.get("verdict_agrees") is not None]
+    close = [p for p in points if p.get("verdict_agrees") is None and (p.get("offload") or {}).get("verdict")]
     if judged:
         agree = sum(1 for p in judged if p["verdict_agrees"])
         out.append(f"the tier's verdict agrees with the bench's gain at {agree} of {len(judged)} judged points")
+    if close:
+        out.append(
+            f"not judged: {len(close)} points whose verdict had too little data or whose gain was within "
+            f"{TOO_CLOSE_TO_CALL:.0%} of 1 ("
+            + ", ".join(f"{p['experiment']} x={p['x']} {p['side']} {p['offload']['verdict']}" for p in close)
+            + ")"
+        )
     return out
 
 

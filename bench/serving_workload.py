@@ -211,13 +211,18 @@ def ratios(points: Sequence[dict[str, Any]], baseline: str = "none", key: str = 
         p[f"vs_{baseline}"] = p[key] / reference if reference else None
 
 
+TOO_CLOSE_TO_CALL = 0.10
+"""A side within this share of its baseline's throughput neither gained nor lost as far as one point can tell:
+`none` alone served 4,442-5,385 tok/s over four rounds of the same mixed point (2026-12-07)."""
+
+
 def verdict_agreement(point: Mapping[str, Any], baseline: str = "none") -> bool | None:
     """Does the tier's verdict over the point say what the bench showed (Pays where the side beat `baseline`, the
-    same engines without the tier, DoesNotPay where it lost)? None where either is missing or the verdict had too
-    little data."""
+    same engines without the tier, DoesNotPay where it lost)? None where either is missing, the verdict had too
+    little data, or the bench's gain is too close to 1 to call (TOO_CLOSE_TO_CALL)."""
     verdict = (point.get("offload") or {}).get("verdict")
     gain = point.get(f"vs_{baseline}")
-    if verdict not in ("Pays", "DoesNotPay") or gain is None:
+    if verdict not in ("Pays", "DoesNotPay") or gain is None or abs(gain - 1.0) < TOO_CLOSE_TO_CALL:
         return None
     return (verdict == "Pays") == (gain > 1.0)
 

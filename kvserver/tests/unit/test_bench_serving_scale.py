@@ -375,3 +375,17 @@ def test_tiers_are_not_compared_where_neither_loaded_anything() -> None:
         "strata-tcp >= vllm-fs at every U ([16]): holds (tok/s, strata-tcp/vllm-fs: U=16 1.03x); "
         "not compared at U=[4]: neither tier loaded anything" in text
     )
+
+
+def test_a_gain_too_close_to_one_is_not_held_for_or_against_the_verdict() -> None:
+    points = [
+        {**point("none", 0, 4500, 0.0), "experiment": "mixed", "x": 0.0},
+        {**point("strata-tcp", 0, 4700, 0.0, "DoesNotPay"), "experiment": "mixed", "x": 0.0},  # 1.04x: noise
+        {**point("none", 0, 4500, 0.0), "experiment": "mixed", "x": 0.5},
+        {**point("strata-tcp", 0, 7000, 0.45, "Pays"), "experiment": "mixed", "x": 0.5},
+    ]
+    report.annotate(points)
+    assert [p.get("verdict_agrees") for p in points] == [None, None, None, True]
+    text = "\n".join(report.claims(points, 8))
+    assert "agrees with the bench's gain at 1 of 1 judged points" in text
+    assert "not judged: 1 points whose verdict had too little data or whose gain was within 10% of 1 " in text
