@@ -269,3 +269,24 @@ def test_vllm_tier_keys_land_in_vllms_namespace_directories_and_their_number_is_
     metrics = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
     assert "strata_kv_fs_namespaces_refused_total 1.0" in metrics
     assert "strata_kv_fs_vllm_blocks_served_total 1.0" in metrics
+
+
+def test_a_chain_past_l1_is_looked_up_in_batches_and_still_stops_at_its_first_missing_chunk(
+    kv_server_factory,
+) -> None:
+    """STRATA.PREFIX over chunks only L2 holds (L1 empty after a restart): the answer is the leading run, in
+    order, whether the gap falls in the first chunk, inside a batch or at a batch's edge (PREFIX_L2_BATCH 8)."""
+    server = kv_server_factory({"l1": {"size": "64MiB"}})
+    c = server.client()
+    keys = [f"chain{i}" for i in range(20)]
+    for k in keys:
+        c.set(k, value_for(k, 16 * 1024))
+    c.close()
+    assert server.stop() == 0  # drains the write-behind queue: every chunk is in the fs tier
+    server.start()
+    c = server.client()
+    assert c.prefix(keys) == ["fs"] * 20
+    assert c.prefix(["absent", *keys]) == []
+    for gap in (1, 5, 9, 12):
+        assert c.prefix([*keys[:gap], "absent", *keys[gap:]]) == ["fs"] * gap, gap
+    assert c.stats()["misses"] == 21 + sum(21 - gap for gap in (1, 5, 9, 12))  # every chunk past the run

@@ -57,3 +57,11 @@ def test_lirs_ghost_distance_is_the_bytes_evicted_since_the_key_left() -> None:
 
 def test_lru_keeps_no_ghosts() -> None:
     assert LRUPolicy().ghost_distance(b"k") is None
+
+
+def test_a_chain_is_looked_up_first_chunk_alone_then_eight_at_a_time() -> None:
+    from strata_kv.store.tiered import prefix_batches
+
+    assert [list(r) for r in prefix_batches(0)] == [[]]
+    assert [list(r) for r in prefix_batches(1)] == [[0]]
+    assert [(r.start, r.stop) for r in prefix_batches(20)] == [(0, 1), (1, 9), (9, 17), (17, 20)]
