@@ -48,16 +48,22 @@ def test_chunks_evicted_from_l1_are_served_from_l2_and_promoted(kv_server_factor
     assert c.prefix(keys[:2])[0] in ("l1", "fs")
 
 
+def stored_then_restarted(server: KVServerProcess, keys: list[str], size: int):
+    """A client of `server` after it stored `keys` and restarted gracefully: SIGTERM drains the write-behind queue
+    before exiting, so every chunk is in the fs tier and L1 starts empty."""
+    c = server.client()
+    for k in keys:
+        c.set(k, value_for(k, size))
+    c.close()
+    assert server.stop() == 0
+    server.start()
+    return server.client()
+
+
 def test_graceful_restart_keeps_every_chunk(kv_server_factory) -> None:
     server = kv_server_factory({"l1": {"size": "64MiB"}})
-    c = server.client()
     keys = [f"keep{i}" for i in range(100)]
-    for k in keys:
-        c.set(k, value_for(k, 32 * 1024))
-    c.close()
-    assert server.stop() == 0  # SIGTERM drains the write-behind queue before exiting
-    server.start()
-    c = server.client()
+    c = stored_then_restarted(server, keys, 32 * 1024)
     assert c.stats()["fs_files"] >= 100  # index rebuilt from disk
     assert all(c.get(k) == value_for(k, 32 * 1024) for k in keys)
 
@@ -277,14 +283,8 @@ def test_a_chain_past_l1_is_looked_up_in_batches_and_still_stops_at_its_first_mi
     """STRATA.PREFIX over chunks only L2 holds (L1 empty after a restart): the answer is the leading run, in
     order, whether the gap falls in the first chunk, inside a batch or at a batch's edge (PREFIX_L2_BATCH 8)."""
     server = kv_server_factory({"l1": {"size": "64MiB"}})
-    c = server.client()
     keys = [f"chain{i}" for i in range(20)]
-    for k in keys:
-        c.set(k, value_for(k, 16 * 1024))
-    c.close()
-    assert server.stop() == 0  # drains the write-behind queue: every chunk is in the fs tier
-    server.start()
-    c = server.client()
+    c = stored_then_restarted(server, keys, 16 * 1024)
     assert c.prefix(keys) == ["fs"] * 20
     assert c.prefix(["absent", *keys]) == []
     for gap in (1, 5, 9, 12):
