@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 ENGINE_SAMPLES = {
     "prefill_seconds": "vllm:request_prefill_time_seconds_sum",
@@ -52,25 +53,35 @@ def engine_sample(engines: Sequence[tuple[str, Mapping[str, float] | None]]) -> 
     }
 
 
-def refusals(start: Mapping[str, object], latest: Mapping[str, object]) -> dict[str, int] | None:
-    """The transfers the engines' CPU tiers refused between two samples, by kind; None unless the same engines
-    answered both (engines came, went or restarted: their counters do not subtract)."""
+def _counter_pair(
+    start: Mapping[str, object], latest: Mapping[str, object]
+) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """The engine counters of two samples, when the same engines answered both (engines came, went or restarted:
+    their counters do not subtract)."""
     if not latest.get("engines") or start.get("engines") != latest.get("engines"):
         return None
     before, after = start.get("engineCounters") or {}, latest.get("engineCounters") or {}
     assert isinstance(before, Mapping) and isinstance(after, Mapping)
-    if not all(name in after for name in REFUSALS.values()):
-        return None  # taken by an operator that did not count them yet
-    return {name: max(int(after[name]) - int(before.get(name, 0)), 0) for name in REFUSALS.values()}
+    return before, after
+
+
+def refusals(start: Mapping[str, object], latest: Mapping[str, object]) -> dict[str, int] | None:
+    """The transfers the engines' CPU tiers refused between two samples, by kind; None unless the same engines
+    answered both and both samples counted them (one taken by an operator that did not is not comparable)."""
+    pair = _counter_pair(start, latest)
+    if pair is None or not all(name in side for side in pair for name in REFUSALS.values()):
+        return None
+    before, after = pair
+    return {name: max(int(after[name]) - int(before[name]), 0) for name in REFUSALS.values()}
 
 
 def measured_us_per_token(start: Mapping[str, object], latest: Mapping[str, object]) -> int | None:
     """Prefill microseconds per computed token between two samples; None when the same engines did not compute
     MIN_ENGINE_TOKENS in between (engines came, went or restarted, or too little traffic)."""
-    if not latest.get("engines") or start.get("engines") != latest.get("engines"):
+    pair = _counter_pair(start, latest)
+    if pair is None:
         return None
-    before, after = start.get("engineCounters") or {}, latest.get("engineCounters") or {}
-    assert isinstance(before, Mapping) and isinstance(after, Mapping)
+    before, after = pair
     tokens = int(after.get("engine_prefill_tokens", 0)) - int(before.get("engine_prefill_tokens", 0))
     seconds_us = int(after.get("engine_prefill_us", 0)) - int(before.get("engine_prefill_us", 0))
     if tokens < MIN_ENGINE_TOKENS or seconds_us <= 0:
