@@ -46,6 +46,7 @@ SIDES: dict[str, tuple[str, int]] = {
     "vllm-fs": ("vllm-fs", 1),
     "strata-tcp": ("strata-tcp", 1),
     "strata-socket": ("strata-socket", 1),
+    "strata-shm": ("strata-shm", 1),
     "cpu-x2": ("cpu", 2),
     "strata-tcp-x2": ("strata-tcp", 2),
 }
@@ -109,7 +110,9 @@ def side_engines(side: str, settings: Settings, work: Path) -> Iterator[Engines]
     with contextlib.ExitStack() as stack:
         server = None
         if setup.startswith("strata"):
-            config = {"l1": {"size": settings.kv_l1}}
+            config: dict[str, Any] = {"l1": {"size": settings.kv_l1}}
+            if setup == "strata-shm":  # the operator's nodeSocket.sharedMemory
+                config["listen"] = {"shared_memory": True}
             server = stack.enter_context(running_kv_server(work / "kv", config, l2_fs=False))
         transfer, data = engine_setup(setup, server, work / "fs", settings.cpu_bytes)
         # No connector: the same ConfigMap still names the hash algorithm (its other settings stay out of env).

@@ -18,10 +18,13 @@ SIDE_STYLE = {
     "vllm-fs": ("#4a7fc1", "-"),
     "strata-tcp": ("#2e7d32", "-"),
     "strata-socket": ("#1b5e20", "--"),
+    "strata-shm": ("#0b3d10", "-."),
     "cpu-x2": ("#c06060", ":"),
     "strata-tcp-x2": ("#66bb6a", ":"),
 }
-STRATA = ("strata-tcp", "strata-socket")
+STRATA = ("strata-tcp", "strata-socket", "strata-shm")
+NODE_SOCKET_SIDES = ("strata-socket", "strata-shm")
+"""The node socket's sides, each checked against `strata-tcp` (it exists to be the faster path)."""
 
 
 JUDGED_AGAINST = {"strata-tcp-x2": "cpu-x2"}
@@ -198,9 +201,12 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         verdict = "holds" if not behind else f"does not hold at U={behind}"
         spread = "; ".join(f"U={u} {_spread(against[u])}" for u in common if against[u])
         out.append(f"{side} >= vllm-fs at every U ({common}): {verdict} (tok/s, {side}/vllm-fs: {spread}){idle}")
-    socket, tcp = scale.get("strata-socket", {}), scale.get("strata-tcp", {})
-    common, idle = _compared(socket, tcp)
-    if common:
+    tcp = scale.get("strata-tcp", {})
+    for side in NODE_SOCKET_SIDES:
+        socket = scale.get(side, {})
+        common, idle = _compared(socket, tcp)
+        if not common:
+            continue
         speed = {u: _paired(socket[u], tcp[u], "throughput_tok_s") for u in common}
         wait = {u: _paired(socket[u], tcp[u], "ttft_p50_s") for u in common}
         behind = [
@@ -212,9 +218,7 @@ def claims(points: Sequence[Mapping[str, Any]], full_at_users: int) -> list[str]
         ratios = "; ".join(
             f"U={u} {_spread(speed[u])} tok/s, {_spread(wait[u])} TTFT p50" for u in common if speed[u] and wait[u]
         )
-        out.append(
-            f"strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios}){idle}"
-        )
+        out.append(f"{side} at least as fast as strata-tcp at every U (tok/s, TTFT p50): {verdict} ({ratios}){idle}")
     for pair, single in (("strata-tcp-x2", "strata-tcp"), ("cpu-x2", "cpu")):
         two, one = scale.get(pair, {}), scale.get(single, {})
         for u in sorted(set(two) & set(one)):

@@ -25,7 +25,7 @@ ENGINE = ROOT / "kvserver" / "tests" / "vllm" / "cpu_engine.py"
 MODEL_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 32000}
 """~70M parameters (float32): a 2k-token prefill takes seconds on two cores, so recompute is worth measuring."""
 CHUNK_TOKENS = 256
-STORING_SIDES = ("vllm-fs", "strata-tcp", "strata-socket")
+STORING_SIDES = ("vllm-fs", "strata-tcp", "strata-socket", "strata-shm")
 """Sides with a tier that outlives the engine (a fresh engine finds what an earlier one stored)."""
 
 
@@ -56,6 +56,8 @@ def engine_setup(
     - `vllm-fs`: vLLM's own `fs` tier on `fs_root` behind the same CPU spec (vLLM's own tiers refuse the CPU
       platform);
     - `strata-tcp`, `strata-socket`: Strata's tier at `server` over TCP or its Unix socket (the node socket);
+    - `strata-shm`: the node socket to a server with `listen.shared_memory` (the caller starts it so): a load maps
+      the server's copy of a value and copies it once, instead of reading it through the socket;
     - `miss`: like `strata-tcp` (the caller gives it a server that holds nothing); `miss-vllm-cores`: the same
       without the ConfigMap's reserved core."""
     if side == "none":
@@ -72,7 +74,7 @@ def engine_setup(
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root)}]
     elif server is None:
         raise ValueError(f"side {side} needs a running Strata server")
-    elif side == "strata-socket":
+    elif side in ("strata-socket", "strata-shm"):
         tier["unix_socket"] = server.unix_socket
     else:  # strata-tcp, and the misses
         tier["url"] = f"redis://127.0.0.1:{server.port}"

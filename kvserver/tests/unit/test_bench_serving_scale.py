@@ -180,6 +180,7 @@ def small_result() -> dict[str, object]:
         point("none", 16, 1000, 0.2),
         point("strata-tcp", 16, 2900, 0.9, "DoesNotPay"),
         point("strata-socket", 16, 2610, 0.9),
+        point("strata-shm", 16, 3045, 0.9),
         point("vllm-fs", 16, 3000, 0.9),
         point("strata-tcp-x2", 16, 2500, 0.88, "Pays"),
         point("strata-tcp-x2", 4, 2000, 0.9, "Pays"),  # below one engine, above two without the tier
@@ -210,6 +211,8 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
         "strata-socket at least as fast as strata-tcp at every U (tok/s, TTFT p50): does not hold at U=[16] "
         "(U=16 0.90x tok/s, 1.00x TTFT p50)" in text
     )
+    assert "strata-shm at least as fast as strata-tcp at every U (tok/s, TTFT p50): holds (U=16 1.05x tok/s" in text
+    assert "strata-shm >= vllm-fs at every U ([16]): holds" in text
     assert "U=16: hit ratio strata-tcp-x2 0.88 vs one replica 0.90" in text
     assert "U=16: hit ratio cpu-x2 0.45 vs one replica 0.60" in text
     assert "the tier's verdict agrees with the bench's gain at 3 of 4 judged points" in text
