@@ -37,17 +37,66 @@ def kernel_build(torch) -> str:
     return "_C (AVX-512 with BF16)"
 
 
-def main() -> int:
-    import torch
+_CPUID = bytes.fromhex(
+    "53"  # push rbx (cpuid overwrites it; the ABI wants it kept)
+    "89f8"  # mov eax, edi (leaf)
+    "89f1"  # mov ecx, esi (subleaf)
+    "4989d0"  # mov r8, rdx (where the four registers go)
+    "0fa2"  # cpuid
+    "418900"  # mov [r8], eax
+    "41895804"  # mov [r8+4], ebx
+    "41894808"  # mov [r8+8], ecx
+    "4189500c"  # mov [r8+12], edx
+    "5b"  # pop rbx
+    "c3"  # ret
+)
+_XGETBV = bytes.fromhex(
+    "89f9"  # mov ecx, edi
+    "0f01d0"  # xgetbv
+    "48c1e220"  # shl rdx, 32
+    "4809d0"  # or rax, rdx
+    "c3"  # ret
+)
 
+
+def has_avx2() -> bool:
+    """Whether this x86-64 CPU (and its OS) runs AVX2, asked of the CPU itself with `cpuid` and `xgetbv`.
+
+    Asked before anything compiled is imported: on a CPU without AVX2 `import torch` may itself die of SIGILL
+    (NumPy's OpenBLAS does, under an emulated Nehalem), and /proc/cpuinfo is the host's under an emulator. The two
+    instructions run from a page of this process's own (ctypes): the standard library has no `cpuid`."""
+    import ctypes
+    import mmap
+
+    code = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    code.write(_CPUID + _XGETBV)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(code))
+    regs = (ctypes.c_uint32 * 4)()
+    cpuid = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p)(base)
+    xgetbv = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint32)(base + len(_CPUID))
+
+    def leaf(number: int, sub: int = 0) -> tuple[int, int, int, int]:
+        cpuid(number, sub, ctypes.addressof(regs))
+        return regs[0], regs[1], regs[2], regs[3]
+
+    highest = leaf(0)[0]
+    _, _, ecx, _ = leaf(1)
+    avx, osxsave = ecx & (1 << 28), ecx & (1 << 27)
+    # The OS must save the YMM registers (XCR0 bits 1 and 2); xgetbv itself faults without OSXSAVE.
+    usable = bool(avx and osxsave) and xgetbv(0) & 0b110 == 0b110
+    return usable and highest >= 7 and bool(leaf(7)[1] & (1 << 5))
+
+
+def main() -> int:
     on_x86 = platform.machine() in ("x86_64", "AMD64")
-    if on_x86 and not torch.cpu._is_avx2_supported():
+    if on_x86 and not has_avx2():
         print(
             "vLLM CPU kernels: this CPU has no AVX2; vLLM's CPU build needs at least AVX2 on x86-64 "
             "(its kernels come in AVX2, AVX-512 and AVX-512 BF16 builds)",
             file=sys.stderr,
         )
         return 1
+    import torch
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
