@@ -173,6 +173,11 @@ async def drop_namespace(store: TieredStore, namespace: str) -> dict[str, Any]:
     object bytes in L2), counted before the delete.
     """
     check_droppable(store, namespace)
+    async with store.namespace_drops:
+        return await _drop(store, namespace)
+
+
+async def _drop(store: TieredStore, namespace: str) -> dict[str, Any]:
     freed: Usage = {}
     keys: set[bytes] = set()
     for key, size in _l1_entries(store):

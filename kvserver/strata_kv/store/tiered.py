@@ -62,6 +62,9 @@ class TieredStore:
         sinks: list[tuple[str, Sink]] = [(tier.name, self._l2_batched(tier.put)) for tier in self.l2]
         wb = cfg.write_behind
         self.write_behind = WriteBehind(sinks, wb.queue_items, wb.queue_bytes, wb.workers) if sinks else None
+        self.namespace_drops = asyncio.Lock()
+        """One namespace drop at a time (`namespaces.drop_namespace`): each counts what it found before deleting,
+        so two at once (two operator replicas, or a reconcile beside the operator) would both count one block."""
         self.counters: Counter[str] = Counter()
         self.offload = OffloadStats(l1.size)
         """Bytes, seconds and unread chunks for the operator's offload verdict (`offload_stats.py`)."""

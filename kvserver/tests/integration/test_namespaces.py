@@ -2,11 +2,13 @@
 tier and dropped from L1, the fs tier (directories included) and S3, and nothing of another namespace goes."""
 
 import json
+import socket
 import time
 from pathlib import Path
 
 import pytest
 import redis
+from strata_kv.wire.resp import command
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +115,36 @@ def test_a_namespace_is_dropped_from_s3_too(kv_server_factory, s3_server) -> Non
     names = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents") or []]
     assert names and not [n for n in names if OLD in n]
     assert r.get(tier_key(NEW, 3)) == value(3)
+
+
+def test_two_drops_of_one_namespace_at_once_count_each_block_once(kv_server_factory) -> None:
+    """Two operators (a peering handover, or a reconcile beside the operator) may drop one namespace together: the
+    bytes both answers report add up to what the server held, so the collection log counts every block once."""
+    server = kv_server_factory()
+    r = server.redis()
+    for i in range(24):
+        r.set(tier_key(OLD, i), value(i))
+    settled(r)
+    held = sum(tier["bytes"] for tier in listing(r)[OLD].values())
+    drop = command("STRATA.DROPNS", OLD)
+    first, second = (socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(2))
+    with first, second:
+        first.sendall(drop)
+        second.sendall(drop)  # arrives while the first one lists the filesystem in a thread
+        answers = [json.loads(bulk_reply(s)) for s in (first, second)]
+    assert sum(a["bytes"] for a in answers) == held
+    assert sorted(a["bytes"] for a in answers) == [0, held]
+    assert OLD not in listing(r)
+
+
+def bulk_reply(sock: socket.socket) -> bytes:
+    """One RESP bulk string read off a raw socket."""
+    data = b""
+    while b"\r\n" not in data:
+        data += sock.recv(65536)
+    header, _, rest = data.partition(b"\r\n")
+    assert header[:1] == b"$", header
+    size = int(header[1:])
+    while len(rest) < size + 2:
+        rest += sock.recv(65536)
+    return rest[:size]
