@@ -241,3 +241,10 @@ def test_two_reconciles_that_collect_at_once_both_keep_their_freed_bytes_in_the_
     io.write_status(tier, {"collectedNamespaces": [freed("2", 234)]}, read)  # read before the first write
     log = tier_now(k8s, namespace)["status"]["collectedNamespaces"]
     assert [e["freedBytes"] for e in log] == [1000, 234]
+
+    # A third that read the log with the first entry only and freed nothing (the others' drop had freed it all)
+    # writes its status with the log it read: the second entry stays.
+    stale = {**read, "status": {"collectedNamespaces": [freed("1", 1000)]}}
+    io.write_status(tier, {"collectedNamespaces": [freed("1", 1000)]}, stale)
+    log = tier_now(k8s, namespace)["status"]["collectedNamespaces"]
+    assert [e["freedBytes"] for e in log] == [1000, 234]

@@ -206,6 +206,15 @@ def test_settling_reports_what_every_server_freed_and_keeps_a_record_a_server_mi
     assert "kv-b: not ready" in pending["pending"]
 
 
+def test_an_entry_equal_to_one_in_the_log_is_still_an_addition() -> None:
+    """Two servers freeing the same bytes of one namespace in the same second, one reconcile each."""
+    entry = {"namespace": "n", "modelCache": "llama", "revision": OLD, "blocks": 4, "freedBytes": 400, "time": LATER}
+    read = {"collectedNamespaces": [entry]}
+    assert ns.added_collected(read, {"collectedNamespaces": [entry, dict(entry)]}) == [entry]
+    assert ns.added_collected(read, {"collectedNamespaces": [entry]}) == []
+    assert ns.added_collected(read, {"namespaces": []}) == []
+
+
 def test_the_grace_period_is_bounded() -> None:
     with pytest.raises(ValueError):
         spec(gracePeriodSeconds=-1)

@@ -219,10 +219,12 @@ def write_status(tier: TierRef, patch: Mapping[str, Any], read: Mapping[str, Any
     each write the log as they read it plus their own entries, and the later write would erase the other's. So a
     write that adds to the log is conditional on the version read; when another writer got there first, its new
     entries go on top of the log as it now stands (the rest of the status is level-based: the next reconcile
-    puts it right)."""
+    puts it right). A write that adds nothing leaves the log out: its copy is the log as it was read, and a
+    writer that added entries since would lose them."""
     added = ns.added_collected(read.get("status") or {}, patch)
     if not added:
-        kube.patch_status(API_VERSION, KIND, tier.name, tier.namespace, patch)
+        unchanged_log = {k: v for k, v in patch.items() if k != "collectedNamespaces"}
+        kube.patch_status(API_VERSION, KIND, tier.name, tier.namespace, unchanged_log)
         return
     version = read["metadata"].get("resourceVersion")
     for _ in range(STATUS_CONFLICT_RETRIES):

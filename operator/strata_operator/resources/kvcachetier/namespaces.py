@@ -325,9 +325,19 @@ def settle_collection(
 
 
 def added_collected(previous: Mapping[str, Any], patch: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The entries of status.collectedNamespaces a status patch adds to the log as it was read."""
-    before = list(previous.get("collectedNamespaces") or [])
-    return [dict(entry) for entry in patch.get("collectedNamespaces") or [] if entry not in before]
+    """The entries of status.collectedNamespaces a status patch adds to the log as it was read.
+
+    Counted, not looked up: two servers that free the same bytes of one namespace in the same second make two
+    equal entries, and the second is an addition too."""
+    left = Counter(json.dumps(entry, sort_keys=True) for entry in previous.get("collectedNamespaces") or [])
+    added = []
+    for entry in patch.get("collectedNamespaces") or []:
+        text = json.dumps(entry, sort_keys=True)
+        if left[text]:
+            left[text] -= 1
+        else:
+            added.append(dict(entry))
+    return added
 
 
 def extend_collected(log: Iterable[Mapping[str, Any]], added: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
