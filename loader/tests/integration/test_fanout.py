@@ -247,17 +247,32 @@ def test_peer_refuses_to_serve_a_damaged_or_incomplete_copy(origin, token, tmp_p
 
 
 def test_a_connection_over_the_limit_closes_the_one_waiting_longest_and_is_served(origin, token, tmp_path):
+    """With room for one connection, each new one pushes out the one waiting for its next request.
+
+    Every step waits on something the peer did, never on time: a connection is known to be waiting once the
+    doorman has answered a health probe on it (it answers only connections it holds), and a served request's
+    connection is handed back to the doorman after the response has left, so the test asks again on that
+    connection before counting on it being pushed out (a new connection while it is still being served is
+    refused, by design).
+    """
     run_node(origin, tmp_path / "node-1")
     auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
+    manifest = (tmp_path / "node-1" / MANIFEST_NAME).read_bytes()
     with running_peer(tmp_path / "node-1", token, max_connections=1) as p:
         host, port = p.url.removeprefix("http://").split(":")
         held = http.client.HTTPConnection(host, int(port), timeout=10)
-        held.request("GET", "/healthz")
-        assert held.getresponse().read() == b"ready\n"  # kept alive: the one connection, waiting for a request
+        served = http.client.HTTPConnection(host, int(port), timeout=10)
         try:
-            status, _, body = request(p.url, "/v1/manifest", auth)
-            assert status == 200 and body == (tmp_path / "node-1" / MANIFEST_NAME).read_bytes()
+            held.request("GET", "/healthz")
+            assert held.getresponse().read() == b"ready\n"  # kept alive: the one connection, waiting for a request
+            served.request("GET", "/v1/manifest", headers=auth)
+            response = served.getresponse()
+            assert (response.status, response.read()) == (200, manifest)
             assert held.sock is not None and held.sock.recv(1) == b"", "the idle connection made room"
+            served.request("GET", "/healthz")  # answered once the doorman holds the connection again
+            assert served.getresponse().read() == b"ready\n"
             assert request(p.url, "/healthz")[0:3:2] == (200, b"ready\n")
+            assert served.sock is not None and served.sock.recv(1) == b"", "the served one, waiting again, made room"
         finally:
             held.close()
+            served.close()
