@@ -32,7 +32,15 @@ from gpu_vllm import (
 )
 from offload_verdict import rfc3339
 from serving_client import measured_users, single
-from serving_workload import Workload, engine_summary, kv_cache_lines, metric_delta, metric_sums, request_summary
+from serving_workload import (
+    Workload,
+    engine_summary,
+    kv_cache_lines,
+    metric_delta,
+    metric_sums,
+    request_summary,
+    request_timeline,
+)
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.kvcachetier.io import scrape
 from strata_operator.resources.kvcachetier.engines import parse_engine_metrics
@@ -209,7 +217,9 @@ def run_lengths(
     with side_engines(side, settings, work) as engines:
         url, port = engines.urls[0], engines.ports[0]
         for length in lengths:
-            cold, warm = [], []
+            cold: list[float] = []
+            warm: list[float] = []
+            timelines: list[dict[str, float]] = []
             pages_before, _ = _scrape(engines)
             for n in range(samples):
                 rng = random.Random(f"length/{seed}/{length}/{n}")
@@ -218,10 +228,12 @@ def run_lengths(
                 cold.append(asyncio.run(single(url, doc + first)))
                 reset_prefix_cache(port, external=SIDES[side][0] in STORING_SIDES)
                 time.sleep(0.2)
+                before = metric_sums(get(port, "/metrics")[1].decode())
                 warm.append(asyncio.run(single(url, doc + second)))
+                timelines.append(request_timeline(metric_delta([before], [_counted_one_more(port, before)])))
             pages_after, _ = _scrape(engines)
             point: dict[str, Any] = {"experiment": "ttft", "side": side, "x": length}
-            point |= {"cold_ttft_s": cold, "warm_ttft_s": warm}
+            point |= {"cold_ttft_s": cold, "warm_ttft_s": warm, "warm_timeline": timelines}
             points.append(point | engine_summary(metric_delta(pages_before, pages_after)))
             print(
                 f"  {side} {length} tokens: warm {sorted(warm)[len(warm) // 2]:.3f}s, the tier loaded "
@@ -229,3 +241,15 @@ def run_lengths(
                 flush=True,
             )
     return points
+
+
+def _counted_one_more(port: int, before: dict[str, float], timeout_s: float = 10.0) -> dict[str, float]:
+    """The engine's counters once they count the request just answered: vLLM records a request's times after its
+    answer has left, so a page read at once may not have them yet."""
+    queued = "vllm:request_queue_time_seconds_count"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page = metric_sums(get(port, "/metrics")[1].decode())
+        if page.get(queued, 0.0) > before.get(queued, 0.0) or time.monotonic() > deadline:
+            return page
+        time.sleep(0.01)

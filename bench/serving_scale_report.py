@@ -156,6 +156,30 @@ def ttft_table(points: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def timeline_table(points: Sequence[Mapping[str, Any]]) -> str:
+    """Where a warm request's time went, per length and side (medians over its samples, in ms): queued until
+    first scheduled (the lookup's answer and the load from the secondary tier happen there), of which the mean
+    wait for the lookup answer per chunk and the read from the secondary tier; the prefill (what is left to compute
+    and the first token); the rest (HTTP, tokenizing, handing the answer back) is the TTFT less the two. Empty
+    where no point has the engine's per-request split (runs before it was recorded)."""
+    rows = [p for p in points if p["experiment"] == "ttft" and p.get("warm_timeline")]
+    if not rows:
+        return ""
+    lines = [
+        "| document tokens | side | warm TTFT ms | queued ms | lookup wait ms | secondary read ms | prefill ms "
+        "| rest ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in sorted(rows, key=lambda p: (p["x"], _order(p["side"]))):
+        spans = p["warm_timeline"]
+        rest = [t - s["queued_s"] - s["prefill_s"] for t, s in zip(p["warm_ttft_s"], spans, strict=True)]
+        cells = [statistics.median(p["warm_ttft_s"])]
+        cells += [statistics.median(s[k] for s in spans) for k in ("queued_s", "lookup_wait_s", "secondary_read_s")]
+        cells += [statistics.median(s["prefill_s"] for s in spans), statistics.median(rest)]
+        lines.append(f"| {p['x']} | {p['side']} | " + " | ".join(f"{1000 * c:.1f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def _order(side: str) -> int:
     return list(SIDE_STYLE).index(side) if side in SIDE_STYLE else len(SIDE_STYLE)
 
@@ -305,5 +329,8 @@ def markdown(result: Mapping[str, Any]) -> str:
                 parts.append(spread)
     if any(p["experiment"] == "ttft" for p in points):
         parts.append(ttft_table(points))
+        timelines = timeline_table(points)
+        if timelines:
+            parts.append(timelines)
     parts.append("\n".join(f"- {line}" for line in claims(points, result.get("settings", {}).get("full_at_users", 8))))
     return "\n\n".join(parts)

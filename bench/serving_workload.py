@@ -187,6 +187,22 @@ def engine_summary(delta: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
+def request_timeline(delta: Mapping[str, float]) -> dict[str, float]:
+    """Where one request's time went, from its engine's counters read just before and after it (the request
+    alone): queued (from arrival until first scheduled: the secondary tier's lookup and the load into the engine
+    happen here), of that the mean wait for the tier's lookup answer per chunk and the time reading from the
+    secondary tier, and the prefill (first scheduled to first token: what is computed, and the first token)."""
+    lookups = delta.get("vllm:kv_offload_tiering_lookup_async_delay_seconds_count", 0.0)
+    return {
+        "queued_s": delta.get("vllm:request_queue_time_seconds_sum", 0.0),
+        "lookup_wait_s": delta.get("vllm:kv_offload_tiering_lookup_async_delay_seconds_sum", 0.0) / lookups
+        if lookups
+        else 0.0,
+        "secondary_read_s": _counter(delta, "vllm:kv_offload_tiering_read_time"),
+        "prefill_s": delta.get("vllm:request_prefill_time_seconds_sum", 0.0),
+    }
+
+
 # -- side by side ------------------------------------------------------------------------------------------
 def number_rounds(points: Sequence[dict[str, Any]]) -> None:
     """Each point's `round`: how many points of the same experiment, side and x came before it in the run (a run

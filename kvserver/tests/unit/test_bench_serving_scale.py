@@ -220,6 +220,32 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_warm_requests_time_is_split_by_its_engines_counters_and_the_report_shows_the_rest() -> None:
+    before = {"vllm:request_queue_time_seconds_sum": 4.0, "vllm:request_queue_time_seconds_count": 7.0}
+    after = {
+        "vllm:request_queue_time_seconds_sum": 4.05,
+        "vllm:request_queue_time_seconds_count": 8.0,
+        "vllm:request_prefill_time_seconds_sum": 0.02,
+        # 64 chunks waited 0.64 s in all for the lookup's answer: 10 ms each, all in one batch
+        "vllm:kv_offload_tiering_lookup_async_delay_seconds_sum": 0.64,
+        "vllm:kv_offload_tiering_lookup_async_delay_seconds_count": 64.0,
+        "vllm:kv_offload_tiering_read_time_total": 0.03,
+    }
+    split = wl.request_timeline(wl.metric_delta([before], [after]))
+    expected = {"queued_s": 0.05, "lookup_wait_s": 0.01, "secondary_read_s": 0.03, "prefill_s": 0.02}
+    assert split == pytest.approx(expected)
+    assert wl.request_timeline({})["lookup_wait_s"] == 0.0  # a side without a secondary tier waits for none
+    ttft = {"experiment": "ttft", "side": "strata-tcp", "x": 2048, "cold_ttft_s": [0.9, 0.9, 0.9]}
+    points = [
+        ttft | {"warm_ttft_s": [0.08, 0.09, 0.12], "warm_timeline": [split, split, split | {"prefill_s": 0.04}]},
+        ttft | {"side": "vllm-fs", "warm_ttft_s": [0.05]},  # measured before the split was recorded: no row
+    ]
+    table = report.timeline_table(points)
+    assert "| 2048 | strata-tcp | 90.0 | 50.0 | 10.0 | 30.0 | 20.0 | 20.0 |" in table
+    assert "vllm-fs" not in table
+    assert report.timeline_table(points[1:]) == ""
+
+
 def test_the_plot_has_a_panel_for_the_mixed_workload_and_for_ttft_by_length(tmp_path: Path) -> None:
     result = small_result()
     result["points"] = [  # type: ignore[index]
