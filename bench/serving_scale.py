@@ -38,7 +38,7 @@ for _part in ("bench", "testsupport", "operator", "kvserver", "units"):
 
 from gpu_vllm import SHAPES  # noqa: E402
 from serving_scale_report import annotate, markdown, plot  # noqa: E402
-from serving_workload import Workload, rotated  # noqa: E402
+from serving_workload import Workload, number_rounds, rotated  # noqa: E402
 from vllm_cpu_sides import CHUNK_TOKENS, MODEL_SHAPE  # noqa: E402
 
 BLOCK_TOKENS = 32
@@ -146,7 +146,18 @@ def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
             raise SystemExit(f"runs of {first['date']} and {other['date']} differ in {differ}: not one measurement")
     if len(results) == 1:
         return first
-    points = [{k: v for k, v in p.items() if k != "round"} | {"run": r["date"]} for r in results for p in r["points"]]
+    points: list[dict[str, Any]] = []
+    rounds_before: dict[tuple[str, Any], int] = {}
+    for r in results:  # a run's rounds follow every earlier run's at that x, so sides pair only within a run
+        run = [{k: v for k, v in p.items() if k != "round"} | {"run": r["date"]} for p in r["points"]]
+        number_rounds(run)
+        used = dict(rounds_before)
+        for p in run:
+            key = (p["experiment"], p["x"])
+            p["round"] += rounds_before.get(key, 0)
+            used[key] = max(used.get(key, 0), p["round"] + 1)
+        rounds_before = used
+        points += run
     settings = first["settings"] | {"mixed_users": max(r["settings"].get("mixed_users") or 0 for r in results)}
     runs = [{k: r.get(k) for k in ("date", "plan", "wall_s")} | {"points": len(r["points"])} for r in results]
     return first | {

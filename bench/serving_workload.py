@@ -139,6 +139,8 @@ def metric_sums(text: str) -> dict[str, float]:
             continue
         name_labels, _, value = line.rpartition(" ")
         name = name_labels.split("{", 1)[0]
+        if name.endswith("_created"):  # when a counter began (a Unix time), not an amount
+            continue
         try:
             number = float(value)
         except ValueError:

@@ -98,15 +98,24 @@ vllm:kv_offload_strata_lookup_chunks_total{{engine="0",model_name="bench",result
 """
 
 
-def page(**counts: float) -> dict[str, float]:
-    return wl.metric_sums(ENGINE_PAGE.format(**counts))
+def page(extra: str = "", **counts: float) -> dict[str, float]:
+    return wl.metric_sums(ENGINE_PAGE.format(**counts) + extra)
 
 
 def test_the_engines_counters_give_the_points_hit_ratios_and_bytes_over_both_replicas() -> None:
     zero = {"queries": 0, "hits": 0, "ext_queries": 0, "ext_hits": 0, "loaded": 0, "read": 0, "errors": 0}
     before = [page(**zero), page(**zero | {"queries": 500, "hits": 500})]
     after = [
-        page(queries=1000, hits=200, ext_queries=800, ext_hits=600, loaded=2**20, read=2**19, errors=3),
+        page(  # a counter's first sample for a label comes with the time it was created: not an amount
+            'vllm:kv_offload_strata_lookup_chunks_created{engine="0",model_name="bench",result="error"} 1.79e9\n',
+            queries=1000,
+            hits=200,
+            ext_queries=800,
+            ext_hits=600,
+            loaded=2**20,
+            read=2**19,
+            errors=3,
+        ),
         page(queries=1500, hits=700, ext_queries=800, ext_hits=200, loaded=2**20, read=0, errors=0),
     ]
     summary = wl.engine_summary(wl.metric_delta(before, after))
@@ -360,6 +369,18 @@ def test_runs_merged_into_one_report_make_a_side_measured_again_its_next_round()
     assert [(p["round"], p["run"]) for p in both["points"]] == [(0, "2026-12-06"), (1, "2026-12-07")]
     assert both["settings"]["mixed_users"] == 16
     assert [r["points"] for r in both["runs"]] == [1, 1]
+    # a side the first run did not measure starts where that run's rounds end: compared within its own run
+    one["points"] = [point("vllm-fs", 64, 2000, 0.9), point("strata-tcp", 64, 1000, 0.9)]
+    two["points"] = [point(side, 64, tok_s, 0.9) for side, tok_s in (("vllm-fs", 1000), ("strata-shm", 1100))]
+    both = serving_scale.merged([one, two])
+    assert [(p["side"], p["round"]) for p in both["points"]] == [
+        ("vllm-fs", 0),
+        ("strata-tcp", 0),
+        ("vllm-fs", 1),
+        ("strata-shm", 1),
+    ]
+    wl.ratios(both["points"], "vllm-fs")
+    assert both["points"][3]["vs_vllm-fs"] == pytest.approx(1.1)  # against the fs point of its run, not 2000
     other = run("2026-12-08", 1000)
     other["settings"]["engine_blocks"] = 448  # type: ignore[index]
     with pytest.raises(SystemExit, match="engine_blocks"):
