@@ -159,9 +159,13 @@ def verdict_spec(min_lookups: int) -> KVCacheTierSpec:
     )
 
 
+def _engine_counters(port: int) -> dict[str, float]:
+    return metric_sums(get(port, "/metrics")[1].decode())
+
+
 def _scrape(engines: Engines) -> tuple[list[dict[str, float]], dict[str, Any] | None]:
     """The engines' counters, and (with a server) the verdict's sample of it and of the engines' prefill sums."""
-    texts = [get(port, "/metrics")[1].decode() for port in engines.ports]
+    texts = [get(port, "/metrics")[1].decode() for port in engines.ports]  # the verdict parses the text too
     cpu = {CPU_SECONDS["engines"]: cpu_seconds(engines.pids)}
     if engines.server is not None and engines.server.process is not None:
         cpu[CPU_SECONDS["strata_server"]] = cpu_seconds([engines.server.process.pid])
@@ -228,7 +232,7 @@ def run_lengths(
                 cold.append(asyncio.run(single(url, doc + first)))
                 reset_prefix_cache(port, external=SIDES[side][0] in STORING_SIDES)
                 time.sleep(0.2)
-                before = metric_sums(get(port, "/metrics")[1].decode())
+                before = _engine_counters(port)
                 warm.append(asyncio.run(single(url, doc + second)))
                 timelines.append(request_timeline(metric_delta([before], [_counted_one_more(port, before)])))
             pages_after, _ = _scrape(engines)
@@ -249,7 +253,7 @@ def _counted_one_more(port: int, before: dict[str, float], timeout_s: float = 10
     queued = "vllm:request_queue_time_seconds_count"
     deadline = time.monotonic() + timeout_s
     while True:
-        page = metric_sums(get(port, "/metrics")[1].decode())
+        page = _engine_counters(port)
         if page.get(queued, 0.0) > before.get(queued, 0.0) or time.monotonic() > deadline:
             return page
         time.sleep(0.01)

@@ -151,12 +151,11 @@ def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
     for r in results:  # a run's rounds follow every earlier run's at that x, so sides pair only within a run
         run = [{k: v for k, v in p.items() if k != "round"} | {"run": r["date"]} for p in r["points"]]
         number_rounds(run)
-        used = dict(rounds_before)
+        for p in run:
+            p["round"] += rounds_before.get((p["experiment"], p["x"]), 0)
         for p in run:
             key = (p["experiment"], p["x"])
-            p["round"] += rounds_before.get(key, 0)
-            used[key] = max(used.get(key, 0), p["round"] + 1)
-        rounds_before = used
+            rounds_before[key] = max(rounds_before.get(key, 0), p["round"] + 1)
         points += run
     settings = first["settings"] | {"mixed_users": max(r["settings"].get("mixed_users") or 0 for r in results)}
     runs = [{k: r.get(k) for k in ("date", "plan", "wall_s")} | {"points": len(r["points"])} for r in results]
