@@ -9,18 +9,25 @@ This bench isolates that cost. Per round, with the order rotated, one load of `-
 
 - `fs`: one file per chunk on this disk, opened, `readv` into the tier, closed (vLLM 0.33's `fs` tier, its Python
   path): one kernel copy out of the page cache;
-- `tcp`, `unix`: the tier's own load job (`kv_node_socket.load_chunks`: `EngineLink`, `KVClient.get_into`, one GET
-  per chunk) against a real `strata-kv` over TCP and over its Unix socket: the server writes the value into the
-  socket, the engine reads it out (two copies);
+- `tcp`, `unix`: the tier's own load job (`kv_node_socket.load_chunks`: `EngineLink`, `KVClient.get_many_into`,
+  the job's GETs sent at once) against a real `strata-kv` over TCP and over its Unix socket: the server writes the
+  value into the socket, the engine reads it out (two copies);
+- `tcp-each`, `unix-each`: the load job before that, one GET per chunk (`get_into`; four returns from the kernel
+  per chunk against one);
 - `shm`: the same over the Unix socket of a server with `listen.shared_memory` (`nodeSocket.sharedMemory`): the
   value's memfd is handed over and `preadv` copies it once;
 - `memfd`: that copy alone, `preadv` out of memfds holding the chunks, no server and no protocol: the floor of
   `shm`.
 
+`--gil-busy N` runs N threads that hold the GIL (`kv_node_socket.gil_spinner`), as vLLM's scheduler does in the
+process the tier lives in: every return from a blocking call then waits for the GIL, up to the 5 ms switch
+interval, which is where the number of returns per chunk shows.
+
 Wall time and CPU time per load (this process's, i.e. the engine's side, plus the server's) are printed as
 medians with quartiles and as ratios to `fs`; JSON and a plot under `--output`.
 
-    .venv/bin/python bench/kv_load_paths.py [--rounds 20] [--chunks 64] [--chunk-kib 1024] [--output DIR]
+    .venv/bin/python bench/kv_load_paths.py [--rounds 20] [--chunks 64] [--chunk-kib 1024] [--gil-busy 1]
+        [--output DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +51,9 @@ for _part in ("bench", "testsupport", "kvserver"):
         sys.path.insert(0, str(ROOT / _part))
 
 import psutil  # noqa: E402
-from kv_node_socket import load_chunks  # noqa: E402
+from kv_node_socket import gil_spinner, load_chunks, load_chunks_each  # noqa: E402
 
-SIDES = ("fs", "tcp", "unix", "shm", "memfd")
+SIDES = ("fs", "tcp", "unix", "tcp-each", "unix-each", "shm", "memfd")
 
 
 def read_files(paths: list[Path], dest: memoryview, chunk: int) -> None:
@@ -112,10 +120,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 client._shared_memory = False  # this side measures the bytes through the socket
 
             links["unix"].call(plain)
+            links["unix-each"] = EngineLink(Endpoint(unix_socket=server.unix_socket))
+            links["unix-each"].call(plain)
             loads: dict[str, Callable[[], None]] = {
                 "fs": lambda: read_files(files, dest, chunk),
                 "tcp": lambda: load_chunks(links["tcp"], keys, dest, chunk),
                 "unix": lambda: load_chunks(links["unix"], keys, dest, chunk),
+                "tcp-each": lambda: load_chunks_each(links["tcp"], keys, dest, chunk),
+                "unix-each": lambda: load_chunks_each(links["unix-each"], keys, dest, chunk),
                 "shm": lambda: load_chunks(links["shm"], keys, dest, chunk),
                 "memfd": lambda: read_memfds(memfds, dest, chunk),
             }
@@ -124,12 +136,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 loads[side]()
                 if dest[:chunk] != payload[:chunk]:
                     raise SystemExit(f"{side} loaded other bytes than were stored")
-            for r in range(args.rounds):
-                order = SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]
-                for side in order:
-                    wall, cpu = timed(loads[side], process)
-                    samples[side]["wall_ms"].append(wall * 1000)
-                    samples[side]["cpu_ms"].append(cpu * 1000)
+            stop = threading.Event()
+            spinners = [threading.Thread(target=gil_spinner, args=(stop,), daemon=True) for _ in range(args.gil_busy)]
+            for spinner in spinners:
+                spinner.start()
+            try:
+                for r in range(args.rounds):
+                    order = SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]
+                    for side in order:
+                        wall, cpu = timed(loads[side], process)
+                        samples[side]["wall_ms"].append(wall * 1000)
+                        samples[side]["cpu_ms"].append(cpu * 1000)
+            finally:
+                stop.set()
+                for spinner in spinners:
+                    spinner.join()
             for link in links.values():
                 link.close()
         for fd in memfds:
@@ -139,6 +160,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "chunks": args.chunks,
         "chunk_bytes": chunk,
         "rounds": args.rounds,
+        "gil_busy": args.gil_busy,
         "cpus": os.cpu_count(),
         "kernel": os.uname().release,
         "samples": samples,
@@ -170,9 +192,13 @@ def plot(run: dict[str, Any], path: Path) -> None:
         medians = [stats[s][name]["median"] for s in SIDES]
         low = [stats[s][name]["median"] - stats[s][name]["p25"] for s in SIDES]
         high = [stats[s][name]["p75"] - stats[s][name]["median"] for s in SIDES]
-        ax.bar(SIDES, medians, yerr=[low, high], capsize=4, color=["#4a7fc1", "#2e7d32", "#1b5e20", "#0b3d10", "#999"])
+        colors = ["#4a7fc1", "#2e7d32", "#1b5e20", "#81c784", "#66bb6a", "#0b3d10", "#999"]
+        ax.bar(SIDES, medians, yerr=[low, high], capsize=4, color=colors)
         ax.set_ylabel(label)
-        ax.set_title(f"{label}: {run['chunks']} chunks, {mib} MiB ({run['rounds']} rounds, quartiles)", fontsize=9)
+        busy = f", {run.get('gil_busy', 0)} GIL holder" if run.get("gil_busy") else ""
+        title = f"{label}: {run['chunks']} chunks, {mib} MiB{busy} ({run['rounds']} rounds, quartiles)"
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -182,6 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--gil-busy", type=int, default=0, help="threads holding the GIL (vLLM's scheduler)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the files live (default: the temp dir)")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "kv_load_paths")
     args = parser.parse_args()
@@ -196,7 +223,7 @@ def main() -> None:
         wall, cpu = stats[side]["wall_ms"], stats[side]["cpu_ms"]
         rate = run["chunks"] * run["chunk_bytes"] / wall["median"] / 1e6
         print(
-            f"  {side:6s} wall {wall['median']:6.1f} ms [{wall['p25']:.1f}-{wall['p75']:.1f}] {rate:5.2f} GB/s "
+            f"  {side:9s} wall {wall['median']:6.1f} ms [{wall['p25']:.1f}-{wall['p75']:.1f}] {rate:5.2f} GB/s "
             f"{wall['vs_fs']:4.2f}x fs | CPU {cpu['median']:6.1f} ms [{cpu['p25']:.1f}-{cpu['p75']:.1f}] "
             f"{cpu['vs_fs']:4.2f}x fs"
         )

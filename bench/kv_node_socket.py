@@ -66,7 +66,16 @@ def store_chunks(link: Any, keys: list[bytes], source: memoryview, chunk: int) -
 
 
 def load_chunks(link: Any, keys: list[bytes], dest: memoryview, chunk: int) -> None:
-    """The tier's load job: one GET per chunk, straight into the primary tier's memory."""
+    """The tier's load job: the chunks' GETs at once (`KVClient.get_many_into`), straight into the primary tier's
+    memory."""
+    views = [dest[i * chunk : (i + 1) * chunk] for i in range(len(keys))]
+    found, error = link.call(lambda c: c.get_many_into(keys, views))
+    if error is not None or not all(found):
+        raise SystemExit(f"chunks missing right after their store: {found}, {error}")
+
+
+def load_chunks_each(link: Any, keys: list[bytes], dest: memoryview, chunk: int) -> None:
+    """The tier's load job before `get_many_into`: one GET per chunk (`get_into`), for comparison."""
     for i, key in enumerate(keys):
         if not link.call(lambda c, k=key, v=dest[i * chunk : (i + 1) * chunk]: c.get_into(k, v)):
             raise SystemExit(f"chunk {key!r} missing right after its store")

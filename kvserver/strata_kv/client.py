@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .wire import shared_memory
-from .wire.resp import command
+from .wire.resp import SIZED_FOUND, SIZED_MISSING, SIZED_OTHER_SIZE, command
 from .wire.sockets import widen_unix_send_buffer
 
 Reply = Any
@@ -45,6 +45,13 @@ def _decode(kind: int, line: bytes, read_exact: Callable[[int], bytes]) -> tuple
 
 RECEIVE_AHEAD = 64 * 1024
 """Bytes asked for when a reply's header is read; a large value's bulk then goes straight into its buffer."""
+GET_MANY_BYTES = 64 * 1024**2
+"""Most reply bytes one `STRATA.MGETSIZED` of `get_many_into` asks for (64 chunks of 1 MiB): far below the
+server's limits.max_output_buffer (1 GiB unless set lower), and a bound on what one reply holds up."""
+
+
+class _NoSizedGets(Exception):
+    """The server does not know STRATA.MGETSIZED (an older one): one GET per key from then on."""
 
 
 def _timeval(seconds: float | None) -> bytes:
@@ -85,6 +92,8 @@ class KVClient:
         self._start = self._end = 0  # what of `_buffer` holds received bytes not yet taken
         self._shared_memory = bool(unix_socket)
         """Whether `get_into` asks for memory (STRATA.GETFD): on a Unix socket until the server says it is off."""
+        self._sized_gets = True
+        """Whether `get_many_into` asks for STRATA.MGETSIZED: until the server says it does not know it."""
         if token is not None:
             self.call("AUTH", token)
 
@@ -223,6 +232,102 @@ class KVClient:
         self._readinto(target)
         self._read_exact(2)
         return True
+
+    def get_many_into(self, keys: Sequence[bytes], dests: Sequence[memoryview]) -> tuple[list[bool], KVError | None]:
+        """GET each of `keys` straight into the buffer beside it (all of one size): which keys were found, and the
+        first error (a value of another size than the buffers, or an error reply; None if none). Every reply is
+        read before this returns, so the connection stays in step.
+
+        Why not `get_into` per key: a tier's load job moves tens of chunks, and every return from a blocking call
+        must win the GIL back from the engine's scheduler thread, which holds it while it spins (up to the 5 ms
+        switch interval each time; bench/README.md). One GET at a time returns four times per chunk: its send,
+        the reply's header, the bulk, its CRLF. `STRATA.MGETSIZED` answers up to GET_MANY_BYTES of chunks in
+        one reply whose layout the request fixes, read with one send, one receive for its header (and what came
+        along) and one waiting receive for the rest, scattered into the buffers. A server without the command
+        (an older one, during an upgrade) gets one GET per key; so does the shared-memory path (STRATA.GETFD)."""
+        if len(keys) != len(dests):
+            raise ValueError(f"{len(keys)} keys for {len(dests)} buffers")
+        targets = [memoryview(dest).cast("B") for dest in dests]
+        sizes = {target.nbytes for target in targets}
+        if len(sizes) > 1:
+            raise ValueError(f"buffers of several sizes ({sorted(sizes)}): STRATA.MGETSIZED reads one size")
+        found: list[bool] = []
+        error: KVError | None = None
+        size = sizes.pop() if sizes else 0
+        per_request = max(1, GET_MANY_BYTES // max(size, 1))
+        for first in range(0, len(keys), per_request):
+            window = slice(first, first + per_request)
+            if self._sized_gets and not self._shared_memory:
+                try:
+                    outcome = self._mget_sized(keys[window], targets[window], size)
+                except _NoSizedGets:
+                    self._sized_gets = False
+                    outcome = self._get_each(keys[window], targets[window])
+            else:
+                outcome = self._get_each(keys[window], targets[window])
+            found += outcome[0]
+            error = error or outcome[1]
+        return found, error
+
+    def _get_each(self, keys: Sequence[bytes], targets: Sequence[memoryview]) -> tuple[list[bool], KVError | None]:
+        found: list[bool] = []
+        error: KVError | None = None
+        for key, target in zip(keys, targets, strict=True):
+            try:
+                found.append(self.get_into(key, target))
+            except KVError as e:
+                found.append(False)
+                error = error or e
+        return found, error
+
+    def _mget_sized(
+        self, keys: Sequence[bytes], targets: Sequence[memoryview], size: int
+    ) -> tuple[list[bool], KVError | None]:
+        self._sendall(command("STRATA.MGETSIZED", size, *keys))
+        line = self._readline()
+        if line[:1] == b"-":
+            message = line[1:-2].decode(errors="replace")
+            if message.startswith("ERR unknown command"):
+                raise _NoSizedGets(message)
+            return [False] * len(keys), KVError(message)
+        if line[:1] != b"$" or int(line[1:-2]) != len(keys) * (size + 1):
+            raise ConnectionError(f"STRATA.MGETSIZED answered {line[:32]!r}: the connection is out of step")
+        flags, ending = bytearray(len(keys)), bytearray(2)
+        self._receive_all([memoryview(flags), *(t for t in targets if t.nbytes), memoryview(ending)])
+        if ending != b"\r\n":
+            raise ConnectionError("STRATA.MGETSIZED's reply did not end in CRLF: the connection is out of step")
+        error = None
+        for key, flag in zip(keys, flags, strict=True):
+            if flag == SIZED_OTHER_SIZE:
+                error = error or KVError(f"value of {key!r} is not {size} bytes, the size of its buffer")
+            elif flag not in (SIZED_FOUND, SIZED_MISSING):
+                raise ConnectionError(
+                    f"STRATA.MGETSIZED flagged a key {bytes([flag])!r}: the connection is out of step"
+                )
+        return [flag == SIZED_FOUND for flag in flags], error
+
+    def _receive_all(self, parts: list[memoryview]) -> None:
+        """Fill every buffer of `parts` in order: first from what was received ahead, then in one waiting
+        `recvmsg_into` (more only after a signal or the timeout cut one short)."""
+        while parts and self._start < self._end:
+            n = min(parts[0].nbytes, self._end - self._start)
+            parts[0][:n] = self._buffer[self._start : self._start + n]
+            self._start += n
+            parts[0] = parts[0][n:]
+            if not parts[0].nbytes:
+                parts.pop(0)
+        while parts:
+            try:
+                n = self._sock.recvmsg_into(parts, 0, socket.MSG_WAITALL)[0]
+            except BlockingIOError as e:
+                raise TimeoutError("timed out waiting for the KV server") from e
+            if not n:
+                raise ConnectionError("server closed the connection mid-reply")
+            while parts and n >= parts[0].nbytes:
+                n -= parts[0].nbytes
+                parts.pop(0)
+            if n:
+                parts[0] = parts[0][n:]
 
     # -- conveniences -----------------------------------------------------------------------------
     def ping(self) -> bool:

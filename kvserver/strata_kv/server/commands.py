@@ -160,6 +160,45 @@ async def cmd_mget(state: ServerState, s: Session, args: list[bytes]) -> Parts:
     return parts
 
 
+async def cmd_strata_mgetsized(state: ServerState, s: Session, args: list[bytes]) -> Parts:
+    """`STRATA.MGETSIZED size k1 k2 …`: MGET of values of one known size, as one bulk laid out in advance: a byte
+    per key (`1` found, `0` missing, `x` another size), then `size` bytes per key, its value or zeros.
+
+    Why: the vLLM tier's load job reads tens of chunks of one size, and in the engine every return from a
+    blocking receive waits for the GIL, which the scheduler thread holds (up to the 5 ms switch interval each
+    time). MGET's reply interleaves a header of unknown length with every value, so a client must return to
+    Python between values; this reply's length is known from the request, so the client reads the whole job into
+    its buffers in one waiting receive (`KVClient.get_many_into`). A miss costs `size` zero bytes on the wire,
+    which loads (of chunks a lookup has just found) rarely pay."""
+    try:
+        size = int(args[1])
+    except ValueError:
+        return resp.error("value is not an integer or out of range")
+    limits = state.store.cfg.limits
+    if not 0 <= size <= limits.max_value_size:
+        return resp.error(f"size must be 0 to limits.max_value_size ({limits.max_value_size}), got {size}")
+    keys = args[2:]
+    total = len(keys) * (size + 1)
+    if limits.max_output_buffer and total > limits.max_output_buffer:
+        return resp.error(
+            f"reply of {total} bytes would exceed limits.max_output_buffer ({limits.max_output_buffer}): "
+            "ask for fewer keys at once"
+        )
+    flags = bytearray(len(keys))
+    values: list[bytes] = []
+    zeros = b""
+    for i, key in enumerate(keys):
+        value = await state.store.get(key)
+        if value is not None and len(value) == size:
+            flags[i] = resp.SIZED_FOUND
+        else:
+            flags[i] = resp.SIZED_MISSING if value is None else resp.SIZED_OTHER_SIZE
+            value = zeros = zeros or bytes(size)
+        if size:
+            values.append(value)
+    return [b"$%d\r\n" % total, bytes(flags), *values, resp.CRLF]
+
+
 async def _mset(state: ServerState, args: list[bytes], chain: bool) -> Parts:
     parent: bytes | None = None
     for key, value in zip(args[1::2], args[2::2], strict=True):
@@ -351,6 +390,7 @@ COMMANDS: dict[bytes, Command] = {
     b"STRATA.STATS": Command(cmd_strata_stats, 1),
     b"STRATA.BLOCKS": Command(cmd_strata_blocks, 2),
     b"STRATA.GETFD": Command(cmd_strata_getfd, 2, first_key=1, last_key=1),
+    b"STRATA.MGETSIZED": Command(cmd_strata_mgetsized, -3, first_key=2, last_key=-1),
     b"STRATA.NAMESPACES": Command(cmd_strata_namespaces, 1),
     b"STRATA.DROPNS": Command(cmd_strata_dropns, 2),
 }

@@ -393,6 +393,11 @@ def array(items: Iterable[Reply], proto: int = 2) -> list[bytes]:
     return encode(list(items), proto)
 
 
+SIZED_FOUND, SIZED_MISSING, SIZED_OTHER_SIZE = ord("1"), ord("0"), ord("x")
+"""STRATA.MGETSIZED's byte per key: its value follows, the key is missing, its value is not the size asked
+(`server/commands.cmd_strata_mgetsized`, `client.KVClient.get_many_into`); zeros stand in for the last two."""
+
+
 def command(*args: bytes | str | int) -> bytes:
     """Encode a request (used by the client): an array of bulk strings."""
     out = [b"*%d\r\n" % len(args)]

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 from strata_kv.client import AsyncKVClient, KVClient, KVError
-from strata_testsupport.kvserver import KVServerProcess
+from strata_testsupport.kvserver import KVServerProcess, RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ class _CountingSocket:
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._sock, name)
-        if name in ("send", "sendall", "sendmsg", "recv", "recv_into", "recvmsg"):
+        if name in ("send", "sendall", "sendmsg", "recv", "recv_into", "recvmsg", "recvmsg_into"):
 
             def counted(*args: object) -> object:
                 self.calls.append(name)
@@ -122,6 +122,104 @@ def test_a_chunk_far_larger_than_the_send_buffer_takes_one_send_and_one_waiting_
         assert into == value
         # the reply's header (with what came along), the rest of the bulk, its CRLF
         assert counting.calls.count("recv_into") <= 3, counting.calls
+
+
+def _plain_client(kv_server: KVServerProcess, transport: str, timeout: float = 30) -> KVClient:
+    """A client whose GETs come through the socket: the Unix side learns with its first GET that this server
+    hands no memory over (no listen.shared_memory)."""
+    unix = kv_server.unix_socket if transport == "unix" else None
+    client = KVClient("127.0.0.1", kv_server.port, unix_socket=unix, timeout=timeout)
+    client.get_into(b"absent", memoryview(bytearray(1)))
+    return client
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_load_job_takes_one_send_and_two_receives_however_many_chunks(
+    kv_server: KVServerProcess, transport: str
+) -> None:
+    """`get_many_into`, the tier's load job: each return from the kernel waits for the GIL in an engine, and one
+    GET at a time took four per chunk (send, header, bulk, CRLF)."""
+    chunks = [bytes([i]) * (256 * 1024) for i in range(16)]
+    keys = [b"many-%s-%d" % (transport.encode(), i) for i in range(len(chunks))]
+    with _plain_client(kv_server, transport) as c:
+        for key, chunk in zip(keys, chunks, strict=True):
+            c.set(key, chunk)
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        into = [bytearray(len(chunk)) for chunk in chunks]
+        found, error = c.get_many_into(keys, [memoryview(b) for b in into])
+        assert (found, error) == ([True] * len(chunks), None)
+        assert into == chunks
+        # one send; the reply's header with what came along, then the rest in one waiting receive
+        assert counting.calls == ["sendall", "recv_into", "recvmsg_into"], counting.calls
+        assert c.ping()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_load_job_says_what_each_key_found_and_stays_in_step(kv_server: KVServerProcess, transport: str) -> None:
+    """Hits, misses (the last key too) and a value of another size than the buffers, in one job: each key's
+    outcome, the first error, the hits' bytes, and the connection usable afterwards."""
+    value, longer = bytes(range(256)) * 256, bytes(range(256)) * 257
+    prefix = b"each-key-" + transport.encode()
+    with _plain_client(kv_server, transport, timeout=10) as c:
+        c.set(prefix + b"/a", value)
+        c.set(prefix + b"/longer", longer)
+        c.set(prefix + b"/b", value[::-1])
+        keys = [prefix + k for k in (b"/a", b"/absent", b"/longer", b"/b", b"/absent-too")]
+        into = [bytearray(b"\xff" * len(value)) for _ in keys]
+        found, error = c.get_many_into(keys, [memoryview(b) for b in into])
+        assert found == [True, False, False, True, False]
+        assert isinstance(error, KVError) and f"{prefix + b'/longer'!r} is not {len(value)} bytes" in str(error)
+        assert (into[0], into[3]) == (value, value[::-1])
+        assert c.ping() and c.get(prefix + b"/a") == value
+
+
+def test_a_load_job_the_server_refuses_is_an_error_and_loses_the_connection_nothing(
+    kv_server: KVServerProcess,
+) -> None:
+    with _plain_client(kv_server, "tcp", timeout=10) as c:
+        c.set(b"refused-job/a", b"x" * 100)
+        found, error = c.get_many_into([b"refused-job/a", b"k" * 5000], [memoryview(bytearray(100))] * 2)
+        assert found == [False, False]
+        assert isinstance(error, KVError) and "limits.max_key_size" in str(error)
+        with pytest.raises(ValueError, match="several sizes"):
+            c.get_many_into(
+                [b"refused-job/a", b"refused-job/a"], [memoryview(bytearray(100)), memoryview(bytearray(9))]
+            )
+        assert c.get_many_into([b"refused-job/a"], [memoryview(bytearray(100))]) == ([True], None)
+
+
+def test_a_load_job_larger_than_one_reply_goes_in_several(
+    kv_server: KVServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import strata_kv.client
+
+    monkeypatch.setattr(strata_kv.client, "GET_MANY_BYTES", 3 * 1000)
+    keys = [b"windows-%03d" % i for i in range(10)]
+    with _plain_client(kv_server, "tcp") as c:
+        c.put_chain([(key, (key * 100)[:1000]) for key in keys])
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        into = [bytearray(1000) for _ in keys]
+        assert c.get_many_into(keys, [memoryview(b) for b in into]) == ([True] * len(keys), None)
+        assert [bytes(b) for b in into] == [(key * 100)[:1000] for key in keys]
+        assert counting.calls.count("sendall") == 4, counting.calls  # 3 + 3 + 3 + 1 keys
+
+
+def test_a_load_job_from_a_server_without_sized_gets_gets_each_key(redis_server: RedisServer) -> None:
+    """An older server (here redis-server itself) does not know STRATA.MGETSIZED: the client asks once, then
+    GETs key by key on that connection."""
+    with KVClient("127.0.0.1", redis_server.port, timeout=10) as c:
+        c.set(b"older/a", b"a" * 64)
+        c.set(b"older/b", b"b" * 64)
+        into = [bytearray(64) for _ in range(3)]
+        views = [memoryview(b) for b in into]
+        assert c.get_many_into([b"older/a", b"older/absent", b"older/b"], views) == ([True, False, True], None)
+        assert (into[0], into[2]) == (b"a" * 64, b"b" * 64)
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        assert c.get_many_into([b"older/b"], views[:1]) == ([True], None)
+        assert counting.calls[0] == "sendall" and "STRATA" not in str(counting.calls)
 
 
 def test_a_server_that_does_not_answer_times_the_call_out() -> None:
