@@ -1,14 +1,14 @@
 """The vLLM tier's own calls over the node socket (Unix) and over TCP: store, lookup and load of one request's chunks.
 
-What `strata_kv.vllm.tier.StrataTier` does per request, with its own client code (`EngineLink`, `KVClient.set_from`,
-`get_into`, `STRATA.PREFIX`) against a real `strata-kv`: `--jobs` requests of `--chunks` chunks of `--chunk-kib`
-each, every request's chunks stored one after another on an I/O thread of its own (the tier's pool), looked up in
-one STRATA.PREFIX each, and loaded into a page-aligned mapping in /dev/shm (what vLLM's CPU primary tier is). Both
-sides share one server; each round runs them back to back in alternating order, so a round compares them under one
-machine state, and the ratio printed is the median of the rounds' unix/tcp ratios. `--busy N` runs N processes that
-spin on sched_yield, as vLLM's engine core does while its worker computes; `--gil-busy N` runs N threads in the
-bench that hold the GIL, as vLLM's scheduler thread does in the process the tier lives in (each return from a
-blocking call then waits for the GIL).
+What `strata_kv.vllm.tier.StrataTier` does per request, with its own client code (`EngineLink`,
+`KVClient.set_many_from`, `get_many_into`, `STRATA.PREFIX`) against a real `strata-kv`: `--jobs` requests of
+`--chunks` chunks of `--chunk-kib` each, every request's chunks stored in one job on an I/O thread of its own (the
+tier's pool), looked up in one STRATA.PREFIX each, and loaded into a page-aligned mapping in /dev/shm (what vLLM's
+CPU primary tier is). Both sides share one server; each round runs them back to back in alternating order, so a
+round compares them under one machine state, and the ratio printed is the median of the rounds' unix/tcp ratios.
+`--busy N` runs N processes that spin on sched_yield, as vLLM's engine core does while its worker computes;
+`--gil-busy N` runs N threads in the bench that hold the GIL, as vLLM's scheduler thread does in the process the
+tier lives in (each return from a blocking call then waits for the GIL).
 
 `--syscalls` also counts both processes' system calls per chunk for each side and operation (the kernel's
 tracepoints through `perf stat`, one extra pass): the client's sends, receives, polls and GIL waits (futex), the
@@ -60,9 +60,12 @@ def spinners(count: int) -> list[int]:
 
 
 def store_chunks(link: Any, keys: list[bytes], source: memoryview, chunk: int) -> None:
-    """The tier's store job: one SET per chunk, straight from the primary tier's memory."""
-    for i, key in enumerate(keys):
-        link.call(lambda c, k=key, v=source[i * chunk : (i + 1) * chunk]: c.set_from(k, v))
+    """The tier's store job: the chunks' SETs at once (`KVClient.set_many_from`), straight from the primary
+    tier's memory."""
+    items = [(key, source[i * chunk : (i + 1) * chunk]) for i, key in enumerate(keys)]
+    stored, error = link.call(lambda c: c.set_many_from(items))
+    if error is not None or not all(stored):
+        raise SystemExit(f"chunks not stored: {stored}, {error}")
 
 
 def load_chunks(link: Any, keys: list[bytes], dest: memoryview, chunk: int) -> None:

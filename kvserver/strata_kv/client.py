@@ -46,8 +46,12 @@ def _decode(kind: int, line: bytes, read_exact: Callable[[int], bytes]) -> tuple
 RECEIVE_AHEAD = 64 * 1024
 """Bytes asked for when a reply's header is read; a large value's bulk then goes straight into its buffer."""
 GET_MANY_BYTES = 64 * 1024**2
-"""Most reply bytes one `STRATA.MGETSIZED` of `get_many_into` asks for (64 chunks of 1 MiB): far below the
-server's limits.max_output_buffer (1 GiB unless set lower), and a bound on what one reply holds up."""
+"""Most value bytes one request of `get_many_into` asks for, and one send of `set_many_from` carries (64 chunks
+of 1 MiB): far below the server's limits.max_output_buffer and max_request_size (1 GiB unless set lower), and a
+bound on what one call holds up."""
+
+SET_MANY_KEYS = 256
+"""Most SETs in one send of `set_many_from`: three buffers each, within the kernel's 1024 per `sendmsg`."""
 
 
 class _NoSizedGets(Exception):
@@ -182,6 +186,61 @@ class KVClient:
         reply = self._read_reply()
         if isinstance(reply, KVError):
             raise reply
+
+    def set_many_from(self, items: Sequence[tuple[bytes, memoryview | bytes]]) -> tuple[list[bool], KVError | None]:
+        """SET each key to the bytes of the buffer beside it (sent straight from it), all at once: which were
+        stored, and the first error reply (None if none). Every reply is read before this returns.
+
+        Why not `set_from` per key: as for `get_many_into`, each return from a blocking call waits for the GIL in
+        an engine, and one SET at a time returns twice per chunk (its send, its reply). Here up to GET_MANY_BYTES
+        of SETs go in one `sendmsg`, and their replies come in one waiting receive of as many bytes as that many
+        `+OK`s: an error reply is longer, so that many bytes always come, and anything else than the `+OK`s is
+        then read reply by reply."""
+        stored: list[bool] = []
+        error: KVError | None = None
+        first = 0
+        while first < len(items):
+            window: list[tuple[bytes, memoryview]] = []
+            size = 0
+            for key, value in items[first:]:
+                view = memoryview(value).cast("B")
+                if window and (size + view.nbytes > GET_MANY_BYTES or len(window) == SET_MANY_KEYS):
+                    break
+                window.append((key, view))
+                size += view.nbytes
+            first += len(window)
+            parts: list[memoryview] = []
+            for key, view in window:
+                header = b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, view.nbytes)
+                parts += [memoryview(header), view, memoryview(b"\r\n")]
+            self._send_parts(parts)
+            all_ok = b"+OK\r\n" * len(window)
+            self._buffer_at_least(len(all_ok))
+            if self._buffer[self._start : self._start + len(all_ok)] == all_ok:
+                self._start += len(all_ok)
+                stored += [True] * len(window)
+                continue
+            for _ in window:
+                reply = self._read_reply()
+                if isinstance(reply, KVError):
+                    error = error or reply
+                elif reply != "OK":
+                    raise ConnectionError(f"SET answered {reply!r}: the connection is out of step")
+                stored.append(reply == "OK")
+        return stored, error
+
+    def _buffer_at_least(self, n: int) -> None:
+        """Wait until `n` received bytes are in the buffer, in one waiting receive: the caller knows that many come."""
+        have = self._end - self._start
+        if have >= n:
+            return
+        if self._start + n > len(self._buffer):
+            self._buffer[:have] = self._buffer[self._start : self._end]
+            self._start, self._end = 0, have
+            if n > len(self._buffer):
+                self._buffer.extend(bytes(n - len(self._buffer)))
+        while self._end - self._start < n:
+            self._end += self._receive(memoryview(self._buffer)[self._end : self._start + n], socket.MSG_WAITALL)
 
     def _send_parts(self, parts: list[memoryview]) -> None:
         """Send `parts` in one blocking `sendmsg` (more only after a signal or the timeout cut one short): each call

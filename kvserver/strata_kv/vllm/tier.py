@@ -260,20 +260,23 @@ class StrataTier(SecondaryTierManager):
 
         def store() -> None:
             start, done = time.monotonic(), 0
+            items = [
+                (self.server_key(key), self._chunk(chunk_id)) for key, chunk_id in zip(keys, chunk_ids, strict=True)
+            ]
             try:
-                for key, chunk_id in zip(keys, chunk_ids, strict=True):
-                    with self._chunk(chunk_id) as view:
-
-                        def put(client: KVClient, k: bytes = self.server_key(key), v: memoryview = view) -> None:
-                            client.set_from(k, v)
-
-                        self._link.call(put)
-                    done += 1
+                # The job's SETs at once (`set_many_from`): one send and one receive per job, not two per chunk.
+                stored, error = self._link.call(lambda client: client.set_many_from(items))
+                done = sum(stored)
+                if error is not None:
+                    self._count(stores_failed=len(keys) - done)
+                    log.warning("Strata KV tier: %d of %d chunks not stored: %s", len(keys) - done, len(keys), error)
             except (OSError, ValueError, KVError) as e:
                 self._count(stores_failed=len(keys) - done)
                 if not isinstance(e, ServerUnavailable):
                     log.warning("Strata KV tier: store of %d chunks stopped after %d: %s", len(keys), done, e)
             finally:
+                for _, view in items:
+                    view.release()
                 with self._pending_lock:
                     self._pending_store_bytes -= nbytes
             size = done * self.block_size_bytes

@@ -1,6 +1,7 @@
 """The bundled Python clients (sync and asyncio) against a real server, over TCP and the Unix socket."""
 
 import asyncio
+import socket
 
 import pytest
 from strata_kv.client import AsyncKVClient, KVClient, KVError
@@ -220,6 +221,47 @@ def test_a_load_job_from_a_server_without_sized_gets_gets_each_key(redis_server:
         c._sock = counting  # type: ignore[assignment]
         assert c.get_many_into([b"older/b"], views[:1]) == ([True], None)
         assert counting.calls[0] == "sendall" and "STRATA" not in str(counting.calls)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_store_job_takes_one_send_and_one_receive_however_many_chunks(
+    kv_server: KVServerProcess, transport: str
+) -> None:
+    """`set_many_from`, the tier's store job: one SET at a time returned to the GIL twice per chunk."""
+    chunks = [bytes([i]) * (256 * 1024) for i in range(16)]
+    keys = [b"stored-%s-%d" % (transport.encode(), i) for i in range(len(chunks))]
+    with _plain_client(kv_server, transport) as c:
+        c._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STOCK_SEND_BUFFER)
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        assert c.set_many_from([(k, memoryview(v)) for k, v in zip(keys, chunks, strict=True)]) == ([True] * 16, None)
+        assert counting.calls == ["sendmsg", "recv_into"], counting.calls
+        assert [c.get(key) for key in keys] == chunks
+
+
+def test_a_store_job_says_which_sets_the_server_refused_and_stays_in_step(kv_server: KVServerProcess) -> None:
+    with _plain_client(kv_server, "tcp", timeout=10) as c:
+        items = [(b"refused-set/a", b"a" * 1000), (b"k" * 5000, b"b" * 1000), (b"refused-set/c", b"c" * 1000)]
+        stored, error = c.set_many_from(items)
+        assert stored == [True, False, True]
+        assert isinstance(error, KVError) and "limits.max_key_size" in str(error)
+        assert c.get(b"refused-set/a") == b"a" * 1000 and c.get(b"refused-set/c") == b"c" * 1000
+
+
+def test_a_store_job_of_many_small_chunks_goes_in_several_sends(
+    kv_server: KVServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send carries at most SET_MANY_KEYS SETs (the kernel takes 1024 buffers per `sendmsg`)."""
+    import strata_kv.client
+
+    monkeypatch.setattr(strata_kv.client, "SET_MANY_KEYS", 3)
+    items = [(b"small-set-%d" % i, b"%d" % i * 10) for i in range(10)]
+    with _plain_client(kv_server, "tcp") as c:
+        counting = _CountingSocket(c._sock)
+        c._sock = counting  # type: ignore[assignment]
+        assert c.set_many_from(items) == ([True] * 10, None)
+        assert counting.calls.count("sendmsg") == 4, counting.calls
+        assert [c.get(key) for key, _ in items] == [value for _, value in items]
 
 
 def test_a_server_that_does_not_answer_times_the_call_out() -> None:
