@@ -34,6 +34,10 @@ from typing import Any
 
 OPERATOR: contextvars.ContextVar[bool] = contextvars.ContextVar("strata_operator_api_requests", default=False)
 """True in the operator's own threads and tasks: their API requests are recorded."""
+CALLED: contextvars.ContextVar[list[ApiRequest] | None] = contextvars.ContextVar(
+    "strata_called_api_requests", default=None
+)
+"""Where a test's own call of the operator's code (`requests_of`) collects every API request it makes."""
 
 APPLY_PATCH = "application/apply-patch+yaml"
 NAMESPACE_SUBRESOURCES = ("status", "finalize")
@@ -230,6 +234,9 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     ) -> Any:
         if OPERATOR.get():
             recorder.add(parse(method, url, query_params, _content_type(headers)))
+        called = CALLED.get()
+        if called is not None:
+            called.extend(parse(method, url, query_params, _content_type(headers)))
         return rest_request(self, method, url, query_params, headers, *args, **kwargs)
 
     async def recorded_kopf(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
@@ -252,6 +259,17 @@ def as_operator(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     context = contextvars.copy_context()
     context.run(OPERATOR.set, True)
     return context.run(function, *args, **kwargs)
+
+
+def requests_of(function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[ApiRequest]]:
+    """Call `function` (a reconcile a test runs itself, beside the operator) and return its result with every API
+    request it made through the `kubernetes` client, each one: the operator's daemon may write the same objects
+    meanwhile, so a resourceVersion cannot tell whose write it was, and this can. Only while `recording` is
+    open (the `operator` fixture): outside it the list stays empty."""
+    called: list[ApiRequest] = []
+    context = contextvars.copy_context()
+    context.run(CALLED.set, called)
+    return context.run(function, *args, **kwargs), called
 
 
 def operator_runner(args: list[str], **kwargs: Any) -> Any:
