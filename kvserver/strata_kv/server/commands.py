@@ -187,8 +187,7 @@ async def cmd_strata_mgetsized(state: ServerState, s: Session, args: list[bytes]
     flags = bytearray(len(keys))
     values: list[bytes] = []
     zeros = b""
-    for i, key in enumerate(keys):
-        value = await state.store.get(key)
+    for i, value in enumerate(await state.store.get_many(keys)):
         if value is not None and len(value) == size:
             flags[i] = resp.SIZED_FOUND
         else:

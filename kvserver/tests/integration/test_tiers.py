@@ -60,6 +60,22 @@ def stored_then_restarted(server: KVServerProcess, keys: list[str], size: int):
     return server.client()
 
 
+def test_one_sized_mget_reads_what_l1_dropped_from_l2_and_promotes_it(kv_server_factory) -> None:
+    """STRATA.MGETSIZED, a load job's chunks at once: the ones L1 holds and the ones only L2 has, in order."""
+    server = kv_server_factory(SMALL_L1)
+    c = server.client()
+    keys = [f"sized{i}" for i in range(48)]  # 3 MiB through a 1 MiB L1
+    for k in keys:
+        c.set(k, value_for(k))
+    assert wait_until(lambda: c.stats()["write_behind_depth"] == 0)
+    before = c.stats()
+    reply = server.redis(protocol=2).execute_command("STRATA.MGETSIZED", 64 * 1024, *keys)
+    assert reply == b"1" * len(keys) + b"".join(value_for(k) for k in keys)
+    after = c.stats()
+    assert after["hits_fs"] - before["hits_fs"] > 0 and after["hits_l1"] - before["hits_l1"] > 0
+    assert after["promotions"] > before["promotions"]
+
+
 def test_graceful_restart_keeps_every_chunk(kv_server_factory) -> None:
     server = kv_server_factory({"l1": {"size": "64MiB"}})
     keys = [f"keep{i}" for i in range(100)]
