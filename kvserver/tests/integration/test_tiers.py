@@ -33,13 +33,20 @@ def wait_until(predicate, timeout: float = 30.0) -> bool:
     return predicate()
 
 
-def test_chunks_evicted_from_l1_are_served_from_l2_and_promoted(kv_server_factory) -> None:
-    server = kv_server_factory(SMALL_L1)
+def stored_past_l1(server: KVServerProcess, keys: list[str]):
+    """A client of `server` (SMALL_L1) after it stored `keys`, 64 KiB each, and its write-behind queue drained:
+    more than L1 holds, so the first ones are in L2 alone."""
     c = server.client()
-    keys = [f"chunk{i}" for i in range(64)]  # 4 MiB through a 1 MiB L1
     for k in keys:
         c.set(k, value_for(k))
     assert wait_until(lambda: c.stats()["write_behind_depth"] == 0)
+    return c
+
+
+def test_chunks_evicted_from_l1_are_served_from_l2_and_promoted(kv_server_factory) -> None:
+    server = kv_server_factory(SMALL_L1)
+    keys = [f"chunk{i}" for i in range(64)]  # 4 MiB through a 1 MiB L1
+    c = stored_past_l1(server, keys)
     for k in keys:
         assert c.get(k) == value_for(k)
     stats = c.stats()
@@ -63,11 +70,8 @@ def stored_then_restarted(server: KVServerProcess, keys: list[str], size: int):
 def test_one_sized_mget_reads_what_l1_dropped_from_l2_and_promotes_it(kv_server_factory) -> None:
     """STRATA.MGETSIZED, a load job's chunks at once: the ones L1 holds and the ones only L2 has, in order."""
     server = kv_server_factory(SMALL_L1)
-    c = server.client()
     keys = [f"sized{i}" for i in range(48)]  # 3 MiB through a 1 MiB L1
-    for k in keys:
-        c.set(k, value_for(k))
-    assert wait_until(lambda: c.stats()["write_behind_depth"] == 0)
+    c = stored_past_l1(server, keys)
     before = c.stats()
     reply = server.redis(protocol=2).execute_command("STRATA.MGETSIZED", 64 * 1024, *keys)
     assert reply == b"1" * len(keys) + b"".join(value_for(k) for k in keys)
