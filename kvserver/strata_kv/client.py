@@ -50,8 +50,9 @@ GET_MANY_BYTES = 64 * 1024**2
 of 1 MiB): far below the server's limits.max_output_buffer and max_request_size (1 GiB unless set lower), and a
 bound on what one call holds up."""
 
-SET_MANY_KEYS = 256
-"""Most SETs in one send of `set_many_from`: three buffers each, within the kernel's 1024 per `sendmsg`."""
+KEYS_AT_ONCE = 256
+"""Most keys in one request of `get_many_into` (its receive scatters into a buffer per key) and in one send of
+`set_many_from` (three buffers per key): within the kernel's 1024 buffers per `recvmsg`/`sendmsg`."""
 
 
 class _NoSizedGets(Exception):
@@ -204,7 +205,7 @@ class KVClient:
             size = 0
             for key, value in items[first:]:
                 view = memoryview(value).cast("B")
-                if window and (size + view.nbytes > GET_MANY_BYTES or len(window) == SET_MANY_KEYS):
+                if window and (size + view.nbytes > GET_MANY_BYTES or len(window) == KEYS_AT_ONCE):
                     break
                 window.append((key, view))
                 size += view.nbytes
@@ -313,7 +314,7 @@ class KVClient:
         found: list[bool] = []
         error: KVError | None = None
         size = sizes.pop() if sizes else 0
-        per_request = max(1, GET_MANY_BYTES // max(size, 1))
+        per_request = max(1, min(KEYS_AT_ONCE, GET_MANY_BYTES // max(size, 1)))
         for first in range(0, len(keys), per_request):
             window = slice(first, first + per_request)
             if self._sized_gets and not self._shared_memory:
