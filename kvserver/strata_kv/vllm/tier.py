@@ -296,7 +296,8 @@ class StrataTier(SecondaryTierManager):
             server_keys = [self.server_key(key) for key in keys]
             views = [self._chunk(chunk_id) for chunk_id in chunk_ids]
             try:
-                # The job's GETs at once (`get_many_into`): one return to the GIL per chunk, not four.
+                # The job's chunks in one sized MGET (`get_many_into`): three returns to the GIL per job, not four
+                # per chunk.
                 found, error = self._link.call(lambda client: client.get_many_into(server_keys, views))
                 done = found.index(False) if False in found else len(found)
                 if error is not None:
