@@ -207,24 +207,6 @@ def test_a_load_job_larger_than_one_reply_goes_in_several(
         assert counting.calls.count("sendall") == 4, counting.calls  # 3 + 3 + 3 + 1 keys
 
 
-def test_a_load_job_of_many_small_chunks_goes_in_several_requests(
-    kv_server: KVServerProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A request asks for at most KEYS_AT_ONCE keys (its receive takes a buffer per key; the kernel, 1024)."""
-    import strata_kv.client
-
-    monkeypatch.setattr(strata_kv.client, "KEYS_AT_ONCE", 4)
-    items = [(b"small-get-%d" % i, b"%02d" % i * 5) for i in range(10)]
-    with _plain_client(kv_server, "tcp") as c:
-        assert c.set_many_from(items) == ([True] * 10, None)
-        counting = _CountingSocket(c._sock)
-        c._sock = counting  # type: ignore[assignment]
-        into = [bytearray(10) for _ in items]
-        assert c.get_many_into([key for key, _ in items], [memoryview(b) for b in into]) == ([True] * 10, None)
-        assert counting.calls.count("sendall") == 3, counting.calls
-        assert [bytes(b) for b in into] == [value for _, value in items]
-
-
 def test_a_load_job_from_a_server_without_sized_gets_gets_each_key(redis_server: RedisServer) -> None:
     """An older server (here redis-server itself) does not know STRATA.MGETSIZED: the client asks once, then
     GETs key by key on that connection."""
@@ -266,20 +248,24 @@ def test_a_store_job_says_which_sets_the_server_refused_and_stays_in_step(kv_ser
         assert c.get(b"refused-set/a") == b"a" * 1000 and c.get(b"refused-set/c") == b"c" * 1000
 
 
-def test_a_store_job_of_many_small_chunks_goes_in_several_sends(
+def test_a_job_of_many_small_chunks_goes_in_several_sends_stores_and_loads_alike(
     kv_server: KVServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A send carries at most KEYS_AT_ONCE SETs (the kernel takes 1024 buffers per `sendmsg`)."""
+    """A send carries at most KEYS_AT_ONCE SETs (three buffers each in one `sendmsg`), and a sized MGET asks for at
+    most that many keys (a buffer each in one `recvmsg_into`): the kernel takes 1024 buffers per call."""
     import strata_kv.client
 
     monkeypatch.setattr(strata_kv.client, "KEYS_AT_ONCE", 3)
-    items = [(b"small-set-%d" % i, b"%d" % i * 10) for i in range(10)]
+    items = [(b"small-chunk-%d" % i, b"%02d" % i * 5) for i in range(10)]
     with _plain_client(kv_server, "tcp") as c:
         counting = _CountingSocket(c._sock)
         c._sock = counting  # type: ignore[assignment]
         assert c.set_many_from(items) == ([True] * 10, None)
-        assert counting.calls.count("sendmsg") == 4, counting.calls
-        assert [c.get(key) for key, _ in items] == [value for _, value in items]
+        assert counting.calls.count("sendmsg") == 4, counting.calls  # 3 + 3 + 3 + 1
+        into = [bytearray(10) for _ in items]
+        assert c.get_many_into([key for key, _ in items], [memoryview(b) for b in into]) == ([True] * 10, None)
+        assert counting.calls.count("sendall") == 4, counting.calls
+        assert [bytes(b) for b in into] == [value for _, value in items]
 
 
 def test_a_server_that_does_not_answer_times_the_call_out() -> None:
