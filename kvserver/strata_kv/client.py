@@ -181,12 +181,9 @@ class KVClient:
 
     def set_from(self, key: bytes, value: memoryview | bytes) -> None:
         """SET `key` to the bytes of `value`, sent straight from that buffer (no joined copy of a large chunk)."""
-        view = memoryview(value).cast("B")
-        header = b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, view.nbytes)
-        self._send_parts([memoryview(header), view, memoryview(b"\r\n")])
-        reply = self._read_reply()
-        if isinstance(reply, KVError):
-            raise reply
+        _, error = self.set_many_from([(key, value)])
+        if error is not None:
+            raise error
 
     def set_many_from(self, items: Sequence[tuple[bytes, memoryview | bytes]]) -> tuple[list[bool], KVError | None]:
         """SET each key to the bytes of the buffer beside it (sent straight from it), all at once: which were
