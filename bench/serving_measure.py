@@ -207,10 +207,11 @@ def run_rounds(
     with contextlib.ExitStack() as stack:
         running = {side: stack.enter_context(side_engines(side, settings, work / side)) for side in sides}
         people = {side: users(workload) for side in sides}
-        primed = {
-            side: asyncio.run(prime(running[side].urls, workload, people[side], settings.start_timeout))
-            for side in sides
-        }
+        primed: dict[str, int] = {}
+        for side in sides:
+            started = time.monotonic()
+            primed[side] = asyncio.run(prime(running[side].urls, workload, people[side], settings.start_timeout))
+            print(f"  {side}: {primed[side]} prompt tokens primed in {time.monotonic() - started:.0f}s", flush=True)
         for n in range(rounds):
             for side in rotated(sides, n):
                 engines = running[side]
