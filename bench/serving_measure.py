@@ -75,6 +75,8 @@ class Settings:
     max_model_len: int = 8192
     """The longest prompt and answer (vLLM refuses to start where its KV memory cannot hold one)."""
     start_timeout: float = 600.0
+    prime_timeout: float = 3600.0
+    """Priming sends every user's document at once: 64 users' took over 20 minutes on an AVX2 CPU."""
     min_lookups: int = 50
 
 
@@ -210,7 +212,7 @@ def run_rounds(
         primed: dict[str, int] = {}
         for side in sides:
             started = time.monotonic()
-            primed[side] = asyncio.run(prime(running[side].urls, workload, people[side], settings.start_timeout))
+            primed[side] = asyncio.run(prime(running[side].urls, workload, people[side], settings.prime_timeout))
             print(f"  {side}: {primed[side]} prompt tokens primed in {time.monotonic() - started:.0f}s", flush=True)
         for n in range(rounds):
             for side in rotated(sides, n):
