@@ -218,10 +218,11 @@ def run_rounds(
             for side in rotated(sides, n):
                 engines = running[side]
                 idle = [pid for other in sides if other != side for pid in _process_ids(running[other])]
-                idle_before = cpu_seconds(idle)
+                idle_before, busy_before = cpu_seconds(idle), machine_busy_seconds()
                 pages_before, tier_before = _scrape(engines)
                 requests = asyncio.run(run_users(engines.urls, workload, people[side], seconds))
                 pages_after, tier_after = _scrape(engines)
+                idle_spent, busy = cpu_seconds(idle) - idle_before, machine_busy_seconds() - busy_before
                 point: dict[str, Any] = {
                     "experiment": experiment,
                     "side": side,
@@ -231,17 +232,28 @@ def run_rounds(
                     "primed_prompt_tokens": primed[side],
                     "engine_kv_cache": engines.kv_cache,
                     "round_on_these_engines": n,
-                    "idle_sides_cpu_seconds": round(cpu_seconds(idle) - idle_before, 2),
+                    "idle_sides_cpu_seconds": round(idle_spent, 2),
                 }
                 delta = metric_delta(pages_before, pages_after)
                 point |= request_summary(requests, seconds) | engine_summary(delta)
                 point["cpu_seconds"] = {k: round(delta[v], 2) for k, v in CPU_SECONDS.items() if v in delta}
+                side_spent = sum(delta.get(v, 0.0) for v in CPU_SECONDS.values())
+                point["machine_busy_cpu_seconds"] = round(busy, 2)
+                point["others_cpu_seconds"] = round(busy - side_spent - idle_spent, 2)
                 point["reused_ttft_p50_s"] = request_summary([r for r in requests if r["reuses"]], seconds)[
                     "ttft_p50_s"
                 ]
                 if tier_before is not None and tier_after is not None:
                     point["offload"] = judged(verdict_spec(settings.min_lookups), tier_before, tier_after)
                 yield point
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent on anything so far: a point's share not spent by the
+    engines measured nor by the idle sides (`others_cpu_seconds`: the bench's own users and whatever else ran) says
+    how quiet the machine was. Linux counts guest time inside user time, and idle and iowait are not spent."""
+    times = psutil.cpu_times()._asdict()
+    return sum(v for k, v in times.items() if k not in ("idle", "iowait", "guest", "guest_nice"))
 
 
 def _process_ids(engines: Engines) -> list[int]:

@@ -207,7 +207,7 @@ def point_line(p: dict[str, Any]) -> str:
     cpu = p.get("cpu_seconds") or {}
     verdict += "; CPU s " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in cpu.items()) if cpu else ""
     idle = p.get("idle_sides_cpu_seconds")
-    verdict += f", the idle sides {idle:.1f}" if idle is not None else ""
+    verdict += f", the idle sides {idle:.1f}, the rest {p['others_cpu_seconds']:.1f}" if idle is not None else ""
     return (
         f"{p['experiment']} x={p['x']} {p['side']}: {p['throughput_tok_s']:.0f} tok/s, {p['requests']} requests, "
         f"TTFT p50 {p['ttft_p50_s']:.3f}s p99 {p['ttft_p99_s']:.3f}s, hit {p['hit_ratio']:.2f} "
