@@ -207,10 +207,11 @@ def run_rounds(
     meanwhile are recorded with the point (`idle_sides_cpu_seconds`), since on two cores any would be taken from
     the side measured."""
     with contextlib.ExitStack() as stack:
-        running = {side: stack.enter_context(side_engines(side, settings, work / side)) for side in sides}
+        running: dict[str, Engines] = {}
         people = {side: users(workload) for side in sides}
         primed: dict[str, int] = {}
-        for side in sides:
+        for side in sides:  # one side's engines up and primed before the next starts: memory grows by one at a time
+            running[side] = stack.enter_context(side_engines(side, settings, work / side))
             started = time.monotonic()
             primed[side] = asyncio.run(prime(running[side].urls, workload, people[side], settings.prime_timeout))
             print(f"  {side}: {primed[side]} prompt tokens primed in {time.monotonic() - started:.0f}s", flush=True)
