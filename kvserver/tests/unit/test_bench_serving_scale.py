@@ -135,6 +135,37 @@ def test_sides_take_turns_at_going_first() -> None:
     assert sorted(wl.rotated(sides, 2)) == sorted(sides)
 
 
+def test_rounds_on_the_same_engines_start_every_side_of_an_x_together_and_one_round_starts_each_alone() -> None:
+    import argparse
+
+    args = argparse.Namespace(
+        users=[16, 64],
+        sides=["vllm-fs", "strata-tcp"],
+        think_seconds=2.0,
+        seed=0,
+        mixed_users=0,
+        mixed_shares=[0.5],
+        mixed_sides=["none"],
+        ttft_sides=["none"],
+        lengths=[512],
+        samples=10,
+    )
+    one = serving_scale.planned(argparse.Namespace(**vars(args), rounds_per_start=1))
+    assert [(e, sides, load.users if load else None) for e, sides, load in one] == [
+        ("scale", ["vllm-fs"], 16),
+        ("scale", ["strata-tcp"], 16),
+        ("scale", ["strata-tcp"], 64),  # the next x starts one side later
+        ("scale", ["vllm-fs"], 64),
+        ("ttft", ["none"], None),
+    ]
+    together = serving_scale.planned(argparse.Namespace(**vars(args), rounds_per_start=5))
+    assert [(e, sides, load.users if load else None) for e, sides, load in together] == [
+        ("scale", ["vllm-fs", "strata-tcp"], 16),
+        ("scale", ["strata-tcp", "vllm-fs"], 64),
+        ("ttft", ["none"], None),
+    ]
+
+
 def tier_sample(at: str, hits: int, misses: int, loaded: int, load_s: float, prefill_s: float) -> dict[str, object]:
     usage = ServerUsage(
         samples={
