@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -110,7 +109,8 @@ class EngineLink:
     """Pooled connections to one server, each call under a timeout and the breaker.
 
     `call(fn)` runs `fn(client)` on an idle connection (or a new one); a connection that failed is closed, never
-    reused, so a reply left half-read cannot be taken for the next call's. Thread-safe: the tier's I/O threads and
+    reused, so a reply left half-read cannot be taken for the next call's; one the server closed while it sat idle
+    is replaced, and the call runs again. Thread-safe: the tier's I/O threads and
     its lookup thread share one link.
     """
 
@@ -136,6 +136,8 @@ class EngineLink:
         self._lock = threading.Lock()
         self._closed = False
         self.connects = 0
+        self.stale_connections = 0
+        """Pooled connections found closed by the server when a call took them (each call then ran anew)."""
 
     def _connect(self) -> KVClient:
         client = KVClient(
@@ -158,21 +160,11 @@ class EngineLink:
         self.connects += 1
         return client
 
-    @contextmanager
-    def _connection(self) -> Iterator[KVClient]:
+    def _take(self, new: bool) -> tuple[KVClient, bool]:
+        """An idle connection (True: it sat in the pool), unless `new`, or a new one (False)."""
         with self._lock:
-            client = self._idle.pop() if self._idle else None
-        if client is None:
-            client = self._connect()
-        try:
-            yield client
-        except KVError:
-            self._release(client)  # an error reply was read whole: the connection is still in step
-            raise
-        except BaseException:
-            client.close()
-            raise
-        self._release(client)
+            client = self._idle.pop() if self._idle and not new else None
+        return (client, True) if client is not None else (self._connect(), False)
 
     def _release(self, client: KVClient) -> None:
         with self._lock:
@@ -181,23 +173,57 @@ class EngineLink:
             else:
                 self._idle.append(client)
 
+    def _pool_went_stale(self) -> None:
+        """A pooled connection was found closed: count it, and close the others that sat idle beside it."""
+        with self._lock:
+            self.stale_connections += 1
+            idle, self._idle = self._idle, []
+        for client in idle:
+            client.close()
+
     def call(self, fn: Callable[[KVClient], T]) -> T:
         """`fn(client)` under the breaker; raises ServerUnavailable when the breaker holds the call back, and
         OSError/KVError as the call failed (both count as failures, except a KVError that answers the call: the
-        server is up and said no)."""
+        server is up and said no).
+
+        A connection that sat in the pool may have been closed by the server meanwhile (its idle timeout, a
+        restart, a new pod behind the Service): one that fails that way (the connection reset or ended, not a
+        timeout) is not the server failing the call. The call runs again, once, on a new connection, and the
+        pool's other idle connections go with it (they sat as long). Every call the tier makes is safe to run
+        twice: lookups and loads read, and a store writes the same values under the same keys."""
         if not self.breaker.allow():
             raise ServerUnavailable(f"KV server {self.endpoint} failed recently; retrying after a pause")
-        try:
-            with self._connection() as client:
+        stale = False
+        while True:
+            try:
+                client, pooled = self._take(new=stale)
+            except (OSError, ValueError):
+                self.breaker.failure()
+                raise
+            try:
                 result = fn(client)
-        except KVError:
+            except KVError:
+                self._release(client)  # an error reply was read whole: the connection is still in step
+                self.breaker.success()
+                raise
+            except ConnectionError:
+                client.close()
+                if pooled:
+                    stale = True
+                    self._pool_went_stale()
+                    continue
+                self.breaker.failure()
+                raise
+            except (OSError, ValueError):
+                client.close()
+                self.breaker.failure()
+                raise
+            except BaseException:
+                client.close()
+                raise
+            self._release(client)
             self.breaker.success()
-            raise
-        except (OSError, ValueError):
-            self.breaker.failure()
-            raise
-        self.breaker.success()
-        return result
+            return result
 
     def close(self) -> None:
         with self._lock:

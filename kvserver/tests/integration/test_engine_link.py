@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_a_dead_server_opens_the_breaker_and_calls_fail_without_io(kv_server_fac
         with pytest.raises(OSError) as failed:
             link.call(lambda c: c.ping())
         assert not isinstance(failed.value, ServerUnavailable)
+    assert link.stale_connections == 1  # the pooled connection was tried once, then a new one was refused
     connects = link.connects
     with pytest.raises(ServerUnavailable):
         link.call(lambda c: c.ping())
@@ -68,6 +70,40 @@ def test_the_breaker_lets_one_probe_through_and_closes_when_the_server_is_back(
     server.restart()
     assert link.call(lambda c: c.ping())
     assert not link.breaker.is_open
+
+
+def test_connections_the_server_closed_while_idle_are_replaced_and_the_call_runs_again(
+    kv_server_factory: KVServerFactory,
+) -> None:
+    """The server closes connections idle past `limits.idle_timeout_seconds` (an engine quiet for a while). The
+    link's next call runs again on a new connection: the caller sees no error, the breaker no failure (one would
+    open it here), and the pool's other stale connection goes with the first."""
+    server = kv_server_factory({"limits": {"idle_timeout_seconds": 0.5}}, l2_fs=False)
+    link = EngineLink(
+        Endpoint(port=server.port), max_idle=2, breaker=CircuitBreaker(failure_threshold=1, reset_after_s=3600)
+    )
+    value = bytes(range(256)) * 64
+    link.call(lambda c: c.set_from(b"ns/chunk", value))
+    assert link.call(lambda outer: link.call(lambda inner: inner.ping()) and outer.ping())  # two in the pool
+    assert link.connects == 2
+    deadline = time.monotonic() + 30
+    while server.log().count("idle_timeout") < 2:
+        assert time.monotonic() < deadline, f"the server closed no idle connection:\n{server.log()}"
+        time.sleep(0.05)
+    dest = bytearray(len(value))
+    assert link.call(lambda c: c.get_into(b"ns/chunk", memoryview(dest))) is True
+    assert dest == value
+    assert link.stale_connections == 1 and link.connects == 3 and not link.breaker.is_open
+    assert link.call(lambda c: c.ping()) and link.connects == 3  # the new connection went back to the pool
+
+
+def test_a_restarted_server_is_reached_on_the_next_call_without_a_failure(kv_server_factory: KVServerFactory) -> None:
+    server = kv_server_factory(l2_fs=False)
+    link = EngineLink(Endpoint(port=server.port), breaker=CircuitBreaker(failure_threshold=1, reset_after_s=3600))
+    assert link.call(lambda c: c.ping())
+    server.restart()
+    assert link.call(lambda c: c.ping())
+    assert link.stale_connections == 1 and not link.breaker.is_open
 
 
 def test_a_refused_token_counts_as_the_server_being_down(kv_server_factory: KVServerFactory, tmp_path: Path) -> None:
