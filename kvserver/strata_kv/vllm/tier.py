@@ -183,6 +183,7 @@ class StrataTier(SecondaryTierManager):
             counts = dict(self._counts)
         counts["breaker_opens"] = self._link.breaker.opens
         counts["connects"] = self._link.connects + self._lookup_link.connects
+        counts["stale_connections"] = self._link.stale_connections + self._lookup_link.stale_connections
         return counts
 
     def _chunk(self, chunk_id: int) -> memoryview:
@@ -425,6 +426,11 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "load_missing_chunks": ("Loads that found a chunk gone from the server (evicted since the lookup).", ()),
     "breaker_opens": ("Times the circuit breaker to the strata-kv server opened.", ()),
     "connects": ("Connections opened to the strata-kv server.", ()),
+    "stale_connections": (
+        "Pooled connections the strata-kv server had closed while they sat idle (its idle timeout, a restart); "
+        "the call ran again on a new one.",
+        (),
+    ),
 }
 
 _REPORTED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -445,4 +451,5 @@ _REPORTED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("loads_missing", "load_missing_chunks", ()),
     ("breaker_opens", "breaker_opens", ()),
     ("connects", "connects", ()),
+    ("stale_connections", "stale_connections", ()),
 )
