@@ -38,7 +38,7 @@ for _part in ("bench", "testsupport", "operator", "kvserver", "units"):
     sys.path.insert(0, str(ROOT / _part))
 
 from gpu_vllm import SHAPES  # noqa: E402
-from serving_scale_report import annotate, markdown, plot  # noqa: E402
+from serving_scale_report import annotate, markdown, plot, plot_rounds  # noqa: E402
 from serving_workload import Workload, number_rounds, rotated  # noqa: E402
 from vllm_cpu_sides import CHUNK_TOKENS, MODEL_SHAPE  # noqa: E402
 
@@ -180,6 +180,7 @@ def write(result: dict[str, Any], output: Path) -> None:
     (output / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     if result["points"]:
         plot(result, output / "serving_scale.png")
+        plot_rounds(result, output / "serving_scale_rounds.png")
         (output / "report.md").write_text(markdown(result) + "\n")
 
 

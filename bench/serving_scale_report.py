@@ -318,6 +318,51 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_rounds(result: Mapping[str, Any], path: Path) -> bool:
+    """Throughput round by round, one panel per U measured in several rounds, one line per side: what the
+    medians hide (a round where one side drew a slow window, or where something else went wrong). False where no
+    U has more than one round (nothing drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_x = {x: row for x, row in _rows_by_x(result["points"]).items() if max(len(r) for r in row.values()) > 1}
+    if not by_x:
+        return False
+    fig, axes = plt.subplots(1, len(by_x), figsize=(max(5.2 * len(by_x), 7.0), 4.2), squeeze=False)
+    for ax, (x, row) in zip(axes[0], sorted(by_x.items()), strict=True):
+        for side, rounds in sorted(row.items(), key=lambda item: _order(item[0])):
+            color, style = SIDE_STYLE.get(side, ("black", "-"))
+            ax.plot(
+                [p.get("round", n) for n, p in enumerate(rounds)],
+                [p["throughput_tok_s"] for p in rounds],
+                marker="o",
+                color=color,
+                linestyle=style,
+                label=side,
+            )
+        ax.set_title(f"U={x}: each round")
+        ax.set_xlabel("round (sides take turns; the order rotates)")
+        ax.set_ylabel("total token throughput (tok/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(result.get("title", "Serving scale"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _rows_by_x(points: Sequence[Mapping[str, Any]]) -> dict[Any, dict[str, list[Mapping[str, Any]]]]:
+    """The scale experiment's points by U, then by side, in run order."""
+    out: dict[Any, dict[str, list[Mapping[str, Any]]]] = {}
+    for side, row in _by(points, "scale").items():
+        for x, rounds in row.items():
+            out.setdefault(x, {})[side] = list(rounds)
+    return out
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     points = result["points"]
     parts = []

@@ -258,6 +258,11 @@ def test_the_report_puts_each_side_beside_no_offloading_and_checks_the_claims(tm
     assert "the tier's verdict agrees with the bench's gain at 3 of 4 judged points" in text
     report.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot_rounds(result, tmp_path / "rounds.png") is False  # one round per U: nothing to draw
+    assert not (tmp_path / "rounds.png").exists()
+    again = {**result, "points": [*result["points"], *(dict(p) for p in result["points"] if p["x"] == 16)]}
+    assert report.plot_rounds(again, tmp_path / "rounds.png") is True
+    assert (tmp_path / "rounds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_warm_requests_time_is_split_by_its_engines_counters_and_the_report_shows_the_rest() -> None:
