@@ -310,12 +310,7 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
             ax.set_xlabel("document tokens (prompt: + a 16-token question)")
             ax.set_ylabel("TTFT, median (s): prompt seen before")
             ax.set_title("Single request: TTFT vs document length")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(result.get("title", "Serving scale"), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, axes[0][: len(panels)], result, path)
 
 
 def plot_rounds(result: Mapping[str, Any], path: Path) -> bool:
@@ -345,13 +340,21 @@ def plot_rounds(result: Mapping[str, Any], path: Path) -> bool:
         ax.set_title(f"U={x}: each round")
         ax.set_xlabel("round (sides take turns; the order rotates)")
         ax.set_ylabel("total token throughput (tok/s)")
+    _save(fig, axes[0], result, path)
+    return True
+
+
+def _save(fig: Any, axes: Sequence[Any], result: Mapping[str, Any], path: Path) -> None:
+    """The figure's panels with their grid and legend, under the run's title, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(result.get("title", "Serving scale"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def _rows_by_x(points: Sequence[Mapping[str, Any]]) -> dict[Any, dict[str, list[Mapping[str, Any]]]]:
