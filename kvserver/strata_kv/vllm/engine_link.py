@@ -173,10 +173,8 @@ class EngineLink:
             else:
                 self._idle.append(client)
 
-    def _pool_went_stale(self) -> None:
-        """A pooled connection was found closed: count it, and close the others that sat idle beside it."""
+    def _close_idle(self) -> None:
         with self._lock:
-            self.stale_connections += 1
             idle, self._idle = self._idle, []
         for client in idle:
             client.close()
@@ -208,9 +206,11 @@ class EngineLink:
                 raise
             except ConnectionError:
                 client.close()
-                if pooled:
+                if pooled:  # found closed: the others sat idle beside it, so they go too
                     stale = True
-                    self._pool_went_stale()
+                    with self._lock:
+                        self.stale_connections += 1
+                    self._close_idle()
                     continue
                 self.breaker.failure()
                 raise
@@ -228,9 +228,7 @@ class EngineLink:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for client in idle:
-            client.close()
+        self._close_idle()
 
 
 def token_from_env(name: str | None) -> str | None:
